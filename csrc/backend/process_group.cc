@@ -1,0 +1,792 @@
+#include "csrc/backend/process_group.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "csrc/backend/store_rendezvous.h"
+#include "csrc/collectives/collectives.h"
+#include "csrc/common/error.h"
+#include "csrc/common/logging.h"
+#include "csrc/reduce/reduce.h"
+#include "csrc/transport/mesh.h"
+
+namespace ringdist {
+
+namespace {
+
+// Bad input raises in the caller's thread with the op and rank named.
+#define RD_CHECK_INPUT(cond, op, ...) \
+  TORCH_CHECK(cond, "ringdist ", op, ": rank ", getRank(), ": ", __VA_ARGS__)
+
+// How long destroy_process_group waits for the other ranks before closing.
+constexpr auto kTeardownWait = std::chrono::seconds(10);
+// Poll interval of the worker while only point-to-point transfers are pending.
+constexpr auto kIdlePoll = std::chrono::milliseconds(5);
+
+bool toDataType(at::ScalarType type, DataType* out) {
+  switch (type) {
+    case at::kFloat: *out = DataType::kFloat32; return true;
+    case at::kDouble: *out = DataType::kFloat64; return true;
+    case at::kHalf: *out = DataType::kFloat16; return true;
+    case at::kBFloat16: *out = DataType::kBFloat16; return true;
+    case at::kChar: *out = DataType::kInt8; return true;
+    case at::kByte: *out = DataType::kUInt8; return true;
+    case at::kInt: *out = DataType::kInt32; return true;
+    case at::kLong: *out = DataType::kInt64; return true;
+    case at::kBool: *out = DataType::kBool; return true;
+    default: return false;
+  }
+}
+
+// The engine works on flat memory: a contiguous tensor is used as is, any
+// other gets a contiguous copy that is written back after the operation.
+struct Flat {
+  explicit Flat(const at::Tensor& t) : user(t), flat(t.is_contiguous() ? t : t.contiguous()) {}
+  void* data() const { return flat.data_ptr(); }
+  void writeBack() const {
+    if (!flat.is_same(user)) {
+      user.copy_(flat);
+    }
+  }
+  at::Tensor user;
+  at::Tensor flat;
+};
+
+std::vector<Flat> flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<Flat> flats;
+  flats.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    flats.emplace_back(t);
+  }
+  return flats;
+}
+
+std::exception_ptr asDistError(const std::string& message) {
+  return std::make_exception_ptr(
+      c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- set-up
+
+ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size, std::chrono::milliseconds timeout,
+                                           const std::string& bindIp)
+    : c10d::Backend(rank, size), timeout_(timeout) {
+  auto rendezvous = std::make_shared<StoreRendezvous>(store);
+  MeshOptions options{bindIp, timeout};
+  try {
+    auto channels = connectMesh(*rendezvous, rank, size, options);
+    comm_ = std::make_unique<Communicator>(rank, size, std::move(channels), rendezvous);
+  } catch (const Error& e) {
+    C10_THROW_ERROR(DistBackendError, c10::str("ringdist init: rank ", rank, ": ", e.what()));
+  }
+  segmentBytes_ = comm_->segmentBytes();
+  worker_ = std::thread([this] { workerLoop(); });
+  logDebug(strCat("rank ", rank, "/", size, " ready; reduce kernels: ", reduceKernelFamily(),
+                  "; segment bytes: ", segmentBytes_));
+}
+
+ProcessGroupRingdist::~ProcessGroupRingdist() { shutdown(); }
+
+void ProcessGroupRingdist::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) {
+      return;
+    }
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) {
+    if (std::this_thread::get_id() == worker_.get_id()) {
+      worker_.detach();  // destroyed from a callback on the worker itself
+    } else {
+      worker_.join();
+    }
+  }
+}
+
+void ProcessGroupRingdist::abort() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stop_) {
+      queue_.clear();
+    }
+  }
+  shutdown();
+}
+
+void ProcessGroupRingdist::setSegmentBytes(size_t bytes) {
+  TORCH_CHECK(bytes > 0, "ringdist: segment size must be positive");
+  // Applied by the worker so it never changes under a running operation.
+  auto work = enqueue(c10d::OpType::UNKNOWN, OpType::kBarrier, {}, timeout_,
+                      [this, bytes] { comm_->setSegmentBytes(bytes); });
+  work->wait();
+  segmentBytes_ = bytes;
+}
+
+std::chrono::milliseconds ProcessGroupRingdist::effectiveTimeout(
+    std::chrono::milliseconds requested) const {
+  return requested.count() > 0 ? requested : timeout_;
+}
+
+// ---------------------------------------------------------------- worker
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
+                                                             OpType engineType,
+                                                             std::vector<at::Tensor> outputs,
+                                                             std::chrono::milliseconds timeout,
+                                                             Body body) {
+  auto work = c10::make_intrusive<RingdistWork>(getRank(), type, opTypeName(engineType),
+                                                std::move(outputs));
+  // An operation issued from a completion callback (e.g. PowerSGD's second
+  // allreduce, which the callback then waits for) runs right here: every
+  // rank reaches that callback at the same point of its op sequence, so the
+  // order stays the same on all ranks, and waiting cannot deadlock.
+  if (std::this_thread::get_id() == workerId_) {
+    run(work, engineType, timeout, body);
+    return work;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!stop_, "ringdist ", opTypeName(engineType), ": rank ", getRank(),
+                ": the process group has been shut down");
+    queue_.emplace_back([this, work, engineType, timeout, body = std::move(body)] {
+      run(work, engineType, timeout, body);
+    });
+  }
+  cv_.notify_one();
+  return work;
+}
+
+void ProcessGroupRingdist::run(const c10::intrusive_ptr<RingdistWork>& work, OpType engineType,
+                               std::chrono::milliseconds timeout, const Body& body) {
+  try {
+    comm_->beginOp(engineType, timeout);
+    body();
+  } catch (const std::exception& e) {
+    std::string message = comm_->aborted() ? std::string(e.what()) : comm_->describeError(e.what());
+    if (!comm_->aborted()) {
+      comm_->abort(message);
+    }
+    fail(Error(message));
+    work->markError(asDistError(message));
+    return;
+  }
+  work->markSuccess();
+}
+
+// After an error the group is unusable (streams may be out of step): every
+// pending point-to-point transfer fails with the same message.
+void ProcessGroupRingdist::fail(const std::exception& error) {
+  for (auto& p : pendingP2P_) {
+    p.work->markError(asDistError(error.what()));
+  }
+  pendingP2P_.clear();
+}
+
+void ProcessGroupRingdist::reapP2P() {
+  for (size_t i = 0; i < pendingP2P_.size();) {
+    if (*pendingP2P_[i].moved) {
+      P2P done = std::move(pendingP2P_[i]);
+      pendingP2P_.erase(pendingP2P_.begin() + static_cast<long>(i));
+      try {
+        if (!done.flat.is_same(done.user)) {
+          done.user.copy_(done.flat);
+        }
+        done.work->markSuccess();
+      } catch (const std::exception& e) {
+        done.work->markError(std::current_exception());
+      }
+    } else {
+      ++i;
+    }
+  }
+}
+
+void ProcessGroupRingdist::workerLoop() {
+  workerId_ = std::this_thread::get_id();
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (queue_.empty() && !stop_ && !pendingP2P_.empty()) {
+        lock.unlock();
+        try {
+          comm_->progressIdle(kIdlePoll);
+        } catch (const std::exception& e) {
+          std::string message = comm_->describeError(e.what());
+          comm_->abort(message);
+          fail(Error(message));
+        }
+        reapP2P();
+        continue;
+      }
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) {
+        break;  // stopping and drained
+      }
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+    reapP2P();
+  }
+  comm_->close(std::chrono::duration_cast<std::chrono::milliseconds>(kTeardownWait));
+  reapP2P();
+  fail(Error(strCat("ringdist: rank ", getRank(),
+                    ": the process group was destroyed before this transfer completed")));
+}
+
+// ---------------------------------------------------------------- checks
+
+DataType ProcessGroupRingdist::checkTensors(const char* op, const std::vector<at::Tensor>& tensors,
+                                            bool allowEmptyList) {
+  RD_CHECK_INPUT(allowEmptyList || !tensors.empty(), op, "the tensor list is empty");
+  DataType dtype = DataType::kFloat32;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    RD_CHECK_INPUT(t.defined(), op, "tensor ", i, " is undefined");
+    RD_CHECK_INPUT(t.layout() == at::kStrided, op, "tensor ", i,
+                   " is sparse (layout ", t.layout(), "); only dense tensors are supported");
+    RD_CHECK_INPUT(t.device().is_cpu(), op, "tensor ", i, " is on ", t.device(),
+                   "; this build of ringdist handles CPU tensors only");
+    RD_CHECK_INPUT(t.scalar_type() == tensors[0].scalar_type(), op, "tensors have mixed dtypes (",
+                   tensors[0].scalar_type(), " and ", t.scalar_type(), ")");
+    RD_CHECK_INPUT(toDataType(t.scalar_type(), &dtype), op, "unsupported dtype ",
+                   t.scalar_type(), " (supported: float32, float64, float16, bfloat16, int8, "
+                   "uint8, int32, int64, bool)");
+  }
+  return dtype;
+}
+
+ReduceOp ProcessGroupRingdist::checkReduceOp(const char* op, const c10d::ReduceOp& reduceOp,
+                                             DataType dtype) {
+  ReduceOp out = ReduceOp::kSum;
+  switch (reduceOp.op_) {
+    case c10d::ReduceOp::SUM: out = ReduceOp::kSum; break;
+    case c10d::ReduceOp::AVG: out = ReduceOp::kAvg; break;
+    case c10d::ReduceOp::PRODUCT: out = ReduceOp::kProduct; break;
+    case c10d::ReduceOp::MIN: out = ReduceOp::kMin; break;
+    case c10d::ReduceOp::MAX: out = ReduceOp::kMax; break;
+    case c10d::ReduceOp::BAND: out = ReduceOp::kBand; break;
+    case c10d::ReduceOp::BOR: out = ReduceOp::kBor; break;
+    case c10d::ReduceOp::BXOR: out = ReduceOp::kBxor; break;
+    default:
+      RD_CHECK_INPUT(false, op, "reduce op ", reduceOp.op_,
+                     " is not supported (PREMUL_SUM is NCCL-only; use SUM and scale)");
+  }
+  std::string why = unsupportedReason(dtype, out);
+  RD_CHECK_INPUT(why.empty(), op, why);
+  return out;
+}
+
+void ProcessGroupRingdist::checkRoot(const char* op, int64_t root) {
+  RD_CHECK_INPUT(root >= 0 && root < getSize(), op, "root rank ", root,
+                 " is out of range for a group of size ", getSize());
+}
+
+// ---------------------------------------------------------------- collectives
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::broadcast(
+    std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  const char* op = "broadcast";
+  DataType dtype = checkTensors(op, tensors);
+  RD_CHECK_INPUT(tensors.size() == 1, op, "expected one tensor, got ", tensors.size());
+  checkRoot(op, opts.rootRank);
+  RD_CHECK_INPUT(opts.rootTensor == 0, op, "rootTensor must be 0");
+  Flat flat(tensors[0]);
+  int root = static_cast<int>(opts.rootRank);
+  size_t count = static_cast<size_t>(flat.flat.numel());
+  return enqueue(c10d::OpType::BROADCAST, OpType::kBroadcast, tensors,
+                 effectiveTimeout(opts.timeout), [this, flat, count, dtype, root] {
+                   ringdist::broadcast(*comm_, flat.data(), count, dtype, root);
+                   flat.writeBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  const char* op = "allreduce";
+  DataType dtype = checkTensors(op, tensors);
+  RD_CHECK_INPUT(tensors.size() == 1, op, "expected one tensor, got ", tensors.size(),
+                 " (use allreduce_coalesced for several)");
+  ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
+  Flat flat(tensors[0]);
+  size_t count = static_cast<size_t>(flat.flat.numel());
+  return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
+                 effectiveTimeout(opts.timeout), [this, flat, count, dtype, reduceOp] {
+                   ringdist::allreduce(*comm_, flat.data(), count, dtype, reduceOp);
+                   flat.writeBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const char* op = "allreduce_coalesced";
+  DataType dtype = checkTensors(op, tensors);
+  ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
+  // One allreduce over the concatenation: one pipeline instead of many
+  // latency-bound small ones.
+  std::vector<at::Tensor> parts;
+  for (const auto& t : tensors) {
+    parts.push_back(t.reshape({-1}));
+  }
+  std::vector<at::Tensor> users = tensors;
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, OpType::kAllreduce, tensors,
+                 effectiveTimeout(opts.timeout), [this, parts, users, dtype, reduceOp] {
+                   at::Tensor packed = at::cat(parts);
+                   ringdist::allreduce(*comm_, packed.data_ptr(),
+                                       static_cast<size_t>(packed.numel()), dtype, reduceOp);
+                   int64_t offset = 0;
+                   for (const auto& u : users) {
+                     u.copy_(packed.narrow(0, offset, u.numel()).view(u.sizes()));
+                     offset += u.numel();
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::ReduceOptions& opts) {
+  const char* op = "reduce";
+  DataType dtype = checkTensors(op, tensors);
+  RD_CHECK_INPUT(tensors.size() == 1, op, "expected one tensor, got ", tensors.size());
+  checkRoot(op, opts.rootRank);
+  ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
+  Flat flat(tensors[0]);
+  int root = static_cast<int>(opts.rootRank);
+  size_t count = static_cast<size_t>(flat.flat.numel());
+  bool isRoot = root == getRank();
+  return enqueue(c10d::OpType::REDUCE, OpType::kReduce, tensors, effectiveTimeout(opts.timeout),
+                 [this, flat, count, dtype, reduceOp, root, isRoot] {
+                   ringdist::reduce(*comm_, flat.data(), count, dtype, reduceOp, root);
+                   if (isRoot) {
+                     flat.writeBack();
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* op = "allgather";
+  DataType dtype = checkTensors(op, inputs);
+  RD_CHECK_INPUT(inputs.size() == 1 && outputs.size() == 1, op,
+                 "expected one input tensor and one output list");
+  RD_CHECK_INPUT(static_cast<int>(outputs[0].size()) == getSize(), op, "the output list has ",
+                 outputs[0].size(), " tensors; the group has ", getSize(), " ranks");
+  checkTensors(op, outputs[0]);
+  for (const auto& out : outputs[0]) {
+    RD_CHECK_INPUT(out.scalar_type() == inputs[0].scalar_type() &&
+                       out.numel() == inputs[0].numel(),
+                   op, "each output must match the input (", inputs[0].numel(), " x ",
+                   inputs[0].scalar_type(), "), got ", out.numel(), " x ", out.scalar_type());
+  }
+  Flat in(inputs[0]);
+  auto outs = flatten(outputs[0]);
+  size_t count = static_cast<size_t>(in.flat.numel());
+  return enqueue(c10d::OpType::ALLGATHER, OpType::kAllgather, outputs[0],
+                 effectiveTimeout(opts.timeout), [this, in, outs, count, dtype] {
+                   std::vector<void*> ptrs;
+                   for (const auto& o : outs) ptrs.push_back(o.data());
+                   ringdist::allgather(*comm_, in.data(), ptrs.data(), count, dtype);
+                   for (const auto& o : outs) o.writeBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_into_tensor";
+  DataType dtype = checkTensors(op, {input, output});
+  RD_CHECK_INPUT(output.numel() == input.numel() * getSize(), op, "output has ", output.numel(),
+                 " elements; expected input numel ", input.numel(), " x world size ", getSize());
+  Flat in(input);
+  Flat out(output);
+  size_t count = static_cast<size_t>(input.numel());
+  size_t bytes = count * elementSize(dtype);
+  int size = getSize();
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, OpType::kAllgather, {output},
+                 effectiveTimeout(opts.timeout), [this, in, out, count, bytes, dtype, size] {
+                   std::vector<void*> ptrs;
+                   for (int r = 0; r < size; ++r) {
+                     ptrs.push_back(static_cast<char*>(out.data()) + static_cast<size_t>(r) * bytes);
+                   }
+                   ringdist::allgather(*comm_, in.data(), ptrs.data(), count, dtype);
+                   out.writeBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* op = "allgather_coalesced";
+  DataType dtype = checkTensors(op, inputs);
+  RD_CHECK_INPUT(static_cast<int>(outputLists.size()) == getSize(), op, "expected ", getSize(),
+                 " output lists (one per rank), got ", outputLists.size());
+  std::vector<at::Tensor> allOutputs;
+  for (const auto& list : outputLists) {
+    RD_CHECK_INPUT(list.size() == inputs.size(), op, "each output list must hold ",
+                   inputs.size(), " tensors");
+    for (size_t i = 0; i < list.size(); ++i) {
+      RD_CHECK_INPUT(list[i].numel() == inputs[i].numel() &&
+                         list[i].scalar_type() == inputs[i].scalar_type(),
+                     op, "output ", i, " does not match input ", i);
+      allOutputs.push_back(list[i]);
+    }
+  }
+  checkTensors(op, allOutputs);
+  std::vector<at::Tensor> parts;
+  for (const auto& t : inputs) parts.push_back(t.reshape({-1}));
+  auto lists = outputLists;
+  int size = getSize();
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, OpType::kAllgather, allOutputs,
+                 effectiveTimeout(opts.timeout), [this, parts, lists, dtype, size] {
+                   at::Tensor packed = at::cat(parts);
+                   at::Tensor gathered = at::empty({size, packed.numel()}, packed.options());
+                   std::vector<void*> ptrs;
+                   for (int r = 0; r < size; ++r) ptrs.push_back(gathered[r].data_ptr());
+                   ringdist::allgather(*comm_, packed.data_ptr(), ptrs.data(),
+                                       static_cast<size_t>(packed.numel()), dtype);
+                   for (int r = 0; r < size; ++r) {
+                     int64_t offset = 0;
+                     for (const auto& out : lists[static_cast<size_t>(r)]) {
+                       out.copy_(gathered[r].narrow(0, offset, out.numel()).view(out.sizes()));
+                       offset += out.numel();
+                     }
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const char* op = "allgather_into_tensor_coalesced";
+  RD_CHECK_INPUT(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ",
+                 inputs.size(), " inputs");
+  std::vector<Flat> ins, outs;
+  std::vector<DataType> dtypes;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    dtypes.push_back(checkTensors(op, {inputs[i], outputs[i]}));
+    RD_CHECK_INPUT(outputs[i].numel() == inputs[i].numel() * getSize(), op, "output ", i,
+                   " has ", outputs[i].numel(), " elements; expected ",
+                   inputs[i].numel() * getSize());
+    ins.emplace_back(inputs[i]);
+    outs.emplace_back(outputs[i]);
+  }
+  int size = getSize();
+  return enqueue(c10d::OpType::COALESCED, OpType::kAllgather, outputs,
+                 effectiveTimeout(opts.timeout), [this, ins, outs, dtypes, size] {
+                   for (size_t i = 0; i < ins.size(); ++i) {
+                     size_t count = static_cast<size_t>(ins[i].flat.numel());
+                     size_t bytes = count * elementSize(dtypes[i]);
+                     std::vector<void*> ptrs;
+                     for (int r = 0; r < size; ++r) {
+                       ptrs.push_back(static_cast<char*>(outs[i].data()) +
+                                      static_cast<size_t>(r) * bytes);
+                     }
+                     ringdist::allgather(*comm_, ins[i].data(), ptrs.data(), count, dtypes[i]);
+                     outs[i].writeBack();
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  const char* op = "gather";
+  DataType dtype = checkTensors(op, inputs);
+  RD_CHECK_INPUT(inputs.size() == 1, op, "expected one input tensor, got ", inputs.size());
+  checkRoot(op, opts.rootRank);
+  int root = static_cast<int>(opts.rootRank);
+  bool isRoot = root == getRank();
+  std::vector<Flat> outs;
+  std::vector<at::Tensor> results;
+  if (isRoot) {
+    RD_CHECK_INPUT(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), op,
+                   "the root needs one output list of ", getSize(), " tensors");
+    checkTensors(op, outputs[0]);
+    for (const auto& out : outputs[0]) {
+      RD_CHECK_INPUT(out.numel() == inputs[0].numel() &&
+                         out.scalar_type() == inputs[0].scalar_type(),
+                     op, "each output must match the input (", inputs[0].numel(), " x ",
+                     inputs[0].scalar_type(), ")");
+    }
+    outs = flatten(outputs[0]);
+    results = outputs[0];
+  } else {
+    RD_CHECK_INPUT(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), op,
+                   "only the root (rank ", root, ") may pass output tensors");
+  }
+  Flat in(inputs[0]);
+  size_t count = static_cast<size_t>(inputs[0].numel());
+  int size = getSize();
+  return enqueue(c10d::OpType::GATHER, OpType::kGather, results, effectiveTimeout(opts.timeout),
+                 [this, in, outs, count, dtype, root, size] {
+                   std::vector<void*> ptrs(static_cast<size_t>(size), nullptr);
+                   for (size_t r = 0; r < outs.size(); ++r) ptrs[r] = outs[r].data();
+                   ringdist::gather(*comm_, in.data(), ptrs.data(), count, dtype, root);
+                   for (const auto& o : outs) o.writeBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  const char* op = "scatter";
+  DataType dtype = checkTensors(op, outputs);
+  RD_CHECK_INPUT(outputs.size() == 1, op, "expected one output tensor, got ", outputs.size());
+  checkRoot(op, opts.rootRank);
+  int root = static_cast<int>(opts.rootRank);
+  std::vector<Flat> ins;
+  if (root == getRank()) {
+    RD_CHECK_INPUT(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), op,
+                   "the root needs one input list of ", getSize(), " tensors");
+    checkTensors(op, inputs[0]);
+    for (const auto& in : inputs[0]) {
+      RD_CHECK_INPUT(in.numel() == outputs[0].numel() &&
+                         in.scalar_type() == outputs[0].scalar_type(),
+                     op, "each input must match the output (", outputs[0].numel(), " x ",
+                     outputs[0].scalar_type(), ")");
+    }
+    ins = flatten(inputs[0]);
+  } else {
+    RD_CHECK_INPUT(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), op,
+                   "only the root (rank ", root, ") may pass input tensors");
+  }
+  Flat out(outputs[0]);
+  size_t count = static_cast<size_t>(outputs[0].numel());
+  int size = getSize();
+  return enqueue(c10d::OpType::SCATTER, OpType::kScatter, outputs, effectiveTimeout(opts.timeout),
+                 [this, ins, out, count, dtype, root, size] {
+                   std::vector<const void*> ptrs(static_cast<size_t>(size), nullptr);
+                   for (size_t r = 0; r < ins.size(); ++r) ptrs[r] = ins[r].data();
+                   ringdist::scatter(*comm_, ptrs.data(), out.data(), count, dtype, root);
+                   out.writeBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter";
+  DataType dtype = checkTensors(op, outputs);
+  RD_CHECK_INPUT(outputs.size() == 1 && inputs.size() == 1, op,
+                 "expected one output tensor and one input list");
+  RD_CHECK_INPUT(static_cast<int>(inputs[0].size()) == getSize(), op, "the input list has ",
+                 inputs[0].size(), " tensors; the group has ", getSize(), " ranks");
+  checkTensors(op, inputs[0]);
+  for (const auto& in : inputs[0]) {
+    RD_CHECK_INPUT(in.numel() == outputs[0].numel() && in.scalar_type() == outputs[0].scalar_type(),
+                   op, "each input must match the output (", outputs[0].numel(), " x ",
+                   outputs[0].scalar_type(), ")");
+  }
+  ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
+  auto ins = flatten(inputs[0]);
+  Flat out(outputs[0]);
+  size_t count = static_cast<size_t>(outputs[0].numel());
+  return enqueue(c10d::OpType::REDUCE_SCATTER, OpType::kReduceScatter, outputs,
+                 effectiveTimeout(opts.timeout), [this, ins, out, count, dtype, reduceOp] {
+                   std::vector<const void*> ptrs;
+                   for (const auto& i : ins) ptrs.push_back(i.data());
+                   ringdist::reduceScatter(*comm_, ptrs.data(), out.data(), count, dtype, reduceOp);
+                   out.writeBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter_tensor";
+  DataType dtype = checkTensors(op, {input, output});
+  RD_CHECK_INPUT(input.numel() == output.numel() * getSize(), op, "input has ", input.numel(),
+                 " elements; expected output numel ", output.numel(), " x world size ", getSize());
+  ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
+  Flat in(input);
+  Flat out(output);
+  size_t count = static_cast<size_t>(output.numel());
+  size_t bytes = count * elementSize(dtype);
+  int size = getSize();
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, OpType::kReduceScatter, {output},
+                 effectiveTimeout(opts.timeout), [this, in, out, count, bytes, dtype, reduceOp, size] {
+                   std::vector<const void*> ptrs;
+                   for (int r = 0; r < size; ++r) {
+                     ptrs.push_back(static_cast<const char*>(in.data()) + static_cast<size_t>(r) * bytes);
+                   }
+                   ringdist::reduceScatter(*comm_, ptrs.data(), out.data(), count, dtype, reduceOp);
+                   out.writeBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter_tensor_coalesced";
+  RD_CHECK_INPUT(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ",
+                 inputs.size(), " inputs");
+  std::vector<Flat> ins, outs;
+  std::vector<DataType> dtypes;
+  std::vector<ReduceOp> ops;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    dtypes.push_back(checkTensors(op, {inputs[i], outputs[i]}));
+    ops.push_back(checkReduceOp(op, opts.reduceOp, dtypes.back()));
+    RD_CHECK_INPUT(inputs[i].numel() == outputs[i].numel() * getSize(), op, "input ", i, " has ",
+                   inputs[i].numel(), " elements; expected ", outputs[i].numel() * getSize());
+    ins.emplace_back(inputs[i]);
+    outs.emplace_back(outputs[i]);
+  }
+  int size = getSize();
+  return enqueue(c10d::OpType::COALESCED, OpType::kReduceScatter, outputs,
+                 effectiveTimeout(opts.timeout), [this, ins, outs, dtypes, ops, size] {
+                   for (size_t i = 0; i < ins.size(); ++i) {
+                     size_t count = static_cast<size_t>(outs[i].flat.numel());
+                     size_t bytes = count * elementSize(dtypes[i]);
+                     std::vector<const void*> ptrs;
+                     for (int r = 0; r < size; ++r) {
+                       ptrs.push_back(static_cast<const char*>(ins[i].data()) +
+                                      static_cast<size_t>(r) * bytes);
+                     }
+                     ringdist::reduceScatter(*comm_, ptrs.data(), outs[i].data(), count,
+                                             dtypes[i], ops[i]);
+                     outs[i].writeBack();
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
+    std::vector<int64_t>& inputSplitSizes, const c10d::AllToAllOptions& opts) {
+  const char* op = "all_to_all_single";
+  DataType dtype = checkTensors(op, {input, output});
+  const int size = getSize();
+  // Split sizes count rows of dim 0; an empty list means equal rows.
+  auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
+    std::vector<uint64_t> out(static_cast<size_t>(size));
+    int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    int64_t rowElems = rows == 0 ? 0 : t.numel() / rows;
+    if (splits.empty()) {
+      RD_CHECK_INPUT(rows % size == 0, op, which, " has ", rows,
+                     " rows, not divisible by the world size ", size,
+                     "; pass split sizes");
+      for (auto& c : out) c = static_cast<uint64_t>(rows / size * rowElems);
+    } else {
+      RD_CHECK_INPUT(static_cast<int>(splits.size()) == size, op, which, " split sizes have ",
+                     splits.size(), " entries; the group has ", size, " ranks");
+      int64_t sum = 0;
+      for (size_t r = 0; r < splits.size(); ++r) {
+        RD_CHECK_INPUT(splits[r] >= 0, op, which, " split size ", r, " is negative");
+        out[r] = static_cast<uint64_t>(splits[r] * rowElems);
+        sum += splits[r];
+      }
+      RD_CHECK_INPUT(sum == rows, op, which, " split sizes sum to ", sum, " but dim 0 has ", rows,
+                     " rows");
+    }
+    return out;
+  };
+  auto sendCounts = counts(input, inputSplitSizes, "input");
+  auto recvCounts = counts(output, outputSplitSizes, "output");
+  Flat in(input);
+  Flat out(output);
+  return enqueue(c10d::OpType::ALLTOALL_BASE, OpType::kAlltoall, {output},
+                 effectiveTimeout(opts.timeout),
+                 [this, in, out, sendCounts, recvCounts, dtype, size] {
+                   size_t elem = elementSize(dtype);
+                   std::vector<const void*> ins;
+                   std::vector<void*> outs;
+                   size_t sendOffset = 0, recvOffset = 0;
+                   for (int r = 0; r < size; ++r) {
+                     ins.push_back(static_cast<const char*>(in.data()) + sendOffset * elem);
+                     outs.push_back(static_cast<char*>(out.data()) + recvOffset * elem);
+                     sendOffset += sendCounts[static_cast<size_t>(r)];
+                     recvOffset += recvCounts[static_cast<size_t>(r)];
+                   }
+                   ringdist::alltoall(*comm_, ins.data(), sendCounts, outs.data(), recvCounts, dtype);
+                   out.writeBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall(std::vector<at::Tensor>& outputs,
+                                                              std::vector<at::Tensor>& inputs,
+                                                              const c10d::AllToAllOptions& opts) {
+  const char* op = "all_to_all";
+  const int size = getSize();
+  RD_CHECK_INPUT(static_cast<int>(inputs.size()) == size && static_cast<int>(outputs.size()) == size,
+                 op, "expected ", size, " input and output tensors, got ", inputs.size(), " and ",
+                 outputs.size());
+  DataType dtype = checkTensors(op, inputs);
+  DataType outType = checkTensors(op, outputs);
+  RD_CHECK_INPUT(dtype == outType, op, "inputs and outputs have different dtypes");
+  std::vector<uint64_t> sendCounts, recvCounts;
+  for (int r = 0; r < size; ++r) {
+    sendCounts.push_back(static_cast<uint64_t>(inputs[static_cast<size_t>(r)].numel()));
+    recvCounts.push_back(static_cast<uint64_t>(outputs[static_cast<size_t>(r)].numel()));
+  }
+  auto ins = flatten(inputs);
+  auto outs = flatten(outputs);
+  return enqueue(c10d::OpType::ALLTOALL, OpType::kAlltoall, outputs, effectiveTimeout(opts.timeout),
+                 [this, ins, outs, sendCounts, recvCounts, dtype] {
+                   std::vector<const void*> inPtrs;
+                   std::vector<void*> outPtrs;
+                   for (const auto& i : ins) inPtrs.push_back(i.data());
+                   for (const auto& o : outs) outPtrs.push_back(o.data());
+                   ringdist::alltoall(*comm_, inPtrs.data(), sendCounts, outPtrs.data(), recvCounts,
+                                      dtype);
+                   for (const auto& o : outs) o.writeBack();
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::barrier(const c10d::BarrierOptions& opts) {
+  return enqueue(c10d::OpType::BARRIER, OpType::kBarrier, {}, effectiveTimeout(opts.timeout),
+                 [this] { ringdist::barrier(*comm_); });
+}
+
+// ---------------------------------------------------------------- point-to-point
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::sendRecv(bool isSend,
+                                                              std::vector<at::Tensor>& tensors,
+                                                              int peer, int tag) {
+  const char* op = isSend ? "send" : "recv";
+  DataType dtype = checkTensors(op, tensors);
+  RD_CHECK_INPUT(tensors.size() == 1, op, "expected one tensor, got ", tensors.size());
+  RD_CHECK_INPUT(peer >= 0 && peer < getSize() && peer != getRank(), op, "peer rank ", peer,
+                 " is invalid (group size ", getSize(), ", own rank ", getRank(), ")");
+  auto work = c10::make_intrusive<RingdistWork>(
+      getRank(), isSend ? c10d::OpType::SEND : c10d::OpType::RECV, op, tensors);
+  P2P entry{work, tensors[0], tensors[0].is_contiguous() ? tensors[0] : tensors[0].contiguous(),
+            std::make_shared<bool>(false)};
+  size_t bytes = static_cast<size_t>(entry.flat.numel()) * elementSize(dtype);
+  // The body only queues the transfer; the worker completes the Work (in
+  // reapP2P, between operations) once the bytes moved.
+  auto post = [this, isSend, entry, bytes, dtype, peer, tag] {
+    // Registered first: if posting fails, fail() completes this Work too.
+    pendingP2P_.push_back(entry);
+    auto moved = entry.moved;
+    auto done = [moved] { *moved = true; };
+    if (isSend) {
+      postSend(*comm_, entry.flat.data_ptr(), bytes, dtype, peer, tag, done);
+    } else {
+      postRecv(*comm_, entry.flat.data_ptr(), bytes, dtype, peer, tag, done);
+    }
+  };
+  enqueue(isSend ? c10d::OpType::SEND : c10d::OpType::RECV, OpType::kSend, {}, timeout_, post);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::send(std::vector<at::Tensor>& tensors,
+                                                          int dstRank, int tag) {
+  return sendRecv(true, tensors, dstRank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::recv(std::vector<at::Tensor>& tensors,
+                                                          int srcRank, int tag) {
+  return sendRecv(false, tensors, srcRank, tag);
+}
+
+c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                int rank, int size,
+                                                std::chrono::milliseconds timeout,
+                                                const std::string& bindIp) {
+  return c10::make_intrusive<ProcessGroupRingdist>(store, rank, size, timeout, bindIp);
+}
+
+}  // namespace ringdist

@@ -1,0 +1,97 @@
+// Ring allreduce: reduce-scatter then allgather, pipelined by segment.
+// Terms (chunk, segment, step, transfer) are defined in ring.h.
+//
+// Data path: a received reduce-scatter segment lands in one of kRecvWindow
+// small scratch slots and is reduced straight into the user's buffer, which
+// the next step then sends from; allgather segments are received directly
+// into the user's buffer. No full-size temporary exists. Each chunk is
+// reduced once, along the ring, by a fixed order, and then copied, so every
+// rank ends with bitwise identical results.
+#include <vector>
+
+#include "csrc/collectives/collectives.h"
+#include "csrc/collectives/ring.h"
+#include "csrc/common/error.h"
+#include "csrc/reduce/reduce.h"
+
+namespace ringdist {
+
+void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
+  const int n = comm.size();
+  comm.exchangeRingHeaders(comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1));
+  ReduceFn reduceFn = reduceFunction(dtype, op);
+  if (n == 1 || count == 0) {
+    return;  // AVG over one rank divides by one
+  }
+  const size_t elem = elementSize(dtype);
+  const size_t segElems = std::max<size_t>(1, comm.segmentBytes() / elem);
+  const ChunkLayout layout(count, n, segElems);
+  const size_t perStep = layout.segmentsPerChunk;
+  const size_t total = static_cast<size_t>(2 * (n - 1)) * perStep;
+  const size_t reduceScatterTransfers = static_cast<size_t>(n - 1) * perStep;
+  const long pos = comm.ringPos();
+  char* base = static_cast<char*>(data);
+  char* slots = comm.scratch(kRecvWindow * segElems * elem);
+  Channel& left = comm.channel(comm.left());
+  Channel& right = comm.channel(comm.right());
+
+  auto segmentOf = [&](size_t transfer, bool sending, size_t* offset, size_t* length) {
+    long step = static_cast<long>(transfer / perStep);
+    size_t chunk = modPos(pos - step - (sending ? 1 : 2), n);
+    layout.segment(chunk, transfer % perStep, offset, length);
+  };
+
+  std::vector<uint64_t> sendTicket(total, 0);
+  std::vector<uint64_t> recvTicket(total, 0);
+  size_t sent = 0;       // transfers whose send is posted
+  size_t posted = 0;     // transfers whose receive is posted
+  size_t processed = 0;  // transfers received and reduced/accepted
+  while (processed < total) {
+    // Send every transfer whose data is final here: step 0 sends our own
+    // data; step s forwards what step s-1 received (transfer - perStep).
+    while (sent < total && (sent < perStep || processed > sent - perStep)) {
+      size_t offset, length;
+      segmentOf(sent, true, &offset, &length);
+      sendTicket[sent] = right.postSend(base + offset * elem, length * elem);
+      ++sent;
+    }
+    // Keep up to kRecvWindow receives posted. An allgather receive writes
+    // into a region our reduce-scatter sent earlier; that send must be done.
+    while (posted < total && posted - processed < kRecvWindow) {
+      size_t offset, length;
+      segmentOf(posted, false, &offset, &length);
+      if (posted < reduceScatterTransfers) {
+        recvTicket[posted] = left.postRecv(slots + (posted % kRecvWindow) * segElems * elem,
+                                           length * elem);
+      } else {
+        size_t earlier = posted - reduceScatterTransfers;
+        if (earlier >= sent || !right.sendDone(sendTicket[earlier])) {
+          break;
+        }
+        recvTicket[posted] = left.postRecv(base + offset * elem, length * elem);
+      }
+      ++posted;
+    }
+    bool moved = comm.progress();
+    if (processed < posted && left.recvDone(recvTicket[processed])) {
+      if (processed < reduceScatterTransfers) {
+        size_t offset, length;
+        segmentOf(processed, false, &offset, &length);
+        char* target = base + offset * elem;
+        reduceFn(target, target, slots + (processed % kRecvWindow) * segElems * elem, length);
+        bool lastReduceStep = processed / perStep == static_cast<size_t>(n - 2);
+        if (lastReduceStep && op == ReduceOp::kAvg) {
+          divideInPlace(target, length, dtype, n);  // the owner finalises its chunk
+        }
+      }
+      ++processed;
+      continue;
+    }
+    if (!moved) {
+      comm.waitForActivity();
+    }
+  }
+  comm.waitUntil([&] { return right.sendDone(sendTicket[total - 1]); });
+}
+
+}  // namespace ringdist

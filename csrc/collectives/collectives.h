@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+#include "csrc/collectives/communicator.h"
+#include "csrc/common/types.h"
+
+namespace ringdist {
+
+// The engine's collectives. They work on raw pointers and element counts,
+// see only the Channel interface, and run on the calling (worker) thread.
+// Each first exchanges OpHeaders, so ranks that disagree fail cleanly.
+// Pointer arrays indexed "by rank" have comm.size() entries.
+
+// In place: data (count elements) becomes the reduction over all ranks.
+void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op);
+
+// data (count elements) on root is copied to every rank.
+void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int root);
+
+// outputs[r] (count elements each) receives rank r's input.
+void allgather(Communicator& comm, const void* input, void* const* outputs, size_t count,
+               DataType dtype);
+
+// output (count elements) receives the reduction of inputs[rank] over all
+// ranks; inputs are left unchanged.
+void reduceScatter(Communicator& comm, const void* const* inputs, void* output, size_t count,
+                   DataType dtype, ReduceOp op);
+
+// In place on root; other ranks' data is left unchanged.
+void reduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op, int root);
+
+// On root, outputs[r] receives rank r's input (outputs unused elsewhere).
+void gather(Communicator& comm, const void* input, void* const* outputs, size_t count,
+            DataType dtype, int root);
+
+// output receives root's inputs[rank] (inputs unused off root).
+void scatter(Communicator& comm, const void* const* inputs, void* output, size_t count,
+             DataType dtype, int root);
+
+// outputs[r] (recvCounts[r] elements) receives what rank r sent us from its
+// inputs[rank] (sendCounts[rank] elements there).
+void alltoall(Communicator& comm, const void* const* inputs, const std::vector<uint64_t>& sendCounts,
+              void* const* outputs, const std::vector<uint64_t>& recvCounts, DataType dtype);
+
+void barrier(Communicator& comm);
+
+// Point-to-point. Both only queue the transfer and return; `done` runs on
+// the worker thread once the bytes have left / arrived. A receive checks the
+// sender's header (tag, size) before any byte reaches `data`.
+void postSend(Communicator& comm, const void* data, size_t bytes, DataType dtype, int peer,
+              int tag, std::function<void()> done);
+void postRecv(Communicator& comm, void* data, size_t bytes, DataType dtype, int peer, int tag,
+              std::function<void()> done);
+
+}  // namespace ringdist

@@ -1,0 +1,339 @@
+#include "csrc/collectives/communicator.h"
+
+#include <poll.h>
+
+#include <cstdlib>
+#include <climits>
+#include <cstring>
+#include <thread>
+
+#include "csrc/common/env.h"
+#include "csrc/common/error.h"
+#include "csrc/common/logging.h"
+
+namespace ringdist {
+
+namespace {
+constexpr uint32_t kOpMagic = 0x52444f50;  // "RDOP"
+using Clock = std::chrono::steady_clock;
+
+std::string describeHeader(const OpHeader& h) {
+  std::string text = strCat(opTypeName(static_cast<OpType>(h.type)), "(seq=", h.seq,
+                            ", count=", h.count, ", dtype=",
+                            dataTypeName(static_cast<DataType>(h.dtype)));
+  auto type = static_cast<OpType>(h.type);
+  if (type == OpType::kAllreduce || type == OpType::kReduceScatter || type == OpType::kReduce) {
+    text += strCat(", op=", reduceOpName(static_cast<ReduceOp>(h.op)));
+  }
+  if (h.root >= 0) {
+    text += strCat(", root=", h.root);
+  }
+  text += type == OpType::kSend ? strCat(", tag=", h.tag) : strCat(", segment_bytes=", h.tag);
+  return text + ")";
+}
+}  // namespace
+
+const char* opTypeName(OpType type) {
+  switch (type) {
+    case OpType::kAllreduce: return "allreduce";
+    case OpType::kBroadcast: return "broadcast";
+    case OpType::kAllgather: return "allgather";
+    case OpType::kReduceScatter: return "reduce_scatter";
+    case OpType::kReduce: return "reduce";
+    case OpType::kGather: return "gather";
+    case OpType::kScatter: return "scatter";
+    case OpType::kAlltoall: return "alltoall";
+    case OpType::kBarrier: return "barrier";
+    case OpType::kSend: return "send/recv";
+  }
+  return "unknown";
+}
+
+Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
+                           std::shared_ptr<Rendezvous> rendezvous)
+    : rank_(rank), size_(size), channels_(std::move(channels)),
+      rendezvous_(std::move(rendezvous)) {
+  ring_.resize(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; ++i) {
+    ring_[static_cast<size_t>(i)] = i;
+  }
+  ringPos_ = rank_;
+  int64_t segment = envInt("RINGDIST_SEGMENT_BYTES", static_cast<int64_t>(kDefaultSegmentBytes));
+  RINGDIST_CHECK(segment > 0, "ringdist: RINGDIST_SEGMENT_BYTES must be positive, got ", segment);
+  segmentBytes_ = static_cast<size_t>(segment);
+}
+
+Communicator::~Communicator() { std::free(scratch_); }
+
+Channel& Communicator::channel(int peer) {
+  RINGDIST_CHECK(peer >= 0 && peer < size_ && peer != rank_ && channels_[static_cast<size_t>(peer)],
+                 "ringdist ", opName(), ": rank ", rank_, " has no channel to rank ", peer);
+  return *channels_[static_cast<size_t>(peer)];
+}
+
+void Communicator::setSegmentBytes(size_t bytes) {
+  RINGDIST_CHECK(bytes > 0, "ringdist: segment size must be positive");
+  segmentBytes_ = bytes;
+}
+
+void Communicator::beginOp(OpType type, std::chrono::milliseconds timeout) {
+  if (aborted_) {
+    RINGDIST_FAIL("ringdist ", opTypeName(type), ": rank ", rank_,
+                  ": the process group was aborted by an earlier error: ", abortReason_);
+  }
+  RINGDIST_CHECK(!closed_, "ringdist ", opTypeName(type), ": rank ", rank_,
+                 ": the process group has been shut down");
+  opType_ = type;
+  opTimeout_ = timeout;
+  deadline_ = Clock::now() + timeout;
+}
+
+OpHeader Communicator::makeHeader(OpType type, uint64_t count, DataType dtype, ReduceOp op,
+                                  int root) {
+  OpHeader h{};
+  h.magic = kOpMagic;
+  h.type = static_cast<uint8_t>(type);
+  h.dtype = static_cast<uint8_t>(dtype);
+  h.op = static_cast<uint8_t>(op);
+  h.seq = type == OpType::kSend ? 0 : ++seq_;
+  h.count = count;
+  h.root = root;
+  // Collectives carry the segment size: ranks cutting buffers differently
+  // would read each other's segments at the wrong lengths.
+  h.tag = type == OpType::kSend ? 0 : static_cast<int32_t>(std::min<size_t>(segmentBytes_, INT32_MAX));
+  return h;
+}
+
+void Communicator::exchangeHeaders(const OpHeader& mine, const std::vector<int>& sendTo,
+                                   const std::vector<int>& recvFrom,
+                                   const std::vector<uint64_t>* sendCount,
+                                   const std::vector<uint64_t>* expectCount) {
+  std::vector<OpHeader> out(sendTo.size(), mine);
+  std::vector<OpHeader> in(recvFrom.size());
+  std::vector<uint64_t> sendTickets(sendTo.size());
+  std::vector<uint64_t> recvTickets(recvFrom.size());
+  for (size_t i = 0; i < sendTo.size(); ++i) {
+    if (sendCount != nullptr) {
+      out[i].count = (*sendCount)[static_cast<size_t>(sendTo[i])];
+    }
+    sendTickets[i] = channel(sendTo[i]).postSend(&out[i], sizeof(OpHeader));
+  }
+  for (size_t i = 0; i < recvFrom.size(); ++i) {
+    recvTickets[i] = channel(recvFrom[i]).postRecv(&in[i], sizeof(OpHeader));
+  }
+  waitUntil([&] {
+    for (size_t i = 0; i < sendTo.size(); ++i) {
+      if (!channel(sendTo[i]).sendDone(sendTickets[i])) return false;
+    }
+    for (size_t i = 0; i < recvFrom.size(); ++i) {
+      if (!channel(recvFrom[i]).recvDone(recvTickets[i])) return false;
+    }
+    return true;
+  });
+  for (size_t i = 0; i < recvFrom.size(); ++i) {
+    const int peer = recvFrom[i];
+    const OpHeader& theirs = in[i];
+    OpHeader expected = mine;
+    if (expectCount != nullptr) {
+      expected.count = (*expectCount)[static_cast<size_t>(peer)];
+    }
+    RINGDIST_CHECK(theirs.magic == kOpMagic, "ringdist ", opName(), ": rank ", rank_,
+                   " received a corrupt operation header from rank ", peer,
+                   " (the ranks are out of step)");
+    bool same = theirs.type == expected.type && theirs.dtype == expected.dtype &&
+        theirs.op == expected.op && theirs.seq == expected.seq && theirs.count == expected.count &&
+        theirs.root == expected.root && theirs.tag == expected.tag;
+    if (!same) {
+      if (expectCount != nullptr && theirs.type == expected.type && theirs.seq == expected.seq) {
+        RINGDIST_FAIL("ringdist ", opName(), ": rank ", rank_, " expects ", expected.count,
+                      " elements from rank ", peer, " but rank ", peer, " sends ", theirs.count);
+      }
+      RINGDIST_FAIL("ringdist ", opName(), ": ranks disagree: rank ", rank_, " called ",
+                    describeHeader(mine), " but rank ", peer, " called ",
+                    describeHeader(theirs));
+    }
+  }
+}
+
+void Communicator::exchangeRingHeaders(const OpHeader& mine) {
+  if (size_ == 1) {
+    return;
+  }
+  exchangeHeaders(mine, {left(), right()}, {left(), right()});
+}
+
+bool Communicator::progress() {
+  bool moved = false;
+  for (auto& ch : channels_) {
+    if (ch && ch->hasPending()) {
+      moved = ch->progress() || moved;
+    }
+  }
+  return moved;
+}
+
+bool Communicator::hasPending() const {
+  for (const auto& ch : channels_) {
+    if (ch && ch->hasPending()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string Communicator::pendingPeers() const {
+  std::string peers;
+  for (const auto& ch : channels_) {
+    if (ch && ch->hasPending()) {
+      peers += strCat(peers.empty() ? "" : ", ", ch->peer());
+    }
+  }
+  return peers.empty() ? "none" : peers;
+}
+
+void Communicator::waitForActivity() {
+  std::vector<pollfd> fds;
+  std::vector<Channel*> owners;
+  for (auto& ch : channels_) {
+    if (ch && ch->pollFd() >= 0) {
+      fds.push_back(pollfd{ch->pollFd(), ch->pollEvents(), 0});
+      owners.push_back(ch.get());
+    }
+  }
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+  if (left.count() <= 0) {
+    throw TimeoutError(strCat("ringdist ", opName(), ": rank ", rank_, ": Timed out after ",
+                              opTimeout_.count(), " ms waiting for rank(s) ", pendingPeers()));
+  }
+  if (fds.empty()) {
+    return;  // nothing pending: the caller's condition decides
+  }
+  int timeoutMs = static_cast<int>(std::min<int64_t>(left.count(), 1000));
+  int ready = ::poll(fds.data(), fds.size(), timeoutMs);
+  if (ready <= 0) {
+    return;
+  }
+  for (size_t i = 0; i < fds.size(); ++i) {
+    // A peer that hung up while we only have sends queued for it: the sends
+    // can never be consumed. (With receives queued, progress() reads what is
+    // left and then reports the close itself.)
+    if ((fds[i].revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0 && !(fds[i].revents & POLLIN)) {
+      if (!owners[i]->progress()) {
+        RINGDIST_FAIL("connection to rank ", owners[i]->peer(), " closed by the peer");
+      }
+    }
+  }
+}
+
+void Communicator::waitUntil(const std::function<bool()>& done) {
+  for (;;) {
+    bool moved = progress();
+    if (done()) {
+      return;
+    }
+    if (!moved) {
+      waitForActivity();
+    }
+  }
+}
+
+void Communicator::progressIdle(std::chrono::milliseconds maxWait) {
+  if (aborted_ || !hasPending()) {
+    return;
+  }
+  deadline_ = Clock::now() + maxWait;
+  opTimeout_ = maxWait;
+  if (!progress()) {
+    try {
+      waitForActivity();
+    } catch (const TimeoutError&) {
+      return;  // idle polling has no deadline of its own
+    }
+    progress();
+  }
+}
+
+char* Communicator::scratch(size_t bytes) {
+  if (bytes > scratchBytes_) {
+    std::free(scratch_);
+    scratch_ = nullptr;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = nullptr;
+    RINGDIST_CHECK(::posix_memalign(&p, 64, rounded) == 0, "ringdist ", opName(), ": rank ",
+                   rank_, ": cannot allocate ", rounded, " bytes of scratch");
+    scratch_ = static_cast<char*>(p);
+    scratchBytes_ = rounded;
+  }
+  return scratch_;
+}
+
+std::string Communicator::describeError(const std::string& what) {
+  std::string text = what;
+  const std::string prefix = "ringdist ";
+  if (text.compare(0, prefix.size(), prefix) != 0) {
+    text = strCat("ringdist ", opName(), ": rank ", rank_, ": ", what);
+  }
+  // A peer that aborted first may have published why; name the root cause.
+  try {
+    if (rendezvous_ && rendezvous_->check("ringdist/abort")) {
+      auto reason = rendezvous_->get("ringdist/abort", std::chrono::milliseconds(1000));
+      std::string remote(reason.begin(), reason.end());
+      if (!remote.empty() && text.find(remote) == std::string::npos) {
+        text += strCat(" [first error in the group: ", remote, "]");
+      }
+    }
+  } catch (const std::exception&) {
+    // The store may be gone too; the local error stands on its own.
+  }
+  return text;
+}
+
+void Communicator::abort(const std::string& reason) {
+  if (aborted_) {
+    return;
+  }
+  aborted_ = true;
+  abortReason_ = reason;
+  try {
+    if (rendezvous_ && !rendezvous_->check("ringdist/abort")) {
+      rendezvous_->set("ringdist/abort", std::vector<uint8_t>(reason.begin(), reason.end()));
+    }
+  } catch (const std::exception&) {
+  }
+  // Closing every connection makes each peer's pending operation fail at
+  // once (EOF), which cascades the error to the whole group.
+  for (auto& ch : channels_) {
+    if (ch) {
+      ch->close();
+    }
+  }
+}
+
+void Communicator::close(std::chrono::milliseconds maxWait) {
+  if (closed_) {
+    return;
+  }
+  closed_ = true;
+  if (!aborted_ && size_ > 1 && rendezvous_) {
+    try {
+      rendezvous_->add("ringdist/closing", 1);
+      auto deadline = Clock::now() + maxWait;
+      auto sleep = std::chrono::milliseconds(1);
+      while (rendezvous_->add("ringdist/closing", 0) < size_ && Clock::now() < deadline) {
+        // Keep moving queued sends: a peer may still need our last bytes.
+        progress();
+        std::this_thread::sleep_for(sleep);
+        sleep = std::min(sleep * 2, std::chrono::milliseconds(50));
+      }
+    } catch (const std::exception& e) {
+      logDebug(strCat("rank ", rank_, ": teardown barrier skipped: ", e.what()));
+    }
+  }
+  for (auto& ch : channels_) {
+    if (ch) {
+      ch->close();
+    }
+  }
+}
+
+}  // namespace ringdist

@@ -1,0 +1,137 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "csrc/common/rendezvous.h"
+#include "csrc/common/types.h"
+#include "csrc/transport/channel.h"
+
+namespace ringdist {
+
+// Kinds of operation; travel in op headers (append only).
+enum class OpType : uint8_t {
+  kAllreduce = 1,
+  kBroadcast,
+  kAllgather,
+  kReduceScatter,
+  kReduce,
+  kGather,
+  kScatter,
+  kAlltoall,
+  kBarrier,
+  kSend,
+};
+
+const char* opTypeName(OpType type);
+
+// Sent ahead of every operation's data to each peer it talks to, so ranks
+// that disagree on the operation, its size or dtype fail with a clear error
+// instead of reading each other's bytes as data.
+struct OpHeader {
+  uint32_t magic;
+  uint8_t type;
+  uint8_t dtype;
+  uint8_t op;
+  uint8_t reserved;
+  uint64_t seq;    // collective sequence number in this group (0 for p2p)
+  uint64_t count;  // elements (for alltoall and send: bytes to this peer)
+  int32_t root;
+  int32_t tag;
+};
+static_assert(sizeof(OpHeader) == 32, "OpHeader is a wire format");
+
+// Default segment size: big enough that per-segment syscalls and loop
+// overhead vanish next to the copy cost, small enough that reduce and
+// transfer of neighbouring segments overlap and scratch stays in L2/L3.
+constexpr size_t kDefaultSegmentBytes = 256 * 1024;
+// Receives in flight per channel in the ring pipelines (>= 2 so receiving
+// segment i+1 overlaps reducing segment i).
+constexpr size_t kRecvWindow = 4;
+
+// One process group's view of its peers: channels, ring order, progress
+// loop, deadlines and abort state. Single-threaded: only the backend's
+// worker thread calls into it.
+class Communicator {
+ public:
+  Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
+               std::shared_ptr<Rendezvous> rendezvous);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  Channel& channel(int peer);
+
+  // Ring order: ring()[pos] is the rank at position pos; left sends to us.
+  int ringPos() const { return ringPos_; }
+  int ringRank(int pos) const { return ring_[static_cast<size_t>(((pos % size_) + size_) % size_)]; }
+  int left() const { return ringRank(ringPos_ - 1); }
+  int right() const { return ringRank(ringPos_ + 1); }
+
+  size_t segmentBytes() const { return segmentBytes_; }
+  void setSegmentBytes(size_t bytes);
+
+  // Starts an operation: names it in errors and arms its deadline.
+  void beginOp(OpType type, std::chrono::milliseconds timeout);
+  const char* opName() const { return opTypeName(opType_); }
+
+  OpHeader makeHeader(OpType type, uint64_t count, DataType dtype, ReduceOp op, int root);
+  // Sends `mine` to each of sendTo and checks the header from each of
+  // recvFrom. sendCount/expectCount (indexed by rank) override `count` per
+  // peer for operations with per-peer sizes.
+  void exchangeHeaders(const OpHeader& mine, const std::vector<int>& sendTo,
+                       const std::vector<int>& recvFrom,
+                       const std::vector<uint64_t>* sendCount = nullptr,
+                       const std::vector<uint64_t>* expectCount = nullptr);
+  void exchangeRingHeaders(const OpHeader& mine);
+
+  // Progress every channel once without blocking; true if a byte moved.
+  bool progress();
+  // Blocks (poll) until some channel can progress or the deadline passes.
+  void waitForActivity();
+  void waitUntil(const std::function<bool()>& done);
+  // Progress pending point-to-point traffic between operations.
+  void progressIdle(std::chrono::milliseconds maxWait);
+  bool hasPending() const;
+
+  // Scratch memory owned by the communicator, grown on demand, 64-byte aligned.
+  char* scratch(size_t bytes);
+
+  // After abort every operation fails with the first error's text.
+  void abort(const std::string& reason);
+  bool aborted() const { return aborted_; }
+  const std::string& abortReason() const { return abortReason_; }
+  // Adds "ringdist <op>: rank R: " and, for lost peers, any reason a peer
+  // published when it aborted.
+  std::string describeError(const std::string& what);
+
+  // Orderly teardown: waits (bounded) until every rank reached close, so no
+  // rank closes a connection a peer may still read from.
+  void close(std::chrono::milliseconds maxWait);
+
+ private:
+  std::string pendingPeers() const;
+
+  const int rank_;
+  const int size_;
+  std::vector<std::unique_ptr<Channel>> channels_;
+  std::shared_ptr<Rendezvous> rendezvous_;
+  std::vector<int> ring_;
+  int ringPos_ = 0;
+  size_t segmentBytes_;
+  uint64_t seq_ = 0;
+  OpType opType_ = OpType::kBarrier;
+  std::chrono::milliseconds opTimeout_{0};
+  std::chrono::steady_clock::time_point deadline_;
+  char* scratch_ = nullptr;
+  size_t scratchBytes_ = 0;
+  bool aborted_ = false;
+  bool closed_ = false;
+  std::string abortReason_;
+};
+
+}  // namespace ringdist

@@ -1,0 +1,178 @@
+// Out-of-place ring reduce-scatter, and reduce (reduce-scatter, then every
+// rank sends its reduced chunk to the root). Terms are defined in ring.h.
+//
+// Inputs are never written. A received segment lands in a scratch slot and
+// is reduced with our own input into one of two chunk-sized accumulators,
+// alternating by step; the next step sends it from there. Before step s+2
+// overwrites an accumulator segment, the send of step s+1 that reads it must
+// be done; that wait only ever points at earlier transfers, so the pipeline
+// cannot deadlock whatever the socket buffer sizes.
+#include <cstring>
+#include <vector>
+
+#include "csrc/collectives/collectives.h"
+#include "csrc/collectives/ring.h"
+#include "csrc/common/error.h"
+#include "csrc/reduce/reduce.h"
+
+namespace ringdist {
+
+namespace {
+
+// chunks[c] is the input chunk of ring position c (layout gives lengths).
+// The fully reduced chunk of this rank's position is written to `out`, or
+// left in an accumulator when out is null; returns where it is.
+char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chunks,
+                        const ChunkLayout& layout, DataType dtype, ReduceOp op, char* out) {
+  const int n = comm.size();
+  const size_t elem = elementSize(dtype);
+  const size_t segElems = layout.segmentElems;
+  const size_t perStep = layout.segmentsPerChunk;
+  const size_t total = static_cast<size_t>(n - 1) * perStep;
+  const size_t lastStep = static_cast<size_t>(n - 2);
+  const long pos = comm.ringPos();
+  ReduceFn reduceFn = reduceFunction(dtype, op);
+
+  const size_t accBytes = perStep * segElems * elem;
+  const size_t slotBytes = segElems * elem;
+  char* scratch = comm.scratch(2 * accBytes + kRecvWindow * slotBytes);
+  char* acc[2] = {scratch, scratch + accBytes};
+  char* slots = scratch + 2 * accBytes;
+  char* result = out != nullptr ? out : acc[lastStep % 2];
+  Channel& left = comm.channel(comm.left());
+  Channel& right = comm.channel(comm.right());
+
+  auto chunkOf = [&](size_t transfer, bool sending) {
+    long step = static_cast<long>(transfer / perStep);
+    return modPos(pos - step - (sending ? 1 : 2), n);
+  };
+  auto lengthOf = [&](size_t chunk, size_t segment) {
+    size_t offset, length;
+    layout.segment(chunk, segment, &offset, &length);
+    return length;
+  };
+
+  std::vector<uint64_t> sendTicket(total, 0);
+  std::vector<uint64_t> recvTicket(total, 0);
+  size_t sent = 0, posted = 0, processed = 0;
+  while (processed < total || sent < total) {
+    while (sent < total && (sent < perStep || processed > sent - perStep)) {
+      size_t step = sent / perStep, seg = sent % perStep;
+      size_t chunk = chunkOf(sent, true);
+      const char* src = step == 0 ? chunks[chunk] + seg * segElems * elem
+                                  : acc[(step - 1) % 2] + seg * segElems * elem;
+      sendTicket[sent] = right.postSend(src, lengthOf(chunk, seg) * elem);
+      ++sent;
+    }
+    while (posted < total && posted - processed < kRecvWindow) {
+      size_t chunk = chunkOf(posted, false);
+      recvTicket[posted] = left.postRecv(slots + (posted % kRecvWindow) * slotBytes,
+                                         lengthOf(chunk, posted % perStep) * elem);
+      ++posted;
+    }
+    bool moved = comm.progress();
+    if (processed < posted && left.recvDone(recvTicket[processed])) {
+      size_t step = processed / perStep, seg = processed % perStep;
+      char* dst = step == lastStep ? result : acc[step % 2];
+      bool intoAccumulator = dst == acc[0] || dst == acc[1];
+      // The previous content of this accumulator segment is read by the send
+      // of transfer (processed - perStep); it must have left.
+      if (intoAccumulator && step >= 2 && !right.sendDone(sendTicket[processed - perStep])) {
+        if (!moved) {
+          comm.waitForActivity();
+        }
+        continue;
+      }
+      size_t chunk = chunkOf(processed, false);
+      size_t length = lengthOf(chunk, seg);
+      char* target = dst + seg * segElems * elem;
+      reduceFn(target, slots + (processed % kRecvWindow) * slotBytes,
+               chunks[chunk] + seg * segElems * elem, length);
+      if (step == lastStep && op == ReduceOp::kAvg) {
+        divideInPlace(target, length, dtype, n);
+      }
+      ++processed;
+      continue;
+    }
+    if (!moved) {
+      comm.waitForActivity();
+    }
+  }
+  comm.waitUntil([&] { return total == 0 || right.sendDone(sendTicket[total - 1]); });
+  return result;
+}
+
+}  // namespace
+
+void reduceScatter(Communicator& comm, const void* const* inputs, void* output, size_t count,
+                   DataType dtype, ReduceOp op) {
+  const int n = comm.size();
+  comm.exchangeRingHeaders(comm.makeHeader(OpType::kReduceScatter, count, dtype, op, -1));
+  reduceFunction(dtype, op);  // reject unsupported pairs on every rank alike
+  const size_t elem = elementSize(dtype);
+  if (n == 1) {
+    if (output != inputs[0] && count > 0) {
+      std::memcpy(output, inputs[0], count * elem);
+    }
+    return;
+  }
+  if (count == 0) {
+    return;
+  }
+  // Chunks are whole per-rank blocks; position c owns rank ringRank(c)'s.
+  const size_t segElems = std::max<size_t>(1, comm.segmentBytes() / elem);
+  const ChunkLayout layout(count * static_cast<size_t>(n), n, segElems);
+  std::vector<const char*> chunks(static_cast<size_t>(n));
+  for (int c = 0; c < n; ++c) {
+    chunks[static_cast<size_t>(c)] = static_cast<const char*>(inputs[comm.ringRank(c)]);
+  }
+  ringReduceScatter(comm, chunks, layout, dtype, op, static_cast<char*>(output));
+}
+
+void reduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op, int root) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  comm.exchangeRingHeaders(comm.makeHeader(OpType::kReduce, count, dtype, op, root));
+  reduceFunction(dtype, op);
+  if (n == 1 || count == 0) {
+    return;
+  }
+  const size_t elem = elementSize(dtype);
+  const size_t segElems = std::max<size_t>(1, comm.segmentBytes() / elem);
+  const ChunkLayout layout(count, n, segElems);
+  char* base = static_cast<char*>(data);
+  std::vector<const char*> chunks(static_cast<size_t>(n));
+  for (size_t c = 0; c < static_cast<size_t>(n); ++c) {
+    chunks[c] = base + layout.chunkOffset(c) * elem;
+  }
+  const size_t own = static_cast<size_t>(comm.ringPos());
+  // The root reduces its own chunk in place; its other input chunks are
+  // overwritten only after the reduce-scatter finished reading them.
+  char* mine = ringReduceScatter(comm, chunks, layout, dtype, op,
+                                 rank == root ? base + layout.chunkOffset(own) * elem : nullptr);
+  if (rank != root) {
+    Channel& toRoot = comm.channel(root);
+    uint64_t ticket = toRoot.postSend(mine, layout.chunkLength(own) * elem);
+    comm.waitUntil([&] { return toRoot.sendDone(ticket); });
+    return;
+  }
+  std::vector<std::pair<Channel*, uint64_t>> pending;
+  for (int c = 0; c < n; ++c) {
+    int peer = comm.ringRank(c);
+    if (peer == rank) {
+      continue;
+    }
+    Channel& ch = comm.channel(peer);
+    size_t chunk = static_cast<size_t>(c);
+    pending.emplace_back(&ch, ch.postRecv(base + layout.chunkOffset(chunk) * elem,
+                                          layout.chunkLength(chunk) * elem));
+  }
+  comm.waitUntil([&] {
+    for (auto& p : pending) {
+      if (!p.first->recvDone(p.second)) return false;
+    }
+    return true;
+  });
+}
+
+}  // namespace ringdist

@@ -1,0 +1,49 @@
+#pragma once
+
+#include <cstddef>
+
+namespace ringdist {
+
+// How a ring algorithm cuts a buffer.
+//   chunk    one of N near-equal parts of the buffer (sizes differ by at most
+//            one element); chunk c ends up owned by ring position c.
+//   segment  a piece of a chunk of at most segmentBytes; the unit that is
+//            sent, received and reduced, so consecutive segments pipeline.
+//   step     one hop around the ring; in step s position p sends chunk
+//            (p - s - 1) mod N to its right and receives chunk (p - s - 2)
+//            mod N from its left. Reduce-scatter is steps 0..N-2, allgather
+//            steps N-1..2N-3; the same formula serves both.
+//   transfer the pair (step, segment), numbered step * segmentsPerChunk +
+//            segment; every rank sends and receives transfers in that order.
+struct ChunkLayout {
+  ChunkLayout(size_t count, int chunks, size_t segmentElems)
+      : count(count), chunks(static_cast<size_t>(chunks)), segmentElems(segmentElems) {
+    base = count / this->chunks;
+    extra = count % this->chunks;
+    size_t longest = base + (extra > 0 ? 1 : 0);
+    segmentsPerChunk = longest == 0 ? 1 : (longest + segmentElems - 1) / segmentElems;
+  }
+  size_t chunkOffset(size_t c) const { return c * base + (c < extra ? c : extra); }
+  size_t chunkLength(size_t c) const { return base + (c < extra ? 1 : 0); }
+  // Segment j of chunk c as [offset, offset + length) in elements; may be empty.
+  void segment(size_t c, size_t j, size_t* offset, size_t* length) const {
+    size_t len = chunkLength(c);
+    size_t begin = j * segmentElems;
+    *offset = chunkOffset(c) + (begin < len ? begin : len);
+    *length = begin < len ? (len - begin < segmentElems ? len - begin : segmentElems) : 0;
+  }
+
+  size_t count;
+  size_t chunks;
+  size_t segmentElems;
+  size_t base;
+  size_t extra;
+  size_t segmentsPerChunk;
+};
+
+inline size_t modPos(long value, int n) {
+  long m = value % n;
+  return static_cast<size_t>(m < 0 ? m + n : m);
+}
+
+}  // namespace ringdist

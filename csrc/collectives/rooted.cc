@@ -1,0 +1,163 @@
+// Gather, scatter and all-to-all: direct transfers over the full mesh.
+// The root (or every rank, for all-to-all) posts all its receives and sends
+// at once and lets the progress loop move them concurrently.
+#include <cstring>
+#include <vector>
+
+#include "csrc/collectives/collectives.h"
+#include "csrc/common/error.h"
+
+namespace ringdist {
+
+namespace {
+
+using Pending = std::vector<std::pair<Channel*, uint64_t>>;
+
+void waitAll(Communicator& comm, const Pending& sends, const Pending& recvs) {
+  comm.waitUntil([&] {
+    for (const auto& s : sends) {
+      if (!s.first->sendDone(s.second)) return false;
+    }
+    for (const auto& r : recvs) {
+      if (!r.first->recvDone(r.second)) return false;
+    }
+    return true;
+  });
+}
+
+std::vector<int> othersThan(int rank, int size) {
+  std::vector<int> peers;
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) peers.push_back(r);
+  }
+  return peers;
+}
+
+}  // namespace
+
+void gather(Communicator& comm, const void* input, void* const* outputs, size_t count,
+            DataType dtype, int root) {
+  const int rank = comm.rank();
+  const size_t bytes = count * elementSize(dtype);
+  OpHeader header = comm.makeHeader(OpType::kGather, count, dtype, ReduceOp::kSum, root);
+  std::vector<int> peers = rank == root ? othersThan(rank, comm.size()) : std::vector<int>{root};
+  comm.exchangeHeaders(header, peers, peers);
+  Pending sends, recvs;
+  if (rank == root) {
+    if (bytes > 0 && outputs[rank] != input) {
+      std::memmove(outputs[rank], input, bytes);
+    }
+    for (int peer : peers) {
+      Channel& ch = comm.channel(peer);
+      recvs.emplace_back(&ch, ch.postRecv(outputs[peer], bytes));
+    }
+  } else {
+    Channel& ch = comm.channel(root);
+    sends.emplace_back(&ch, ch.postSend(input, bytes));
+  }
+  waitAll(comm, sends, recvs);
+}
+
+void scatter(Communicator& comm, const void* const* inputs, void* output, size_t count,
+             DataType dtype, int root) {
+  const int rank = comm.rank();
+  const size_t bytes = count * elementSize(dtype);
+  OpHeader header = comm.makeHeader(OpType::kScatter, count, dtype, ReduceOp::kSum, root);
+  std::vector<int> peers = rank == root ? othersThan(rank, comm.size()) : std::vector<int>{root};
+  comm.exchangeHeaders(header, peers, peers);
+  Pending sends, recvs;
+  if (rank == root) {
+    if (bytes > 0 && inputs[rank] != output) {
+      std::memmove(output, inputs[rank], bytes);
+    }
+    for (int peer : peers) {
+      Channel& ch = comm.channel(peer);
+      sends.emplace_back(&ch, ch.postSend(inputs[peer], bytes));
+    }
+  } else {
+    Channel& ch = comm.channel(root);
+    recvs.emplace_back(&ch, ch.postRecv(output, bytes));
+  }
+  waitAll(comm, sends, recvs);
+}
+
+void alltoall(Communicator& comm, const void* const* inputs, const std::vector<uint64_t>& sendCounts,
+              void* const* outputs, const std::vector<uint64_t>& recvCounts, DataType dtype) {
+  const int rank = comm.rank();
+  const int n = comm.size();
+  const size_t elem = elementSize(dtype);
+  OpHeader header = comm.makeHeader(OpType::kAlltoall, 0, dtype, ReduceOp::kSum, -1);
+  std::vector<int> peers = othersThan(rank, n);
+  comm.exchangeHeaders(header, peers, peers, &sendCounts, &recvCounts);
+  RINGDIST_CHECK(sendCounts[static_cast<size_t>(rank)] == recvCounts[static_cast<size_t>(rank)],
+                 "ringdist alltoall: rank ", rank, " sends ", sendCounts[static_cast<size_t>(rank)],
+                 " elements to itself but expects ", recvCounts[static_cast<size_t>(rank)]);
+  size_t selfBytes = recvCounts[static_cast<size_t>(rank)] * elem;
+  if (selfBytes > 0 && outputs[rank] != inputs[rank]) {
+    std::memmove(outputs[rank], inputs[rank], selfBytes);
+  }
+  // Start with the peer after us so not every rank hits rank 0 first.
+  Pending sends, recvs;
+  for (int k = 1; k < n; ++k) {
+    int to = (rank + k) % n;
+    int from = (rank - k + n) % n;
+    Channel& out = comm.channel(to);
+    sends.emplace_back(&out, out.postSend(inputs[to], sendCounts[static_cast<size_t>(to)] * elem));
+    Channel& in = comm.channel(from);
+    recvs.emplace_back(&in, in.postRecv(outputs[from], recvCounts[static_cast<size_t>(from)] * elem));
+  }
+  waitAll(comm, sends, recvs);
+}
+
+// Dissemination barrier: in round k every rank signals rank + 2^k and waits
+// for rank - 2^k; after ceil(log2 N) rounds everyone has heard from everyone.
+void barrier(Communicator& comm) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  OpHeader header = comm.makeHeader(OpType::kBarrier, 0, DataType::kUInt8, ReduceOp::kSum, -1);
+  for (int distance = 1; distance < n; distance *= 2) {
+    comm.exchangeHeaders(header, {(rank + distance) % n}, {(rank - distance + n) % n});
+  }
+}
+
+void postSend(Communicator& comm, const void* data, size_t bytes, DataType dtype, int peer,
+              int tag, std::function<void()> done) {
+  Channel& ch = comm.channel(peer);
+  OpHeader header = comm.makeHeader(OpType::kSend, bytes, dtype, ReduceOp::kSum, -1);
+  header.tag = tag;
+  // The header must outlive this call: it travels with the completion.
+  auto held = std::make_shared<OpHeader>(header);
+  ch.postSend(held.get(), sizeof(OpHeader), [held] {});
+  ch.postSend(data, bytes, std::move(done));
+}
+
+void postRecv(Communicator& comm, void* data, size_t bytes, DataType dtype, int peer, int tag,
+              std::function<void()> done) {
+  Channel& ch = comm.channel(peer);
+  const int rank = comm.rank();
+  auto header = std::make_shared<OpHeader>();
+  OpHeader expected = comm.makeHeader(OpType::kSend, bytes, dtype, ReduceOp::kSum, -1);
+  expected.tag = tag;
+  // Check the sender's header before the payload may touch `data`.
+  ch.postRecv(header.get(), sizeof(OpHeader),
+              [&ch, header, expected, data, bytes, rank, peer, done = std::move(done)]() mutable {
+                const OpHeader& h = *header;
+                RINGDIST_CHECK(h.magic == expected.magic && h.type == expected.type,
+                               "ringdist recv: rank ", rank, " expected a send from rank ", peer,
+                               " but the next message on that link is a collective (",
+                               opTypeName(static_cast<OpType>(h.type)),
+                               "); ranks issued operations in different orders");
+                RINGDIST_CHECK(h.tag == expected.tag, "ringdist recv: rank ", rank,
+                               " posted a receive with tag ", expected.tag, " from rank ", peer,
+                               " but rank ", peer, " sent tag ", h.tag,
+                               " (messages between two ranks are matched in order)");
+                RINGDIST_CHECK(h.count == expected.count && h.dtype == expected.dtype,
+                               "ringdist recv: rank ", rank, " expects ", bytes, " bytes of ",
+                               dataTypeName(static_cast<DataType>(expected.dtype)), " from rank ",
+                               peer, " but rank ", peer, " sent ", h.count, " bytes of ",
+                               dataTypeName(static_cast<DataType>(h.dtype)));
+                ch.postRecvNext(data, bytes, std::move(done));
+              });
+}
+
+}  // namespace ringdist

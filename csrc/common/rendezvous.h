@@ -1,0 +1,26 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ringdist {
+
+// The small key-value interface the engine needs to find its peers. The
+// backend implements it on top of the c10d store (already prefixed per group);
+// tests can implement it in memory.
+class Rendezvous {
+ public:
+  virtual ~Rendezvous() = default;
+  virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
+  // Blocks until the key exists or the timeout passes (then throws TimeoutError).
+  virtual std::vector<uint8_t> get(const std::string& key,
+                                   std::chrono::milliseconds timeout) = 0;
+  // Non-blocking existence check.
+  virtual bool check(const std::string& key) = 0;
+  // Atomic add; returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+};
+
+}  // namespace ringdist

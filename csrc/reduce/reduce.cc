@@ -1,0 +1,302 @@
+#include "csrc/reduce/reduce.h"
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "csrc/common/error.h"
+
+// Every kernel is written once as an always-inline template and instantiated
+// twice: a baseline x86-64 family and an AVX2+F16C+FMA family (vcvtph2ps for
+// float16). The family is picked once from cpuid.
+
+namespace ringdist {
+
+namespace {
+
+#define RD_INLINE inline __attribute__((always_inline))
+
+struct Sum { template <typename T> static RD_INLINE T apply(T a, T b) { return a + b; } };
+struct Prod { template <typename T> static RD_INLINE T apply(T a, T b) { return a * b; } };
+// NaN-propagating, like torch.minimum / torch.maximum.
+struct Min { template <typename T> static RD_INLINE T apply(T a, T b) { return (a < b || a != a) ? a : b; } };
+struct Max { template <typename T> static RD_INLINE T apply(T a, T b) { return (a > b || a != a) ? a : b; } };
+struct And { template <typename T> static RD_INLINE T apply(T a, T b) { return a & b; } };
+struct Or { template <typename T> static RD_INLINE T apply(T a, T b) { return a | b; } };
+struct Xor { template <typename T> static RD_INLINE T apply(T a, T b) { return a ^ b; } };
+
+// Integer sums and products wrap (two's complement) like torch's integer
+// arithmetic; computing in the unsigned type keeps that well defined in C++.
+template <typename T> struct Wrap { using type = T; };
+template <> struct Wrap<int8_t> { using type = uint8_t; };
+template <> struct Wrap<int32_t> { using type = uint32_t; };
+template <> struct Wrap<int64_t> { using type = uint64_t; };
+
+template <typename T, typename Op>
+RD_INLINE void loop(void* dst, const void* a, const void* b, size_t n) {
+  using W = typename Wrap<T>::type;
+  auto* d = static_cast<W*>(dst);
+  const auto* x = static_cast<const W*>(a);
+  const auto* y = static_cast<const W*>(b);
+  if constexpr (std::is_same<W, T>::value) {
+    for (size_t i = 0; i < n; ++i) d[i] = Op::apply(x[i], y[i]);
+  } else {
+    // Min/Max must compare as signed; sums/products/bit ops wrap as unsigned.
+    if constexpr (std::is_same<Op, Min>::value || std::is_same<Op, Max>::value) {
+      auto* ds = static_cast<T*>(dst);
+      const auto* xs = static_cast<const T*>(a);
+      const auto* ys = static_cast<const T*>(b);
+      for (size_t i = 0; i < n; ++i) ds[i] = Op::apply(xs[i], ys[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) d[i] = static_cast<W>(Op::apply(x[i], y[i]));
+    }
+  }
+}
+
+RD_INLINE float bf16ToFloat(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+RD_INLINE uint16_t floatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN, sign kept
+  }
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// Half types: widen a block to float32, combine, round back. The block fits
+// in L1 so the extra passes cost little next to the memory traffic.
+constexpr size_t kHalfBlock = 512;
+
+struct Bf16Codec {
+  static RD_INLINE void widen(float* out, const void* in, size_t n) {
+    const auto* h = static_cast<const uint16_t*>(in);
+    for (size_t i = 0; i < n; ++i) out[i] = bf16ToFloat(h[i]);
+  }
+  static RD_INLINE void narrow(void* out, const float* in, size_t n) {
+    auto* h = static_cast<uint16_t*>(out);
+    for (size_t i = 0; i < n; ++i) h[i] = floatToBf16(in[i]);
+  }
+};
+
+struct Fp16Codec {
+  static RD_INLINE void widen(float* out, const void* in, size_t n) {
+    const auto* h = static_cast<const _Float16*>(in);
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(h[i]);
+  }
+  static RD_INLINE void narrow(void* out, const float* in, size_t n) {
+    auto* h = static_cast<_Float16*>(out);
+    for (size_t i = 0; i < n; ++i) h[i] = static_cast<_Float16>(in[i]);
+  }
+};
+
+template <typename Codec, typename Op>
+RD_INLINE void halfLoop(void* dst, const void* a, const void* b, size_t n) {
+  alignas(64) float fa[kHalfBlock];
+  alignas(64) float fb[kHalfBlock];
+  for (size_t off = 0; off < n; off += kHalfBlock) {
+    size_t m = std::min(kHalfBlock, n - off);
+    Codec::widen(fa, static_cast<const uint16_t*>(a) + off, m);
+    Codec::widen(fb, static_cast<const uint16_t*>(b) + off, m);
+    for (size_t i = 0; i < m; ++i) fa[i] = Op::apply(fa[i], fb[i]);
+    Codec::narrow(static_cast<uint16_t*>(dst) + off, fa, m);
+  }
+}
+
+template <typename Op>
+RD_INLINE void dispatchFloatLike(DataType dtype, void* dst, const void* a, const void* b, size_t n) {
+  switch (dtype) {
+    case DataType::kFloat32: return loop<float, Op>(dst, a, b, n);
+    case DataType::kFloat64: return loop<double, Op>(dst, a, b, n);
+    case DataType::kFloat16: return halfLoop<Fp16Codec, Op>(dst, a, b, n);
+    case DataType::kBFloat16: return halfLoop<Bf16Codec, Op>(dst, a, b, n);
+    default: break;
+  }
+}
+
+template <typename Op>
+RD_INLINE void dispatchInt(DataType dtype, void* dst, const void* a, const void* b, size_t n) {
+  switch (dtype) {
+    case DataType::kInt8: return loop<int8_t, Op>(dst, a, b, n);
+    case DataType::kUInt8: return loop<uint8_t, Op>(dst, a, b, n);
+    case DataType::kBool: return loop<uint8_t, Op>(dst, a, b, n);
+    case DataType::kInt32: return loop<int32_t, Op>(dst, a, b, n);
+    case DataType::kInt64: return loop<int64_t, Op>(dst, a, b, n);
+    default: break;
+  }
+}
+
+// One function per (dtype, op) per family, generated below.
+#define RD_KERNEL(FAMILY, ATTR, NAME, DTYPE, OP, DISPATCH)                                  \
+  ATTR void FAMILY##_##NAME(void* dst, const void* a, const void* b, size_t n) {            \
+    DISPATCH<OP>(DataType::DTYPE, dst, a, b, n);                                            \
+  }
+
+#define RD_FAMILY(FAMILY, ATTR)                                                              \
+  RD_KERNEL(FAMILY, ATTR, f32_sum, kFloat32, Sum, dispatchFloatLike)                         \
+  RD_KERNEL(FAMILY, ATTR, f32_prod, kFloat32, Prod, dispatchFloatLike)                       \
+  RD_KERNEL(FAMILY, ATTR, f32_min, kFloat32, Min, dispatchFloatLike)                         \
+  RD_KERNEL(FAMILY, ATTR, f32_max, kFloat32, Max, dispatchFloatLike)                         \
+  RD_KERNEL(FAMILY, ATTR, f64_sum, kFloat64, Sum, dispatchFloatLike)                         \
+  RD_KERNEL(FAMILY, ATTR, f64_prod, kFloat64, Prod, dispatchFloatLike)                       \
+  RD_KERNEL(FAMILY, ATTR, f64_min, kFloat64, Min, dispatchFloatLike)                         \
+  RD_KERNEL(FAMILY, ATTR, f64_max, kFloat64, Max, dispatchFloatLike)                         \
+  RD_KERNEL(FAMILY, ATTR, f16_sum, kFloat16, Sum, dispatchFloatLike)                         \
+  RD_KERNEL(FAMILY, ATTR, f16_prod, kFloat16, Prod, dispatchFloatLike)                       \
+  RD_KERNEL(FAMILY, ATTR, f16_min, kFloat16, Min, dispatchFloatLike)                         \
+  RD_KERNEL(FAMILY, ATTR, f16_max, kFloat16, Max, dispatchFloatLike)                         \
+  RD_KERNEL(FAMILY, ATTR, bf16_sum, kBFloat16, Sum, dispatchFloatLike)                       \
+  RD_KERNEL(FAMILY, ATTR, bf16_prod, kBFloat16, Prod, dispatchFloatLike)                     \
+  RD_KERNEL(FAMILY, ATTR, bf16_min, kBFloat16, Min, dispatchFloatLike)                       \
+  RD_KERNEL(FAMILY, ATTR, bf16_max, kBFloat16, Max, dispatchFloatLike)                       \
+  RD_INT_KERNELS(FAMILY, ATTR, i8, kInt8)                                                    \
+  RD_INT_KERNELS(FAMILY, ATTR, u8, kUInt8)                                                   \
+  RD_INT_KERNELS(FAMILY, ATTR, i32, kInt32)                                                  \
+  RD_INT_KERNELS(FAMILY, ATTR, i64, kInt64)                                                  \
+  RD_KERNEL(FAMILY, ATTR, b8_and, kBool, And, dispatchInt)                                   \
+  RD_KERNEL(FAMILY, ATTR, b8_or, kBool, Or, dispatchInt)                                     \
+  RD_KERNEL(FAMILY, ATTR, b8_xor, kBool, Xor, dispatchInt)
+
+#define RD_INT_KERNELS(FAMILY, ATTR, T, DTYPE)                                               \
+  RD_KERNEL(FAMILY, ATTR, T##_sum, DTYPE, Sum, dispatchInt)                                  \
+  RD_KERNEL(FAMILY, ATTR, T##_prod, DTYPE, Prod, dispatchInt)                                \
+  RD_KERNEL(FAMILY, ATTR, T##_min, DTYPE, Min, dispatchInt)                                  \
+  RD_KERNEL(FAMILY, ATTR, T##_max, DTYPE, Max, dispatchInt)                                  \
+  RD_KERNEL(FAMILY, ATTR, T##_and, DTYPE, And, dispatchInt)                                  \
+  RD_KERNEL(FAMILY, ATTR, T##_or, DTYPE, Or, dispatchInt)                                    \
+  RD_KERNEL(FAMILY, ATTR, T##_xor, DTYPE, Xor, dispatchInt)
+
+RD_FAMILY(generic, )
+RD_FAMILY(avx2, __attribute__((target("avx2,fma,f16c"))))
+
+bool useAvx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c");
+  return yes;
+}
+
+#define RD_PICK(NAME) (useAvx2() ? &avx2_##NAME : &generic_##NAME)
+
+ReduceFn floatKernel(DataType dtype, ReduceOp op) {
+#define RD_FLOAT_CASE(DT, P)                                                    \
+  case DataType::DT:                                                            \
+    switch (op) {                                                               \
+      case ReduceOp::kSum: case ReduceOp::kAvg: return RD_PICK(P##_sum);        \
+      case ReduceOp::kProduct: return RD_PICK(P##_prod);                        \
+      case ReduceOp::kMin: return RD_PICK(P##_min);                             \
+      case ReduceOp::kMax: return RD_PICK(P##_max);                             \
+      default: return nullptr;                                                  \
+    }
+  switch (dtype) {
+    RD_FLOAT_CASE(kFloat32, f32)
+    RD_FLOAT_CASE(kFloat64, f64)
+    RD_FLOAT_CASE(kFloat16, f16)
+    RD_FLOAT_CASE(kBFloat16, bf16)
+    default: return nullptr;
+  }
+#undef RD_FLOAT_CASE
+}
+
+ReduceFn intKernel(DataType dtype, ReduceOp op) {
+#define RD_INT_CASE(DT, P)                                                      \
+  case DataType::DT:                                                            \
+    switch (op) {                                                               \
+      case ReduceOp::kSum: case ReduceOp::kAvg: return RD_PICK(P##_sum);        \
+      case ReduceOp::kProduct: return RD_PICK(P##_prod);                        \
+      case ReduceOp::kMin: return RD_PICK(P##_min);                             \
+      case ReduceOp::kMax: return RD_PICK(P##_max);                             \
+      case ReduceOp::kBand: return RD_PICK(P##_and);                            \
+      case ReduceOp::kBor: return RD_PICK(P##_or);                              \
+      case ReduceOp::kBxor: return RD_PICK(P##_xor);                            \
+    }                                                                           \
+    return nullptr;
+  switch (dtype) {
+    RD_INT_CASE(kInt8, i8)
+    RD_INT_CASE(kUInt8, u8)
+    RD_INT_CASE(kInt32, i32)
+    RD_INT_CASE(kInt64, i64)
+    // bool: SUM/MAX/BOR are logical or, PRODUCT/MIN/BAND logical and (as NCCL).
+    case DataType::kBool:
+      switch (op) {
+        case ReduceOp::kSum: case ReduceOp::kMax: case ReduceOp::kBor: return RD_PICK(b8_or);
+        case ReduceOp::kProduct: case ReduceOp::kMin: case ReduceOp::kBand: return RD_PICK(b8_and);
+        case ReduceOp::kBxor: return RD_PICK(b8_xor);
+        case ReduceOp::kAvg: return nullptr;
+      }
+      return nullptr;
+    default: return nullptr;
+  }
+#undef RD_INT_CASE
+}
+
+template <typename T>
+void divideLoop(void* data, size_t n, int divisor) {
+  auto* p = static_cast<T*>(data);
+  const T d = static_cast<T>(divisor);
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / d);
+}
+
+}  // namespace
+
+std::string unsupportedReason(DataType dtype, ReduceOp op) {
+  if (dtype == DataType::kBool && op == ReduceOp::kAvg) {
+    return "AVG is not defined for bool tensors";
+  }
+  if (isFloating(dtype) &&
+      (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor)) {
+    return strCat("bitwise ", reduceOpName(op), " is not defined for ", dataTypeName(dtype),
+                  " tensors");
+  }
+  return "";
+}
+
+ReduceFn reduceFunction(DataType dtype, ReduceOp op) {
+  ReduceFn fn = isFloating(dtype) ? floatKernel(dtype, op) : intKernel(dtype, op);
+  RINGDIST_CHECK(fn != nullptr, "ringdist: reduce op ", reduceOpName(op),
+                 " is not supported for ", dataTypeName(dtype), ": ",
+                 unsupportedReason(dtype, op));
+  return fn;
+}
+
+void divideInPlace(void* data, size_t count, DataType dtype, int divisor) {
+  switch (dtype) {
+    case DataType::kFloat32: return divideLoop<float>(data, count, divisor);
+    case DataType::kFloat64: return divideLoop<double>(data, count, divisor);
+    case DataType::kInt8: return divideLoop<int8_t>(data, count, divisor);
+    case DataType::kUInt8: return divideLoop<uint8_t>(data, count, divisor);
+    case DataType::kInt32: return divideLoop<int32_t>(data, count, divisor);
+    case DataType::kInt64: return divideLoop<int64_t>(data, count, divisor);
+    case DataType::kFloat16:
+    case DataType::kBFloat16: {
+      alignas(64) float block[kHalfBlock];
+      auto* h = static_cast<uint16_t*>(data);
+      for (size_t off = 0; off < count; off += kHalfBlock) {
+        size_t m = std::min(kHalfBlock, count - off);
+        if (dtype == DataType::kFloat16) {
+          Fp16Codec::widen(block, h + off, m);
+          for (size_t i = 0; i < m; ++i) block[i] /= static_cast<float>(divisor);
+          Fp16Codec::narrow(h + off, block, m);
+        } else {
+          Bf16Codec::widen(block, h + off, m);
+          for (size_t i = 0; i < m; ++i) block[i] /= static_cast<float>(divisor);
+          Bf16Codec::narrow(h + off, block, m);
+        }
+      }
+      return;
+    }
+    case DataType::kBool:
+      break;
+  }
+  RINGDIST_FAIL("ringdist: AVG is not defined for ", dataTypeName(dtype), " tensors");
+}
+
+const char* reduceKernelFamily() { return useAvx2() ? "avx2" : "generic"; }
+
+}  // namespace ringdist

@@ -1,0 +1,59 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace ringdist {
+
+// A Channel is one bidirectional, ordered byte stream to one peer rank.
+//
+// Terms used by every transport:
+//   post    queue a send or a receive of a fixed number of bytes; sends leave
+//           in post order and receives are filled in post order, so both
+//           sides must post matching sizes in the same order (the wire has no
+//           per-message framing; collectives add their own headers).
+//   ticket  the 1-based position of a post in its direction; a ticket is
+//           done once every byte of that post (and every earlier one) moved.
+//   progress  move as many bytes as possible without blocking.
+//
+// Completion callbacks run on the progress thread right after the post
+// completes, before any later post on the same direction is touched; a
+// receive callback may call postRecvNext() to read a payload whose size it
+// learnt from a header it just received.
+class Channel {
+ public:
+  using Callback = std::function<void()>;
+
+  virtual ~Channel() = default;
+
+  int peer() const { return peer_; }
+
+  virtual uint64_t postSend(const void* data, size_t bytes, Callback done = nullptr) = 0;
+  virtual uint64_t postRecv(void* data, size_t bytes, Callback done = nullptr) = 0;
+  // From inside a receive callback only: queue a receive ahead of every
+  // receive posted so far (it continues the message just read).
+  virtual uint64_t postRecvNext(void* data, size_t bytes, Callback done = nullptr) = 0;
+
+  virtual bool sendDone(uint64_t ticket) const = 0;
+  virtual bool recvDone(uint64_t ticket) const = 0;
+  virtual bool hasPending() const = 0;
+
+  // Moves bytes without blocking; returns true if any byte moved. Throws
+  // ringdist::Error when the peer is gone or the stream is broken.
+  virtual bool progress() = 0;
+
+  // For blocking waits: a file descriptor and poll(2) events that signal
+  // this channel can progress; -1 when the channel has nothing pending.
+  virtual int pollFd() const = 0;
+  virtual short pollEvents() const = 0;
+
+  // Drops the connection at once (abort). Idempotent.
+  virtual void close() = 0;
+
+ protected:
+  explicit Channel(int peer) : peer_(peer) {}
+  const int peer_;
+};
+
+}  // namespace ringdist

@@ -1,0 +1,179 @@
+#include "csrc/transport/tcp/channel.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "csrc/common/error.h"
+
+namespace ringdist {
+namespace tcp {
+
+TcpChannel::TcpChannel(int peer, Socket socket) : Channel(peer), socket_(std::move(socket)) {
+  setNonBlocking(socket_.fd());
+  setNoDelay(socket_.fd());
+}
+
+TcpChannel::~TcpChannel() = default;
+
+uint64_t TcpChannel::postSend(const void* data, size_t bytes, Callback done) {
+  sends_.push_back(Request{const_cast<char*>(static_cast<const char*>(data)), bytes, 0, true,
+                           std::move(done)});
+  return ++sendsPosted_;
+}
+
+uint64_t TcpChannel::postRecv(void* data, size_t bytes, Callback done) {
+  recvs_.push_back(Request{static_cast<char*>(data), bytes, 0, true, std::move(done)});
+  return ++recvsPosted_;
+}
+
+uint64_t TcpChannel::postRecvNext(void* data, size_t bytes, Callback done) {
+  recvs_.push_front(Request{static_cast<char*>(data), bytes, 0, false, std::move(done)});
+  return 0;
+}
+
+void TcpChannel::fail(const char* what, int err) {
+  socket_.reset();
+  if (err == 0) {
+    RINGDIST_FAIL("connection to rank ", peer_, " closed by the peer (", what, ")");
+  }
+  RINGDIST_FAIL("connection to rank ", peer_, " failed (", what, "): ", std::strerror(err));
+}
+
+bool TcpChannel::progressSends() {
+  bool moved = false;
+  while (!sends_.empty()) {
+    iovec iov[kMaxIov];
+    int count = 0;
+    size_t wanted = 0;
+    for (auto it = sends_.begin(); it != sends_.end() && count < kMaxIov; ++it, ++count) {
+      iov[count].iov_base = it->data + it->done;
+      iov[count].iov_len = it->bytes - it->done;
+      wanted += iov[count].iov_len;
+    }
+    ssize_t n = 0;
+    if (wanted > 0) {
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(count);
+      n = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+          return moved;
+        }
+        fail("send", errno);
+      }
+      moved = true;
+    }
+    // Hand the written bytes to the batch's posts in order. Callbacks may
+    // post more sends; those wait for the next batch.
+    size_t left = static_cast<size_t>(n);
+    for (int i = 0; i < count; ++i) {
+      Request& r = sends_.front();
+      size_t take = std::min(left, r.bytes - r.done);
+      r.done += take;
+      left -= take;
+      if (r.done < r.bytes) {
+        return moved;  // socket buffer full
+      }
+      Callback callback = std::move(r.callback);
+      sends_.pop_front();
+      ++sendsDone_;
+      if (callback) {
+        callback();
+      }
+    }
+  }
+  return moved;
+}
+
+bool TcpChannel::progressRecvs() {
+  bool moved = false;
+  while (!recvs_.empty()) {
+    // Gather posts into one readv, stopping after a post with a callback: its
+    // callback may insert a continuation that must be filled first.
+    iovec iov[kMaxIov];
+    int count = 0;
+    for (auto it = recvs_.begin(); it != recvs_.end() && count < kMaxIov; ++it) {
+      iov[count].iov_base = it->data + it->done;
+      iov[count].iov_len = it->bytes - it->done;
+      ++count;
+      if (it->callback) {
+        break;
+      }
+    }
+    size_t wanted = 0;
+    for (int i = 0; i < count; ++i) {
+      wanted += iov[i].iov_len;
+    }
+    ssize_t n = 0;
+    if (wanted > 0) {
+      n = ::readv(socket_.fd(), iov, count);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+          return moved;
+        }
+        fail("recv", errno);
+      }
+      if (n == 0) {
+        fail("recv", 0);
+      }
+      moved = true;
+    }
+    size_t left = static_cast<size_t>(n);
+    for (int i = 0; i < count; ++i) {
+      Request& r = recvs_.front();
+      size_t take = std::min(left, r.bytes - r.done);
+      r.done += take;
+      left -= take;
+      if (r.done < r.bytes) {
+        return moved;  // socket drained
+      }
+      Callback callback = std::move(r.callback);
+      bool counted = r.counted;
+      recvs_.pop_front();
+      if (counted) {
+        ++recvsDone_;
+      }
+      if (callback) {
+        callback();
+      }
+    }
+  }
+  return moved;
+}
+
+bool TcpChannel::progress() {
+  if (!socket_.valid()) {
+    RINGDIST_CHECK(!hasPending(), "connection to rank ", peer_, " is closed");
+    return false;
+  }
+  bool moved = progressSends();
+  moved = progressRecvs() || moved;
+  return moved;
+}
+
+int TcpChannel::pollFd() const { return hasPending() ? socket_.fd() : -1; }
+
+short TcpChannel::pollEvents() const {
+  short events = POLLRDHUP;
+  if (!recvs_.empty()) {
+    events |= POLLIN;
+  }
+  if (!sends_.empty()) {
+    events |= POLLOUT;
+  }
+  return events;
+}
+
+void TcpChannel::close() {
+  socket_.reset();
+  sends_.clear();
+  recvs_.clear();
+}
+
+}  // namespace tcp
+}  // namespace ringdist

@@ -1,0 +1,21 @@
+"""torch_ringdist: a ring-allreduce torch.distributed backend.
+
+`import torch_ringdist` registers the backend "ringdist" (torch also does it
+at `import torch` through the package's entry point):
+
+    import torch.distributed as dist
+    dist.init_process_group(backend="ringdist")
+"""
+from torch_ringdist._registration import BACKEND_NAME, register_backend
+
+register_backend()
+
+__all__ = ["BACKEND_NAME", "register_backend", "reduce_kernel_family"]
+__version__ = "0.1.0"
+
+
+def reduce_kernel_family() -> str:
+    """The CPU reduction kernels picked at run time ("avx2" or "generic")."""
+    from torch_ringdist import _C
+
+    return _C.reduce_kernel_family()

@@ -1,0 +1,63 @@
+"""Registration of the "ringdist" backend with torch.distributed."""
+import ipaddress
+import logging
+import os
+import socket
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "ringdist"
+
+
+def _store_host(store):
+    """Host name of the TCPStore behind (possibly nested) PrefixStores, if any."""
+    seen = 0
+    while store is not None and seen < 16:
+        host = getattr(store, "host", None)
+        if host:
+            return host
+        store = getattr(store, "underlying_store", None)
+        seen += 1
+    return None
+
+
+def _bind_address(store):
+    """The address this rank listens on, never a wildcard address.
+
+    RINGDIST_SOCKET_IFNAME wins; otherwise the local address that routes to
+    the store host (torchrun's MASTER_ADDR), so peers on other hosts can
+    reach it; loopback when everything runs on this host.
+    """
+    from torch_ringdist import _C
+
+    ifname = os.environ.get("RINGDIST_SOCKET_IFNAME")
+    if ifname:
+        return _C.interface_address(ifname)
+    host = _store_host(store) or os.environ.get("MASTER_ADDR")
+    if not host:
+        return "127.0.0.1"
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return host
+    except ValueError:
+        if host == "localhost":
+            return "127.0.0.1"
+    return _C.source_address_for(host)
+
+
+def _create_backend(store, rank, world_size, timeout):
+    from torch_ringdist import _C
+
+    return _C.create_backend(store, rank, world_size, timeout, _bind_address(store))
+
+
+def register_backend():
+    """Registers "ringdist" once; safe to call repeatedly."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    if BACKEND_NAME in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=["cpu", "cuda"])
+    logger.debug("registered torch.distributed backend %r", BACKEND_NAME)
