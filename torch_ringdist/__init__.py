@@ -16,6 +16,6 @@ __version__ = "0.1.0"
 
 def reduce_kernel_family() -> str:
     """The CPU reduction kernels picked at run time ("avx2" or "generic")."""
-    from torch_ringdist import _C
+    from torch_ringdist._extension import load
 
-    return _C.reduce_kernel_family()
+    return load().reduce_kernel_family()

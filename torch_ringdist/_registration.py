@@ -2,7 +2,8 @@
 import ipaddress
 import logging
 import os
-import socket
+
+from torch_ringdist._extension import load
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +29,7 @@ def _bind_address(store):
     the store host (torchrun's MASTER_ADDR), so peers on other hosts can
     reach it; loopback when everything runs on this host.
     """
-    from torch_ringdist import _C
-
+    _C = load()
     ifname = os.environ.get("RINGDIST_SOCKET_IFNAME")
     if ifname:
         return _C.interface_address(ifname)
@@ -46,9 +46,7 @@ def _bind_address(store):
 
 
 def _create_backend(store, rank, world_size, timeout):
-    from torch_ringdist import _C
-
-    return _C.create_backend(store, rank, world_size, timeout, _bind_address(store))
+    return load().create_backend(store, rank, world_size, timeout, _bind_address(store))
 
 
 def register_backend():

@@ -109,11 +109,14 @@ void ProcessGroupRingdist::shutdown() {
 }
 
 void ProcessGroupRingdist::abort() {
+  std::deque<Task> dropped;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!stop_) {
-      queue_.clear();
-    }
+    dropped.swap(queue_);
+  }
+  for (auto& task : dropped) {
+    task.work->markError(asDistError(strCat("ringdist ", opTypeName(task.type), ": rank ",
+                                            getRank(), ": the process group was aborted")));
   }
   shutdown();
 }
@@ -153,9 +156,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!stop_, "ringdist ", opTypeName(engineType), ": rank ", getRank(),
                 ": the process group has been shut down");
-    queue_.emplace_back([this, work, engineType, timeout, body = std::move(body)] {
-      run(work, engineType, timeout, body);
-    });
+    queue_.push_back(Task{work, engineType, timeout, std::move(body)});
   }
   cv_.notify_one();
   return work;
@@ -209,7 +210,7 @@ void ProcessGroupRingdist::reapP2P() {
 void ProcessGroupRingdist::workerLoop() {
   workerId_ = std::this_thread::get_id();
   for (;;) {
-    std::function<void()> task;
+    Task task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (queue_.empty() && !stop_ && !pendingP2P_.empty()) {
@@ -231,7 +232,8 @@ void ProcessGroupRingdist::workerLoop() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    task();
+    run(task.work, task.type, task.timeout, task.body);
+    task = Task{};  // drop captured tensors before waiting again
     reapP2P();
   }
   comm_->close(std::chrono::duration_cast<std::chrono::milliseconds>(kTeardownWait));

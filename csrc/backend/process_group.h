@@ -117,7 +117,13 @@ class ProcessGroupRingdist : public c10d::Backend {
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  struct Task {
+    c10::intrusive_ptr<RingdistWork> work;
+    OpType type = OpType::kBarrier;
+    std::chrono::milliseconds timeout{0};
+    Body body;
+  };
+  std::deque<Task> queue_;
   std::vector<P2P> pendingP2P_;  // worker thread only
   bool stop_ = false;
   std::thread worker_;

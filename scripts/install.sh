@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine: pinned torch (CPU build), the build and test
+# tools, then builds and installs torch_ringdist against that torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+# Pinned: an unpinned "torch" would pull the newest CUDA build (several GB).
+"$PY" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+"$PY" -m pip install -q -r scripts/requirements-dev.txt
+# --no-build-isolation: compile against the torch installed above.
+"$PY" -m pip install -q --no-build-isolation .
+"$PY" -c "import torch, torch_ringdist; print('torch', torch.__version__, '| torch_ringdist', torch_ringdist.__version__, '| reduce kernels', torch_ringdist.reduce_kernel_family())"
