@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""nccl-tests style sweep of one collective on one torch.distributed backend.
+
+Run under torchrun, one process per rank:
+
+    torchrun --nproc-per-node 2 benchmarks/sweep.py --backend gloo \
+        --collective allreduce --dtype float32 --min-bytes 8 --max-bytes 256M --json out.json
+
+Terms (as in nccl-tests):
+  size   bytes of the full buffer: the in-place buffer for allreduce and broadcast, the
+         gathered output for allgather, the input of reduce_scatter.
+  count  elements in that buffer (allgather/reduce_scatter: N chunks of count/N each).
+  time   per iteration, the slowest rank's wall time for one op; the row shows the
+         median over iterations.
+  algbw  size / time.   busbw  algbw * factor, the factor making busbw comparable to
+         link bandwidth: allreduce 2(N-1)/N, allgather and reduce_scatter (N-1)/N,
+         broadcast 1.
+
+Two process groups: the backend under test runs only the measured op; a separate gloo
+group does every barrier, time exchange and correctness tally, so bookkeeping never runs
+on (or warms, or queues behind) the backend being measured.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+
+# Fixed before torch is imported: intra-op threads would compete with the backend's
+# own threads for the 2 cores and make runs incomparable.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SHORT_TYPE = {"float32": "float", "bfloat16": "bfloat16"}
+
+# Values stay small integers so every partial sum is exact: bf16 holds integers exactly
+# up to 256, so with pattern (i % kPattern) + 1 and ranks weighted 1..N the largest sum is
+# N(N+1)/2 * kPattern, exact for N <= 12 in bf16 (fp32 is exact far beyond that).
+kPattern = 3
+
+
+def parse_bytes(text):
+    """'8', '64K', '256M', '1G' -> bytes (binary multiples, as nccl-tests)."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text[:-1] if mult > 1 else text) * mult)
+
+
+def bus_factor(collective, n):
+    if collective == "allreduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("allgather", "reduce_scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+def size_plan(args, n, elsize):
+    """(count, awkward) pairs: x4 grid from min to max bytes (max included) + awkward counts.
+
+    For allgather/reduce_scatter the count is the full buffer (N chunks), so it is rounded
+    to a multiple of N; their awkward cases use an odd chunk instead.
+    """
+    sizes = []
+    b = args.min_bytes
+    while b < args.max_bytes:
+        sizes.append(b)
+        b *= args.step_factor
+    sizes.append(args.max_bytes)
+    chunked = args.collective in ("allgather", "reduce_scatter")
+    plan = []
+    for nbytes in sizes:
+        count = max(1, nbytes // elsize)
+        if chunked:
+            count = max(n, count // n * n)
+        plan.append((count, False))
+    if not args.no_awkward:
+        # 2^20+3: odd, large enough to take a multi-segment path; n*4096+1: not divisible
+        # by N, in the small band. Both only if inside the requested byte range.
+        for count in (n * 4096 + 1, (1 << 20) + 3):
+            if chunked:
+                count = count * n  # chunk = the awkward count itself
+            elif count % n == 0:
+                count += 1
+            if args.min_bytes <= count * elsize <= args.max_bytes:
+                plan.append((count, True))
+    plan = sorted(set(plan), key=lambda p: (p[0], p[1]))
+    return plan
+
+
+class Collective:
+    """Buffers, the op under test and its closed-form check for one (collective, count)."""
+
+    def __init__(self, name, count, dtype, rank, n, pg, api):
+        self.name, self.count, self.rank, self.n, self.pg, self.api = name, count, rank, n, pg, api
+        idx = torch.arange(count, dtype=torch.int32)  # int32: half the memory at 256 MiB
+        self.pattern = (idx % kPattern + 1).to(dtype)
+        chunk = count // n
+        if name == "allreduce":
+            self.buf = self.pattern * (rank + 1)
+        elif name == "broadcast":
+            self.buf = self.pattern.clone() if rank == 0 else torch.zeros(count, dtype=dtype)
+        elif name == "allgather":
+            # chunk r of the output must hold rank r's input: pattern + r*kPattern.
+            self.inp = self.pattern[rank * chunk:(rank + 1) * chunk] + rank * kPattern
+            self.out = torch.zeros(count, dtype=dtype)
+        elif name == "reduce_scatter":
+            self.inp = self.pattern * (rank + 1)
+            self.out = torch.zeros(chunk, dtype=dtype)
+        self.chunk = chunk
+
+    def run(self):
+        pg = self.pg
+        if self.name == "allreduce":
+            dist.all_reduce(self.buf, op=dist.ReduceOp.SUM, group=pg)
+        elif self.name == "broadcast":
+            dist.broadcast(self.buf, src=0, group=pg)
+        elif self.name == "allgather":
+            if self.api == "list":
+                dist.all_gather(list(self.out.chunk(self.n)), self.inp, group=pg)
+            else:
+                _all_gather_single(self.out, self.inp, group=pg)
+        elif self.name == "reduce_scatter":
+            if self.api == "list":
+                dist.reduce_scatter(self.out, list(self.inp.chunk(self.n)), group=pg)
+            else:
+                _reduce_scatter_single(self.out, self.inp, group=pg)
+
+    def wrong(self):
+        """Elements on this rank that differ from the closed form."""
+        n = self.n
+        if self.name == "allreduce":
+            got, want = self.buf, self.pattern * (n * (n + 1) // 2)
+        elif self.name == "broadcast":
+            got, want = self.buf, self.pattern
+        elif self.name == "allgather":
+            offs = torch.arange(self.count, dtype=torch.int32) // self.chunk * kPattern
+            got, want = self.out, self.pattern + offs.to(self.pattern.dtype)
+        else:
+            r = self.rank
+            got = self.out
+            want = self.pattern[r * self.chunk:(r + 1) * self.chunk] * (n * (n + 1) // 2)
+        return int((got != want).sum().item())
+
+
+# torch 2.13 renamed the single-tensor collectives; older names still work elsewhere.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def measure(coll, book, args, nbytes):
+    """Median of per-iteration slowest-rank times (seconds) and all samples."""
+    for _ in range(args.warmup):
+        coll.run()
+    min_iters = args.min_iters_large if nbytes >= args.large_bytes else args.min_iters
+    samples = []
+    spent = 0.0
+    prev = torch.zeros(1, dtype=torch.float64)
+    first = True
+    while True:
+        # This gloo allreduce is both the barrier before the op and the exchange of the
+        # previous iteration's time (MAX = slowest rank), so each iteration costs one
+        # bookkeeping op, none of it inside the timed region.
+        dist.all_reduce(prev, op=dist.ReduceOp.MAX, group=book)
+        if not first:
+            samples.append(prev.item())
+            spent += prev.item()
+        first = False
+        # Every rank holds the same samples, so every rank takes the same decision.
+        if len(samples) >= args.iters or (spent >= args.time_budget and len(samples) >= min_iters):
+            break
+        t0 = time.perf_counter()
+        coll.run()
+        prev.fill_(time.perf_counter() - t0)
+    return statistics.median(samples), samples
+
+
+def machine_info():
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu_model": cpu,
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "kernel": platform.release(),
+        "hostname": socket.gethostname(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", default="gloo", help="ringdist or gloo (any registered backend)")
+    p.add_argument("--collective", choices=COLLECTIVES, default="allreduce")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--min-bytes", type=parse_bytes, default=parse_bytes("8"))
+    p.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("256M"))
+    p.add_argument("--step-factor", type=int, default=4)
+    p.add_argument("--no-awkward", action="store_true", help="skip the awkward counts")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=20, help="stop after this many timed iterations")
+    p.add_argument("--time-budget", type=float, default=1.0,
+                   help="seconds of op time after which a size stops early ...")
+    p.add_argument("--min-iters", type=int, default=5, help="... but not before this many")
+    p.add_argument("--min-iters-large", type=int, default=10,
+                   help="floor for sizes >= --large-bytes (protocol: >= 10 at 256 MiB)")
+    p.add_argument("--large-bytes", type=parse_bytes, default=parse_bytes("256M"))
+    p.add_argument("--api", choices=("tensor", "list"), default="tensor",
+                   help="allgather/reduce_scatter entry point: single tensor or list of chunks")
+    p.add_argument("--ifname", default=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                   help="GLOO_SOCKET_IFNAME for gloo groups (the bookkeeping group too)")
+    p.add_argument("--timeout", type=float, default=600, help="process group timeout, seconds")
+    p.add_argument("--json", help="write results here (rank 0)")
+    args = p.parse_args()
+    if args.step_factor < 2:
+        p.error("--step-factor must be >= 2")
+
+    os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
+    torch.set_num_threads(1)
+    if args.backend == "ringdist":
+        try:
+            import torch_ringdist  # noqa: F401  registers the "ringdist" backend
+        except ImportError as e:
+            sys.exit(f"--backend ringdist needs torch_ringdist installed: {e}")
+
+    timeout = datetime.timedelta(seconds=args.timeout)
+    dist.init_process_group(backend=args.backend, timeout=timeout)
+    pg = dist.group.WORLD
+    book = dist.new_group(backend="gloo", timeout=timeout)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dtype = DTYPES[args.dtype]
+    elsize = torch.empty(0, dtype=dtype).element_size()
+    factor = bus_factor(args.collective, n)
+    redop = "sum" if args.collective in ("allreduce", "reduce_scatter") else "none"
+    plan = size_plan(args, n, elsize)
+
+    if rank == 0:
+        print(f"# ringdist-bench sweep: backend {args.backend}  collective {args.collective}  "
+              f"dtype {args.dtype}  nranks {n}  ifname {args.ifname}")
+        print(f"# warmup {args.warmup}  iters <= {args.iters}  time budget {args.time_budget}s  "
+              f"time = median over iterations of the slowest rank")
+        print("#")
+        print(f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>6} {'time':>11} "
+              f"{'algbw':>8} {'busbw':>8} {'#wrong':>7}")
+        print(f"# {'(B)':>12} {'(elements)':>12} {'':>9} {'':>6} {'(us)':>11} "
+              f"{'(GB/s)':>8} {'(GB/s)':>8} {'':>7}")
+        sys.stdout.flush()
+
+    rows = []
+    for count, awkward in plan:
+        nbytes = count * elsize
+        coll = Collective(args.collective, count, dtype, rank, n, pg, args.api)
+        # Correctness first, outside the timed loop, on fresh buffers.
+        coll.run()
+        wrong = torch.tensor([coll.wrong()], dtype=torch.int64)
+        dist.all_reduce(wrong, op=dist.ReduceOp.SUM, group=book)
+        med, samples = measure(coll, book, args, nbytes)
+        algbw = nbytes / med / 1e9
+        row = {
+            "bytes": nbytes, "count": count, "type": args.dtype, "redop": redop,
+            "awkward": awkward, "time_us": med * 1e6, "algbw_GBps": algbw,
+            "busbw_GBps": algbw * factor, "wrong": int(wrong.item()),
+            "iters": len(samples), "samples_us": [s * 1e6 for s in samples],
+        }
+        rows.append(row)
+        if rank == 0:
+            mark = "*" if awkward else " "
+            print(f"{mark} {nbytes:>12} {count:>12} {SHORT_TYPE[args.dtype]:>9} {redop:>6} "
+                  f"{row['time_us']:>11.1f} {algbw:>8.3f} {row['busbw_GBps']:>8.3f} "
+                  f"{row['wrong']:>7}")
+            sys.stdout.flush()
+        del coll
+
+    if rank == 0:
+        bad = sum(r["wrong"] for r in rows)
+        avg = statistics.fmean(r["busbw_GBps"] for r in rows if r["wrong"] == 0) if rows else 0.0
+        print(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
+        print(f"# Avg bus bandwidth    : {avg:.4f} GB/s   (mean over rows with #wrong == 0;"
+              f" * = awkward count)")
+        if args.json:
+            out = {
+                "machine": machine_info(),
+                "backend": args.backend,
+                "collective": args.collective,
+                "dtype": args.dtype,
+                "world_size": n,
+                "bus_factor": factor,
+                "ifname": args.ifname,
+                "env": {k: v for k, v in sorted(os.environ.items())
+                        if k.startswith(("RINGDIST_", "RDBENCH_"))
+                        or k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")},
+                "settings": {k: getattr(args, k) for k in
+                             ("warmup", "iters", "time_budget", "min_iters", "min_iters_large",
+                              "api", "min_bytes", "max_bytes")},
+                "avg_busbw_GBps": avg,
+                "rows": rows,
+            }
+            tmp = args.json + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(out, f, indent=1)
+            os.replace(tmp, args.json)
+    dist.barrier(group=book)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Backend registration: entry-point autoload, idempotence, error texts."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(code, env=None, cwd=None, timeout=120):
+    # -P keeps the source tree off sys.path: the installed package is tested.
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(code)], env=full_env,
+                          cwd=cwd or "/", capture_output=True, text=True, timeout=timeout)
+
+
+def test_init_without_import_uses_entry_point(tmp_path):
+    code = f"""
+        import sys, torch, torch.distributed as dist
+        store = dist.FileStore({str(tmp_path / 'store')!r}, 1)
+        dist.init_process_group("ringdist", store=store, rank=0, world_size=1)
+        t = torch.arange(5.)
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.arange(5.)), t
+        assert dist.get_backend() == "ringdist", dist.get_backend()
+        dist.destroy_process_group()
+        print("OK")
+    """
+    result = _run(code)
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
+
+
+def test_autoload_disabled_means_unknown_backend_until_import(tmp_path):
+    code = f"""
+        import torch, torch.distributed as dist
+        assert "ringdist" not in dist.Backend.backend_list
+        import torch_ringdist
+        torch_ringdist.register_backend()          # second registration is a no-op
+        torch_ringdist.register_backend()
+        assert dist.Backend.backend_list.count("ringdist") == 1
+        print("OK")
+    """
+    result = _run(code, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
+
+
+def test_default_cpu_backend_is_not_taken_over():
+    # Registering must not make ringdist the default for cpu (gloo keeps it).
+    result = _run("""
+        import torch.distributed as dist
+        assert dist.Backend.default_device_backend_map["cpu"] == "gloo", dist.Backend.default_device_backend_map
+        print("OK")
+    """)
+    assert result.returncode == 0, result.stderr
+
+
+def test_source_tree_shadowing_gives_actionable_error(tmp_path):
+    # Importing the un-built source folder must explain what to do.
+    code = f"""
+        import sys
+        sys.path.insert(0, {REPO!r})
+        import torch_ringdist
+        assert torch_ringdist.__file__.startswith({REPO!r}), torch_ringdist.__file__
+        try:
+            torch_ringdist.reduce_kernel_family()
+        except ImportError as exc:
+            print("MSG:", exc)
+        else:
+            print("LOADED")
+    """
+    result = _run(code, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert result.returncode == 0, result.stderr
+    if "LOADED" in result.stdout:
+        pytest.skip("an in-place build exists in the source tree, nothing is shadowed")
+    assert "pip install --no-build-isolation" in result.stdout
+    assert "rebuilt" in result.stdout
