@@ -5,6 +5,7 @@
 
 #include "csrc/backend/store_rendezvous.h"
 #include "csrc/collectives/collectives.h"
+#include "csrc/collectives/p2p.h"
 #include "csrc/common/error.h"
 #include "csrc/common/logging.h"
 #include "csrc/reduce/reduce.h"
@@ -79,6 +80,7 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
   try {
     auto channels = connectMesh(*rendezvous, rank, size, options);
     comm_ = std::make_unique<Communicator>(rank, size, std::move(channels), rendezvous);
+    p2p_ = std::make_unique<PointToPoint>(*comm_);
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, c10::str("ringdist init: rank ", rank, ": ", e.what()));
   }
@@ -765,9 +767,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::sendRecv(bool isSend,
     auto moved = entry.moved;
     auto done = [moved] { *moved = true; };
     if (isSend) {
-      postSend(*comm_, entry.flat.data_ptr(), bytes, dtype, peer, tag, done);
+      p2p_->send(entry.flat.data_ptr(), bytes, dtype, peer, tag, done);
     } else {
-      postRecv(*comm_, entry.flat.data_ptr(), bytes, dtype, peer, tag, done);
+      p2p_->recv(entry.flat.data_ptr(), bytes, dtype, peer, tag, done);
     }
   };
   enqueue(isSend ? c10d::OpType::SEND : c10d::OpType::RECV, OpType::kSend, {}, timeout_, post);

@@ -12,6 +12,7 @@
 
 #include "csrc/backend/work.h"
 #include "csrc/collectives/communicator.h"
+#include "csrc/collectives/p2p.h"
 
 namespace ringdist {
 
@@ -112,6 +113,7 @@ class ProcessGroupRingdist : public c10d::Backend {
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds requested) const;
 
   std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<PointToPoint> p2p_;
   std::chrono::milliseconds timeout_;
   size_t segmentBytes_;
 

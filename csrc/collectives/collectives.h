@@ -1,7 +1,6 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <vector>
 
 #include "csrc/collectives/communicator.h"
@@ -46,13 +45,5 @@ void alltoall(Communicator& comm, const void* const* inputs, const std::vector<u
               void* const* outputs, const std::vector<uint64_t>& recvCounts, DataType dtype);
 
 void barrier(Communicator& comm);
-
-// Point-to-point. Both only queue the transfer and return; `done` runs on
-// the worker thread once the bytes have left / arrived. A receive checks the
-// sender's header (tag, size) before any byte reaches `data`.
-void postSend(Communicator& comm, const void* data, size_t bytes, DataType dtype, int peer,
-              int tag, std::function<void()> done);
-void postRecv(Communicator& comm, void* data, size_t bytes, DataType dtype, int peer, int tag,
-              std::function<void()> done);
 
 }  // namespace ringdist

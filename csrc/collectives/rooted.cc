@@ -120,44 +120,4 @@ void barrier(Communicator& comm) {
   }
 }
 
-void postSend(Communicator& comm, const void* data, size_t bytes, DataType dtype, int peer,
-              int tag, std::function<void()> done) {
-  Channel& ch = comm.channel(peer);
-  OpHeader header = comm.makeHeader(OpType::kSend, bytes, dtype, ReduceOp::kSum, -1);
-  header.tag = tag;
-  // The header must outlive this call: it travels with the completion.
-  auto held = std::make_shared<OpHeader>(header);
-  ch.postSend(held.get(), sizeof(OpHeader), [held] {});
-  ch.postSend(data, bytes, std::move(done));
-}
-
-void postRecv(Communicator& comm, void* data, size_t bytes, DataType dtype, int peer, int tag,
-              std::function<void()> done) {
-  Channel& ch = comm.channel(peer);
-  const int rank = comm.rank();
-  auto header = std::make_shared<OpHeader>();
-  OpHeader expected = comm.makeHeader(OpType::kSend, bytes, dtype, ReduceOp::kSum, -1);
-  expected.tag = tag;
-  // Check the sender's header before the payload may touch `data`.
-  ch.postRecv(header.get(), sizeof(OpHeader),
-              [&ch, header, expected, data, bytes, rank, peer, done = std::move(done)]() mutable {
-                const OpHeader& h = *header;
-                RINGDIST_CHECK(h.magic == expected.magic && h.type == expected.type,
-                               "ringdist recv: rank ", rank, " expected a send from rank ", peer,
-                               " but the next message on that link is a collective (",
-                               opTypeName(static_cast<OpType>(h.type)),
-                               "); ranks issued operations in different orders");
-                RINGDIST_CHECK(h.tag == expected.tag, "ringdist recv: rank ", rank,
-                               " posted a receive with tag ", expected.tag, " from rank ", peer,
-                               " but rank ", peer, " sent tag ", h.tag,
-                               " (messages between two ranks are matched in order)");
-                RINGDIST_CHECK(h.count == expected.count && h.dtype == expected.dtype,
-                               "ringdist recv: rank ", rank, " expects ", bytes, " bytes of ",
-                               dataTypeName(static_cast<DataType>(expected.dtype)), " from rank ",
-                               peer, " but rank ", peer, " sent ", h.count, " bytes of ",
-                               dataTypeName(static_cast<DataType>(h.dtype)));
-                ch.postRecvNext(data, bytes, std::move(done));
-              });
-}
-
 }  // namespace ringdist

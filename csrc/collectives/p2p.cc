@@ -1,0 +1,113 @@
+#include "csrc/collectives/p2p.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "csrc/common/env.h"
+#include "csrc/common/error.h"
+
+namespace ringdist {
+
+namespace {
+// Largest message we buffer before its receive is issued; the size comes
+// from the wire, so it is bounded before anything is allocated.
+int64_t maxUnexpectedBytes() {
+  static const int64_t limit = envInt("RINGDIST_MAX_UNEXPECTED_BYTES", int64_t{1} << 30);
+  return limit;
+}
+}  // namespace
+
+PointToPoint::PointToPoint(Communicator& comm)
+    : comm_(comm), mailboxes_(static_cast<size_t>(comm.size())) {}
+
+void PointToPoint::send(const void* data, size_t bytes, DataType dtype, int peer, int tag,
+                        Done done) {
+  Channel& ch = comm_.channel(peer);
+  OpHeader header = comm_.makeHeader(OpType::kSend, bytes, dtype, ReduceOp::kSum, -1);
+  header.tag = tag;
+  auto held = std::make_shared<OpHeader>(header);  // lives until it has left
+  ch.postSend(held.get(), sizeof(OpHeader), [held] {});
+  ch.postSend(data, bytes, std::move(done));
+}
+
+void PointToPoint::recv(void* data, size_t bytes, DataType dtype, int peer, int tag, Done done) {
+  Channel& ch = comm_.channel(peer);
+  auto header = std::make_shared<OpHeader>();
+  ch.postRecv(header.get(), sizeof(OpHeader), [this, header, peer] { onHeader(peer, *header); });
+
+  Waiting w{data, bytes, dtype, tag, std::move(done)};
+  Mailbox& box = mailboxes_[static_cast<size_t>(peer)];
+  for (auto it = box.unexpected.begin(); it != box.unexpected.end(); ++it) {
+    Unexpected& message = **it;
+    if (message.tag != tag || message.claim) {
+      continue;
+    }
+    checkMatch(peer, w, message.payload.size(), message.dtype);
+    if (message.arrived) {
+      deliver(message, w);
+      box.unexpected.erase(it);
+    } else {
+      message.claim = std::make_unique<Waiting>(std::move(w));
+    }
+    return;
+  }
+  box.waiting.push_back(std::move(w));
+}
+
+void PointToPoint::checkMatch(int peer, const Waiting& w, size_t bytes, DataType dtype) const {
+  RINGDIST_CHECK(bytes == w.bytes && dtype == w.dtype, "ringdist recv: rank ", comm_.rank(),
+                 " expects ", w.bytes, " bytes of ", dataTypeName(w.dtype), " from rank ", peer,
+                 " with tag ", w.tag, " but rank ", peer, " sent ", bytes, " bytes of ",
+                 dataTypeName(dtype));
+}
+
+void PointToPoint::deliver(Unexpected& message, Waiting& w) {
+  if (!message.payload.empty()) {
+    std::memcpy(w.data, message.payload.data(), message.payload.size());
+  }
+  w.done();
+}
+
+// Runs inside the link's progress, right after the header arrived and before
+// anything else is read from that link.
+void PointToPoint::onHeader(int peer, const OpHeader& header) {
+  const OpHeader expected = comm_.makeHeader(OpType::kSend, 0, DataType::kUInt8, ReduceOp::kSum, -1);
+  RINGDIST_CHECK(header.magic == expected.magic && header.type == expected.type,
+                 "ringdist recv: rank ", comm_.rank(), " expected a message from rank ", peer,
+                 " but the next bytes on that link belong to a collective (",
+                 opTypeName(static_cast<OpType>(header.type)),
+                 "); the two ranks issued their operations in different orders");
+  const auto dtype = static_cast<DataType>(header.dtype);
+  RINGDIST_CHECK(header.dtype <= static_cast<uint8_t>(DataType::kBool), "ringdist recv: rank ",
+                 comm_.rank(), " received a message with an invalid dtype from rank ", peer);
+  Channel& ch = comm_.channel(peer);
+  Mailbox& box = mailboxes_[static_cast<size_t>(peer)];
+  auto match = std::find_if(box.waiting.begin(), box.waiting.end(),
+                            [&](const Waiting& w) { return w.tag == header.tag; });
+  if (match != box.waiting.end()) {
+    checkMatch(peer, *match, header.count, dtype);
+    ch.postRecvNext(match->data, match->bytes, std::move(match->done));
+    box.waiting.erase(match);
+    return;
+  }
+  RINGDIST_CHECK(header.count <= static_cast<uint64_t>(maxUnexpectedBytes()), "ringdist recv: rank ",
+                 comm_.rank(), " would have to buffer a ", header.count,
+                 "-byte message (tag ", header.tag, ") from rank ", peer,
+                 " that no receive matches yet; the limit is RINGDIST_MAX_UNEXPECTED_BYTES=",
+                 maxUnexpectedBytes());
+  auto message = std::make_shared<Unexpected>();
+  message->tag = header.tag;
+  message->dtype = dtype;
+  message->payload.resize(header.count);
+  box.unexpected.push_back(message);
+  ch.postRecvNext(message->payload.data(), message->payload.size(), [this, peer, message] {
+    message->arrived = true;
+    if (message->claim) {
+      deliver(*message, *message->claim);
+      auto& list = mailboxes_[static_cast<size_t>(peer)].unexpected;
+      list.erase(std::find(list.begin(), list.end(), message));
+    }
+  });
+}
+
+}  // namespace ringdist

@@ -1,0 +1,62 @@
+"""Shared fixtures: cached multi-process worlds and cross-rank comparison helpers."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from world import World, default_backend  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def backend() -> str:
+    return default_backend()
+
+
+@pytest.fixture(scope="session")
+def world_factory():
+    """``world_factory(world_size, env=None)`` -> a live World, cached for the session.
+
+    Worlds are keyed by (world_size, backend, env); a world that died (hang, crash)
+    is replaced by a fresh one on the next request.
+    """
+    worlds: dict[tuple, World] = {}
+
+    def get(world_size: int, env: dict | None = None) -> World:
+        env = {k: str(v) for k, v in (env or {}).items()}
+        key = (world_size, default_backend(), frozenset(env.items()))
+        w = worlds.get(key)
+        if w is None or not w.alive:
+            if w is not None:
+                w.close()
+            w = worlds[key] = World(world_size, env=env)
+        return w
+
+    yield get
+    for w in worlds.values():
+        w.close()
+
+
+def ranks_equal(results, what: str = "result") -> None:
+    """Assert every rank returned the same value (bytes, digests, dicts of them...).
+
+    For dicts, report which keys differ so a failure names the offending case.
+    """
+    assert len(results) >= 1
+    ref = results[0]
+    if isinstance(ref, dict):
+        bad = []
+        for r, res in enumerate(results[1:], start=1):
+            assert res.keys() == ref.keys(), f"rank {r} returned different {what} keys"
+            bad += [f"{k} (rank 0 vs rank {r})" for k in ref if res[k] != ref[k]]
+        assert not bad, f"{what} differs across ranks for: " + ", ".join(bad[:20])
+    else:
+        for r, res in enumerate(results[1:], start=1):
+            assert res == ref, f"{what} differs between rank 0 and rank {r}"
+
+
+@pytest.fixture
+def check_ranks_equal():
+    return ranks_equal

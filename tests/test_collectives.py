@@ -1,0 +1,746 @@
+"""Correctness matrix for every collective, backend-agnostic (ringdist, or gloo for reference).
+
+Each pytest item is one ``World.run`` call; the worker loops over element counts,
+layouts, roots (and dtypes for pure data movement) and returns, per sub-case,
+``(error message or None, digest of the result)``. Expected values are computed in
+the worker from closed-form inputs of *all* ranks in int64/float64, never from the
+backend under test. The parent asserts no sub-case failed and that digests of
+results that must be identical on every rank are identical.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import time
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import ranks_equal
+from world import default_backend
+
+# ---------------------------------------------------------------- the matrix axes
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool"]
+FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16"}
+INT_DTYPES = {"int8", "uint8", "int32", "int64"}
+ARITH_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX"]
+BIT_OPS = ["BAND", "BOR", "BXOR"]
+
+
+def ops_for(dtype: str) -> list[str]:
+    if dtype in FLOAT_DTYPES:
+        return ARITH_OPS
+    if dtype in INT_DTYPES:
+        return ARITH_OPS + BIT_OPS
+    return ["SUM", "PRODUCT", "MIN", "MAX"] + BIT_OPS  # bool: AVG is an error (test_bad_input)
+
+
+DTYPE_OPS = [(d, o) for d in DTYPES for o in ops_for(d)]
+
+# (world_size, segment setting). Segment "64" shrinks RINGDIST_SEGMENT_BYTES so that
+# small tensors take the multi-segment pipeline; it is pointless with one rank.
+WORLDS = [(1, "default"), (2, "default"), (3, "default"), (4, "default"),
+          (2, "64"), (3, "64"), (4, "64")]
+WORLD_IDS = [f"ws{w}-seg{s}" for w, s in WORLDS]
+
+SMALL_COUNTS = [0, 1, 7, 1001]      # empty, single, odd, odd & not divisible by 2/3/4
+LARGE = (1 << 20) + 3               # a few MiB of float32; only with the default segment
+LARGE_REDUCE_CASES = {("float32", "SUM"), ("float32", "AVG"), ("bfloat16", "SUM"),
+                      ("float16", "MAX"), ("int64", "SUM"), ("uint8", "BXOR")}
+LARGE_MOVE_DTYPES = {"float32", "int8"}  # large payloads for data-movement collectives
+
+
+def counts_for(seg: str, large: bool) -> list[int]:
+    return SMALL_COUNTS + ([LARGE] if large and seg == "default" else [])
+
+
+def world_env(seg: str) -> dict:
+    return {} if seg == "default" else {"RINGDIST_SEGMENT_BYTES": seg}
+
+
+def get_world(world_factory, ws: int, seg: str):
+    return world_factory(ws, env=world_env(seg))
+
+
+# ------------------------------------------------------------------- gloo gaps
+# Only for the gloo reference run: behaviour gloo lacks. Never consulted for ringdist.
+GLOO_GAPS = {
+    "int_avg": "gloo does not support ReduceOp.AVG on integer tensors",
+    "uneven_all_to_all": "gloo all_to_all (list) requires equal per-peer sizes",
+    # gloo handles a strided (non-dense) view as if it were contiguous memory: wrong
+    # results, storage between the elements overwritten (dense transposed views are fine).
+    "strided_output": "gloo writes into strided (non-dense) tensors as if contiguous",
+    "strided_input_all_to_all_single": "gloo all_to_all_single rejects non-contiguous input",
+    "stacked": "gloo rejects the stacked [world_size, n] form of the *_single collectives",
+}
+
+
+def skip_if_gloo_gap(gap: str | None) -> None:
+    if gap is not None and default_backend() == "gloo":
+        pytest.skip(GLOO_GAPS[gap])
+
+
+def reduce_gap(dtype: str, op: str) -> str | None:
+    return "int_avg" if op == "AVG" and dtype in INT_DTYPES else None
+
+
+# Layout variants loop over these (dtype, op) pairs in one item: layout handling is
+# independent of the op; integer AVG (a gloo gap) stays in the dense dtype x op items.
+LAYOUT_DTYPE_OPS = [(d, o) for d, o in DTYPE_OPS if reduce_gap(d, o) is None]
+DENSE = ["contig", "transposed"]
+
+# torch 2.13 renamed the *_into_tensor / *_tensor collectives; use whichever exists.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+# ============================================================ worker-side helpers
+def tdtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def rop(name: str):
+    return getattr(dist.ReduceOp, name)
+
+
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    # A fresh dense copy: .contiguous() may keep odd strides on size-1 views.
+    flat = torch.empty(t.numel(), dtype=t.dtype)
+    flat.copy_(t.detach().reshape(-1))
+    return flat.view(torch.uint8)
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha1(flat_bytes(t).numpy().tobytes()).hexdigest()[:16]
+
+
+# Per-dtype multipliers that push values into the high bits of each type, so e.g. an
+# int64 reduction done in int32 or a float64 reduction done in float32 is caught,
+# while sums/products of ``world_size <= 4`` terms stay exact and in range.
+_ADD_SCALE = {"float32": 4097, "float64": (1 << 30) + 1, "float16": 33, "bfloat16": 9,
+              "int8": 5, "uint8": 5, "int32": (1 << 20) + 1, "int64": (1 << 40) + 1}
+_MINMAX_SCALE = {"float32": (1 << 20) + 1, "float64": (1 << 40) + 1, "float16": 97,
+                 "bfloat16": 11, "int8": 11, "uint8": 11, "int32": (1 << 26) + 3,
+                 "int64": (1 << 58) + 7}
+_PROD_SCALE = {"float32": 3, "float64": 1 << 12, "float16": 1, "bfloat16": 1,
+               "int8": 1, "uint8": 1, "int32": 1 << 6, "int64": 1 << 14}
+
+
+def reduce_input(op: str, dtype: str, rank: int, n: int, salt: int = 0) -> torch.Tensor:
+    """Rank ``rank``'s contribution to a reduction: deterministic, op/dtype-aware values."""
+    i = torch.arange(n, dtype=torch.int64) + salt * 7919
+    dt = tdtype(dtype)
+    if dtype == "bool":
+        # Bit ``rank`` of the index: every combination of the ranks' bits appears.
+        return ((i >> rank) & 1).to(torch.bool)
+    unsigned = dtype == "uint8"
+    if op in BIT_OPS:
+        # Tensor arithmetic wraps mod 2^64 (Python ints would overflow int64 instead).
+        x = i * -7046029254386353131 + torch.full_like(i, rank + 1) * -4658895280553007687
+        x = x ^ (x >> 29)
+        return x.to(dt)  # truncating cast keeps the low bits: fine for bitwise ops
+    if op in ("SUM", "AVG"):
+        v = (i * 3 + rank * 5) % 11 - (0 if unsigned else 5)
+        return (v * _ADD_SCALE[dtype]).to(dt)
+    if op == "PRODUCT":
+        table = torch.tensor([1, 2, 3] if unsigned else [-2, -1, 1, 2])
+        v = table[(i * 7 + rank * 3) % len(table)]
+        return (v * _PROD_SCALE[dtype]).to(dt)
+    if op in ("MIN", "MAX"):
+        v = (i * 7 + rank * 13) % 23 - (0 if unsigned else 11)
+        return (v * _MINMAX_SCALE[dtype]).to(dt)
+    raise ValueError(op)
+
+
+def reduce_expected(op: str, dtype: str, ranks, n: int, salt: int = 0) -> torch.Tensor:
+    """Independent reference: reduce every rank's input in int64/float64."""
+    wide = torch.float64 if dtype in FLOAT_DTYPES else torch.int64
+    stack = torch.stack([reduce_input(op, dtype, r, n, salt).to(wide) for r in ranks])
+    k = stack.shape[0]
+    dt = tdtype(dtype)
+    if dtype == "bool":
+        s = stack.sum(0)
+        logical = {"SUM": s > 0, "MAX": s > 0, "BOR": s > 0,
+                   "PRODUCT": s == k, "MIN": s == k, "BAND": s == k, "BXOR": s % 2 == 1}
+        return logical[op]
+    if op == "SUM":
+        return stack.sum(0).to(dt)
+    if op == "AVG":
+        if dtype in FLOAT_DTYPES:
+            return stack.sum(0) / k  # stays float64: compared with a one-ulp tolerance
+        return torch.div(stack.sum(0), k, rounding_mode="trunc").to(dt)
+    if op == "PRODUCT":
+        return stack.prod(0).to(dt)
+    if op == "MIN":
+        return stack.amin(0).to(dt) if n else torch.empty(0, dtype=dt)
+    if op == "MAX":
+        return stack.amax(0).to(dt) if n else torch.empty(0, dtype=dt)
+    fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op]
+    return functools.reduce(fn, stack.unbind(0)).to(dt)
+
+
+def mismatch(got: torch.Tensor, exp: torch.Tensor, what: str = "") -> str | None:
+    """None if ``got`` equals ``exp`` (exactly, or within an ulp if exp is a float64
+    reference for a lower-precision float result); else a short description."""
+    got = got.detach().reshape(-1)
+    exp = exp.reshape(-1)
+    if got.numel() != exp.numel():
+        return f"{what}numel {got.numel()} != expected {exp.numel()}"
+    if got.numel() == 0:
+        return None
+    if exp.dtype == got.dtype:
+        bad = got != exp  # exact (value equality: -0.0 == 0.0; inputs hold no NaN)
+    else:
+        g = got.double()
+        tol = torch.finfo(got.dtype).eps * exp.abs() + torch.finfo(got.dtype).tiny
+        bad = (g - exp).abs() > tol
+    if not bool(bad.any()):
+        return None
+    idx = bad.nonzero().reshape(-1)
+    j = int(idx[0])
+    return (f"{what}{idx.numel()}/{got.numel()} elements wrong, first at [{j}]: "
+            f"got {got[j].item()!r}, expected {exp[j].item()!r}")
+
+
+def bytes_mismatch(got: torch.Tensor, exp: torch.Tensor, what: str = "") -> str | None:
+    """Bitwise equality: for pure data movement (payloads may contain NaN bit patterns)."""
+    if got.shape != exp.shape and got.numel() != exp.numel():
+        return f"{what}shape {tuple(got.shape)} != expected {tuple(exp.shape)}"
+    g, e = flat_bytes(got), flat_bytes(exp)
+    if torch.equal(g, e):
+        return None
+    j = int((g != e).nonzero()[0]) // got.element_size()
+    return f"{what}bytes differ, first element [{j}]: got {got.reshape(-1)[j].item()!r}, " \
+           f"expected {exp.reshape(-1)[j].item()!r}"
+
+
+def payload(dtype: str, rank: int, n: int, salt: int = 0) -> torch.Tensor:
+    """Random bytes (any bit pattern, NaNs included) for data-movement collectives."""
+    g = torch.Generator().manual_seed(((rank * 1000003 + salt) * 1009 + n) * 31 + DTYPES.index(dtype))
+    dt = tdtype(dtype)
+    if dtype == "bool":
+        return torch.randint(0, 2, (n,), generator=g).to(torch.bool)
+    size = torch.empty(0, dtype=dt).element_size()
+    return torch.randint(0, 256, (n * size,), dtype=torch.uint8, generator=g).view(dt)
+
+
+# ------------------------------------------------------------------ layouts
+_SENTINEL = {"bool": True}
+
+
+class Slot:
+    """A tensor of ``n`` logical elements in a given memory layout.
+
+    contig:     plain 1-D tensor.
+    strided:    every other element of a 2n buffer; the gaps hold a sentinel that must
+                survive the collective (catches backends writing a contiguous copy over
+                the user's storage).
+    transposed: a 2-D transposed view (only for counts with a non-trivial factorization).
+    """
+
+    def __init__(self, layout: str, n: int, dtype: str):
+        dt = tdtype(dtype)
+        self.layout, self.n = layout, n
+        if layout == "contig":
+            self.base = torch.empty(n, dtype=dt)
+            self.t = self.base
+        elif layout == "strided":
+            self.base = torch.full((n, 2), _SENTINEL.get(dtype, 77), dtype=dt)
+            self.t = self.base[:, 0]
+        elif layout == "transposed":
+            a = factor(n)
+            self.base = torch.empty(a, n // a, dtype=dt)
+            self.t = self.base.t()
+        else:
+            raise ValueError(layout)
+        if n > 1 and layout != "contig":
+            assert not self.t.is_contiguous()
+
+    def fill(self, values: torch.Tensor) -> "Slot":
+        self.t.copy_(values.reshape(self.t.shape))
+        return self
+
+    def values(self) -> torch.Tensor:
+        """The logical elements (row-major over the view's shape)."""
+        return self.t.reshape(-1)
+
+    def damage(self) -> str | None:
+        if self.layout == "strided":
+            gap = self.base[:, 1]
+            if self.n and not bool((gap == _SENTINEL.get(str(gap.dtype)[6:], 77)).all()):
+                return "storage between the strided elements was overwritten"
+        return None
+
+
+def factor(n: int) -> int:
+    for a in range(2, int(n ** 0.5) + 1):
+        if n % a == 0:
+            return a
+    return 0
+
+
+def layouts_for(n: int, layouts) -> list[str]:
+    return [lay for lay in layouts if lay != "transposed" or factor(n)]
+
+
+def check_slot(slot: Slot, exp: torch.Tensor, what: str, exact_bytes: bool = False):
+    err = (bytes_mismatch if exact_bytes else mismatch)(slot.values(), exp, what + ": ")
+    return err or (slot.damage() and f"{what}: {slot.damage()}")
+
+
+# ==================================================== reductions: worker functions
+def _case_all_reduce(rank, ws, cases, counts, layouts, async_op=False):
+    out = {}
+    for dtype, op in cases:
+        for n in counts:
+            exp = reduce_expected(op, dtype, range(ws), n)
+            for lay in layouts_for(n, layouts):
+                slot = Slot(lay, n, dtype).fill(reduce_input(op, dtype, rank, n))
+                work = dist.all_reduce(slot.t, op=rop(op), async_op=async_op)
+                if async_op:
+                    work.wait()
+                key = f"{dtype},{op},n={n},{lay}"
+                out[key] = (check_slot(slot, exp, key), digest(slot.values()))
+    return out
+
+
+def _case_reduce(rank, ws, cases, counts, layouts):
+    out = {}
+    for dtype, op in cases:
+        for root in range(ws):
+            for n in counts:
+                exp = reduce_expected(op, dtype, range(ws), n) if rank == root else None
+                for lay in layouts_for(n, layouts):
+                    slot = Slot(lay, n, dtype).fill(reduce_input(op, dtype, rank, n))
+                    dist.reduce(slot.t, dst=root, op=rop(op))
+                    # Only the root's result is defined; other ranks report that they ran.
+                    key = f"{dtype},{op},root={root},n={n},{lay}"
+                    out[key] = check_slot(slot, exp, key) if rank == root else None
+    return out
+
+
+def _case_reduce_scatter(rank, ws, cases, counts, variant):
+    """Chunk j of rank r's input is reduce_input(..., salt=j); rank j receives chunk j."""
+    out = {}
+    for dtype, op in cases:
+        for n in counts:
+            exp = reduce_expected(op, dtype, range(ws), n, salt=rank)
+            chunks = [reduce_input(op, dtype, rank, n, salt=j) for j in range(ws)]
+            key = f"{dtype},{op},n={n},{variant}"
+            if variant == "list":
+                res = Slot("contig", n, dtype)
+                dist.reduce_scatter(res.t, [c.clone() for c in chunks], op=rop(op))
+            elif variant == "list_strided":
+                res = Slot("strided", n, dtype)
+                ins = [Slot("strided", n, dtype).fill(c).t for c in chunks]
+                dist.reduce_scatter(res.t, ins, op=rop(op))
+            elif variant == "tensor":
+                res = Slot("contig", n, dtype)
+                reduce_scatter_single(res.t, torch.cat(chunks), op=rop(op))
+            elif variant == "tensor_stacked":
+                # Input shaped [world_size, n] instead of concatenated.
+                res = Slot("contig", n, dtype)
+                reduce_scatter_single(res.t, torch.stack(chunks), op=rop(op))
+            elif variant == "tensor_strided":
+                res = Slot("strided", n, dtype)
+                src = Slot("strided", ws * n, dtype).fill(torch.cat(chunks))
+                reduce_scatter_single(res.t, src.t, op=rop(op))
+            else:
+                raise ValueError(variant)
+            out[key] = check_slot(res, exp, key)
+    return out
+
+
+def _case_all_reduce_coalesced(rank, ws, dtype, op, sizes):
+    warnings.simplefilter("ignore", FutureWarning)  # deprecated but still the public API
+    ts = [reduce_input(op, dtype, rank, n, salt=k) for k, n in enumerate(sizes)]
+    dist.all_reduce_coalesced(ts, op=rop(op))
+    out = {}
+    for k, (n, t) in enumerate(zip(sizes, ts)):
+        key = f"tensor{k}(n={n})"
+        out[key] = (mismatch(t, reduce_expected(op, dtype, range(ws), n, salt=k), key + ": "),
+                    digest(t))
+    return out
+
+
+# ============================================== data movement: worker functions
+def _case_broadcast(rank, ws, dtypes, counts, layouts):
+    out = {}
+    for dtype in dtypes:
+        for n in counts:
+            for root in range(ws):
+                exp = payload(dtype, root, n)
+                for lay in layouts_for(n, layouts):
+                    # Non-roots start from their own (different) bytes.
+                    slot = Slot(lay, n, dtype).fill(payload(dtype, rank, n))
+                    dist.broadcast(slot.t, src=root)
+                    key = f"{dtype},n={n},root={root},{lay}"
+                    out[key] = check_slot(slot, exp, key, exact_bytes=True)
+    return out
+
+
+def _case_all_gather(rank, ws, dtypes, counts, variant):
+    out = {}
+    for dtype in dtypes:
+        for n in counts:
+            exp = [payload(dtype, r, n) for r in range(ws)]
+            key = f"{dtype},n={n}"
+            mine = payload(dtype, rank, n)
+            errs = []
+            if variant == "list":
+                outs = [Slot("contig", n, dtype) for _ in range(ws)]
+                dist.all_gather([s.t for s in outs], mine)
+            elif variant == "list_strided":
+                # Strided input and strided output slots.
+                outs = [Slot("strided", n, dtype) for _ in range(ws)]
+                dist.all_gather([s.t for s in outs], Slot("strided", n, dtype).fill(mine).t)
+            elif variant in ("tensor", "tensor_stacked", "tensor_strided_input"):
+                shape = (ws, n) if variant == "tensor_stacked" else (ws * n,)
+                res = torch.empty(shape, dtype=tdtype(dtype))
+                src = Slot("strided", n, dtype).fill(mine).t if variant == "tensor_strided_input" else mine
+                all_gather_single(res, src)
+                errs.append(bytes_mismatch(res.reshape(-1), torch.cat(exp), key + ": "))
+                outs = []
+            else:
+                raise ValueError(variant)
+            errs += [check_slot(s, exp[r], f"{key} from rank {r}", exact_bytes=True)
+                     for r, s in enumerate(outs)]
+            out[key] = next((e for e in errs if e), None)
+    return out
+
+
+def _case_gather(rank, ws, dtypes, counts, layout):
+    out = {}
+    for dtype in dtypes:
+        for n in counts:
+            for root in range(ws):
+                src = Slot(layout, n, dtype).fill(payload(dtype, rank, n))
+                slots = [Slot(layout, n, dtype) for _ in range(ws)] if rank == root else None
+                dist.gather(src.t, [s.t for s in slots] if slots else None, dst=root)
+                key = f"{dtype},n={n},root={root}"
+                errs = [check_slot(s, payload(dtype, r, n), f"{key} from rank {r}", True)
+                        for r, s in enumerate(slots or [])]
+                errs.append(check_slot(src, payload(dtype, rank, n), key + " (input modified)", True))
+                out[key] = next((e for e in errs if e), None)
+    return out
+
+
+def _case_scatter(rank, ws, dtypes, counts, layout):
+    out = {}
+    for dtype in dtypes:
+        for n in counts:
+            for root in range(ws):
+                # Root sends chunk r (payload salted by the destination) to rank r.
+                chunks = [Slot(layout, n, dtype).fill(payload(dtype, root, n, salt=1 + r))
+                          for r in range(ws)] if rank == root else None
+                res = Slot(layout, n, dtype).fill(payload(dtype, rank, n))
+                dist.scatter(res.t, [c.t for c in chunks] if chunks else None, src=root)
+                key = f"{dtype},n={n},root={root}"
+                out[key] = check_slot(res, payload(dtype, root, n, salt=1 + rank), key, True)
+    return out
+
+
+def a2a_size(src: int, dst: int, base: int) -> int:
+    """Uneven per-peer sizes, zero included (base=0 makes some pairs empty)."""
+    return (src * 3 + dst * 2 + base) % 5 + (base // 5) * 5
+
+
+def _case_all_to_all(rank, ws, dtypes, bases, uneven):
+    """all_to_all (list). Rank s sends payload(s, n, salt=d) of size a2a_size(s, d) to d."""
+    out = {}
+    for dtype in dtypes:
+        for base in bases:
+            size = (lambda s, d: a2a_size(s, d, base)) if uneven else (lambda s, d: base)
+            ins = [payload(dtype, rank, size(rank, d), salt=d) for d in range(ws)]
+            outs = [torch.empty(size(s, rank), dtype=tdtype(dtype)) for s in range(ws)]
+            dist.all_to_all(outs, ins)
+            key = f"{dtype},base={base}"
+            errs = [bytes_mismatch(outs[s], payload(dtype, s, size(s, rank), salt=rank),
+                                   f"{key} from rank {s}: ") for s in range(ws)]
+            out[key] = next((e for e in errs if e), None)
+    return out
+
+
+def _case_all_to_all_single(rank, ws, dtypes, bases, variant):
+    """all_to_all_single: even (no split sizes) or uneven input/output split sizes."""
+    out = {}
+    for dtype in dtypes:
+        for base in bases:
+            if variant == "even":
+                size = lambda s, d: base  # noqa: E731
+            else:
+                size = lambda s, d: a2a_size(s, d, base)  # noqa: E731
+            in_splits = [size(rank, d) for d in range(ws)]
+            out_splits = [size(s, rank) for s in range(ws)]
+            src = torch.cat([payload(dtype, rank, size(rank, d), salt=d) for d in range(ws)])
+            exp = torch.cat([payload(dtype, s, size(s, rank), salt=rank) for s in range(ws)])
+            in_slot = Slot("strided" if variant == "noncontig_input" else "contig", src.numel(), dtype).fill(src)
+            res = Slot("strided" if variant == "noncontig_output" else "contig", exp.numel(), dtype)
+            if variant == "even":
+                dist.all_to_all_single(res.t, in_slot.t)
+            else:
+                dist.all_to_all_single(res.t, in_slot.t, out_splits, in_splits)
+            key = f"{dtype},base={base}"
+            out[key] = check_slot(res, exp, key, exact_bytes=True)
+    return out
+
+
+# ================================================== misc: worker functions
+def _case_send_recv(rank, ws, dtypes, counts):
+    out = {}
+    nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+    for dtype in dtypes:
+        for n in counts:
+            key = f"{dtype},n={n}"
+            # Blocking ring, ordered by rank parity so it cannot deadlock.
+            mine = payload(dtype, rank, n, salt=5)
+            got = torch.empty(n, dtype=tdtype(dtype))
+            if rank % 2 == 0:
+                dist.send(mine, dst=nxt, tag=5)
+                dist.recv(got, src=prv, tag=5)
+            else:
+                dist.recv(got, src=prv, tag=5)
+                dist.send(mine, dst=nxt, tag=5)
+            errs = [bytes_mismatch(got, payload(dtype, prv, n, salt=5), key + " blocking: ")]
+            # Two tagged messages on the same pair, received in the opposite order:
+            # the tag, not arrival order, must decide which buffer gets which message.
+            a, b = payload(dtype, rank, n, salt=11), payload(dtype, rank, n, salt=12)
+            ra, rb = torch.empty_like(a), torch.empty_like(b)
+            sends = [dist.isend(a, dst=nxt, tag=11), dist.isend(b, dst=nxt, tag=12)]
+            recvs = [dist.irecv(rb, src=prv, tag=12), dist.irecv(ra, src=prv, tag=11)]
+            for w in recvs + sends:
+                w.wait()
+            errs.append(bytes_mismatch(ra, payload(dtype, prv, n, salt=11), key + " tag 11: "))
+            errs.append(bytes_mismatch(rb, payload(dtype, prv, n, salt=12), key + " tag 12: "))
+            out[key] = next((e for e in errs if e), None)
+    return out
+
+
+def _case_barrier(rank, ws, tmpdir, rounds):
+    """A rotating late rank; after the barrier every rank must see everyone's marker."""
+    out = {}
+    for k in range(rounds):
+        late = k % ws
+        if rank == late:
+            time.sleep(0.15)
+        open(os.path.join(tmpdir, f"round{k}-rank{rank}"), "w").close()
+        if k % 2:
+            dist.barrier(async_op=True).wait()
+        else:
+            dist.barrier()
+        missing = [r for r in range(ws) if not os.path.exists(os.path.join(tmpdir, f"round{k}-rank{r}"))]
+        out[f"round{k}(late rank {late})"] = f"passed the barrier before ranks {missing} arrived" if missing else None
+    return out
+
+
+def make_obj(rank: int, tag: str = ""):
+    # Pickled sizes differ a lot per rank, so the object collectives' size exchange matters.
+    return {"rank": rank, "tag": tag, "ints": list(range(rank * 37)), "s": "x" * (rank * 1000 + 1),
+            "t": torch.arange(rank + 1)}
+
+
+def same_obj(a, b) -> bool:
+    return (a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor)
+                                         else a[k] == b[k] for k in a))
+
+
+def _case_objects(rank, ws):
+    out = {}
+    got = [None] * ws
+    dist.all_gather_object(got, make_obj(rank, "ag"))
+    out["all_gather_object"] = None if all(same_obj(got[r], make_obj(r, "ag")) for r in range(ws)) \
+        else f"got {[g['rank'] if isinstance(g, dict) else g for g in got]}"
+    for root in range(ws):
+        lst = [make_obj(root, "b"), f"tail-{root}"] if rank == root else [None, None]
+        dist.broadcast_object_list(lst, src=root)
+        ok = same_obj(lst[0], make_obj(root, "b")) and lst[1] == f"tail-{root}"
+        out[f"broadcast_object_list root={root}"] = None if ok else f"got {lst[1]!r}"
+
+        gl = [None] * ws if rank == root else None
+        dist.gather_object(make_obj(rank, "g"), gl, dst=root)
+        ok = rank != root or all(same_obj(gl[r], make_obj(r, "g")) for r in range(ws))
+        out[f"gather_object root={root}"] = None if ok else "wrong gathered objects"
+
+        res = [None]
+        dist.scatter_object_list(res, [make_obj(r, f"s{root}") for r in range(ws)] if rank == root else None,
+                                 src=root)
+        ok = isinstance(res[0], dict) and same_obj(res[0], make_obj(rank, f"s{root}"))
+        out[f"scatter_object_list root={root}"] = None if ok else "wrong scattered object"
+    return out
+
+
+# ================================================================ parent side
+def assert_cases(results, check_digests: bool = True) -> int:
+    """Fail with every failing sub-case; check cross-rank digests. Returns #sub-cases."""
+    failures = []
+    for r, res in enumerate(results):
+        assert res, f"rank {r} ran no sub-cases"  # a test must never pass vacuously
+        for key, val in res.items():
+            err = val[0] if isinstance(val, tuple) else val
+            if err:
+                failures.append(f"rank {r}: {err}")
+    assert not failures, f"{len(failures)} failing sub-case(s):\n" + "\n".join(failures[:30])
+    if check_digests and isinstance(next(iter(results[0].values())), tuple):
+        ranks_equal([{k: v[1] for k, v in res.items()} for res in results], "result bytes")
+    return len(results[0])
+
+
+world_params = pytest.mark.parametrize("ws,seg", WORLDS, ids=WORLD_IDS)
+dtype_op_params = pytest.mark.parametrize("dtype,op", DTYPE_OPS, ids=[f"{d}-{o}" for d, o in DTYPE_OPS])
+
+
+# -------------------------------------------------------------------- reductions
+@dtype_op_params
+@world_params
+def test_all_reduce(world_factory, ws, seg, dtype, op):
+    skip_if_gloo_gap(reduce_gap(dtype, op))
+    counts = counts_for(seg, (dtype, op) in LARGE_REDUCE_CASES)
+    res = get_world(world_factory, ws, seg).run(_case_all_reduce, [(dtype, op)], counts, DENSE)
+    assert_cases(res)
+
+
+@world_params
+def test_all_reduce_strided(world_factory, ws, seg):
+    skip_if_gloo_gap("strided_output")
+    res = get_world(world_factory, ws, seg).run(
+        _case_all_reduce, LAYOUT_DTYPE_OPS, SMALL_COUNTS, ["strided"])
+    assert_cases(res)
+
+
+@pytest.mark.parametrize("layouts", [DENSE, ["strided"]], ids=["dense", "strided"])
+@world_params
+def test_all_reduce_async(world_factory, ws, seg, layouts):
+    skip_if_gloo_gap("strided_output" if "strided" in layouts else None)
+    cases = [("float32", "SUM"), ("int64", "MAX"), ("bool", "BOR"), ("bfloat16", "AVG")]
+    res = get_world(world_factory, ws, seg).run(
+        _case_all_reduce, cases, counts_for(seg, True), layouts, async_op=True)
+    assert_cases(res)
+
+
+@dtype_op_params
+@world_params
+def test_reduce(world_factory, ws, seg, dtype, op):
+    skip_if_gloo_gap(reduce_gap(dtype, op))
+    counts = counts_for(seg, (dtype, op) == ("float32", "SUM"))
+    res = get_world(world_factory, ws, seg).run(_case_reduce, [(dtype, op)], counts, DENSE)
+    assert_cases(res, check_digests=False)
+
+
+@world_params
+def test_reduce_strided(world_factory, ws, seg):
+    skip_if_gloo_gap("strided_output")
+    res = get_world(world_factory, ws, seg).run(_case_reduce, LAYOUT_DTYPE_OPS, SMALL_COUNTS, ["strided"])
+    assert_cases(res, check_digests=False)
+
+
+@dtype_op_params
+@world_params
+def test_reduce_scatter(world_factory, ws, seg, dtype, op):
+    skip_if_gloo_gap(reduce_gap(dtype, op))
+    w = get_world(world_factory, ws, seg)
+    counts = counts_for(seg, (dtype, op) in LARGE_REDUCE_CASES)
+    for variant in ["list", "tensor"]:
+        assert_cases(w.run(_case_reduce_scatter, [(dtype, op)], counts, variant), check_digests=False)
+
+
+@pytest.mark.parametrize("variant", ["list_strided", "tensor_strided", "tensor_stacked"])
+@world_params
+def test_reduce_scatter_layouts(world_factory, ws, seg, variant):
+    skip_if_gloo_gap("stacked" if variant == "tensor_stacked" else "strided_output")
+    w = get_world(world_factory, ws, seg)
+    assert_cases(w.run(_case_reduce_scatter, LAYOUT_DTYPE_OPS, SMALL_COUNTS, variant), check_digests=False)
+
+
+@dtype_op_params
+@world_params
+def test_all_reduce_coalesced(world_factory, ws, seg, dtype, op):
+    skip_if_gloo_gap(reduce_gap(dtype, op))
+    res = get_world(world_factory, ws, seg).run(_case_all_reduce_coalesced, dtype, op, [7, 1, 0, 1001, 3])
+    assert_cases(res)
+
+
+# ---------------------------------------------------------------- data movement
+@pytest.mark.parametrize("layouts", [DENSE, ["strided"]], ids=["dense", "strided"])
+@world_params
+def test_broadcast(world_factory, ws, seg, layouts):
+    skip_if_gloo_gap("strided_output" if "strided" in layouts else None)
+    res = get_world(world_factory, ws, seg).run(_case_broadcast, DTYPES, SMALL_COUNTS, layouts)
+    assert_cases(res, check_digests=False)
+    if seg == "default" and layouts == DENSE:
+        res = get_world(world_factory, ws, seg).run(
+            _case_broadcast, sorted(LARGE_MOVE_DTYPES), [LARGE], ["contig"])
+        assert_cases(res, check_digests=False)
+
+
+@pytest.mark.parametrize("variant", ["list", "list_strided", "tensor", "tensor_stacked",
+                                     "tensor_strided_input"])
+@world_params
+def test_all_gather(world_factory, ws, seg, variant):
+    skip_if_gloo_gap("stacked" if variant == "tensor_stacked" else None)
+    w = get_world(world_factory, ws, seg)
+    assert_cases(w.run(_case_all_gather, DTYPES, SMALL_COUNTS, variant), check_digests=False)
+    if variant in ("list", "tensor") and seg == "default":
+        assert_cases(w.run(_case_all_gather, ["float32"], [LARGE], variant), check_digests=False)
+
+
+@pytest.mark.parametrize("layout", ["contig", "strided"])
+@world_params
+def test_gather(world_factory, ws, seg, layout):
+    w = get_world(world_factory, ws, seg)
+    assert_cases(w.run(_case_gather, DTYPES, SMALL_COUNTS, layout), check_digests=False)
+
+
+@pytest.mark.parametrize("layout", ["contig", "strided"])
+@world_params
+def test_scatter(world_factory, ws, seg, layout):
+    skip_if_gloo_gap("strided_output" if layout == "strided" else None)
+    w = get_world(world_factory, ws, seg)
+    assert_cases(w.run(_case_scatter, DTYPES, SMALL_COUNTS, layout), check_digests=False)
+
+
+# base: 0 gives per-peer sizes 0..4 (empties included); 1000 gives ~1000-element chunks.
+A2A_BASES = [0, 3, 1000]
+
+
+@pytest.mark.parametrize("uneven", [False, True], ids=["even", "uneven"])
+@world_params
+def test_all_to_all(world_factory, ws, seg, uneven):
+    skip_if_gloo_gap("uneven_all_to_all" if uneven else None)
+    w = get_world(world_factory, ws, seg)
+    assert_cases(w.run(_case_all_to_all, DTYPES, A2A_BASES, uneven), check_digests=False)
+
+
+@pytest.mark.parametrize("variant", ["even", "uneven", "noncontig_input", "noncontig_output"])
+@world_params
+def test_all_to_all_single(world_factory, ws, seg, variant):
+    skip_if_gloo_gap({"noncontig_input": "strided_input_all_to_all_single",
+                      "noncontig_output": "strided_output"}.get(variant))
+    w = get_world(world_factory, ws, seg)
+    assert_cases(w.run(_case_all_to_all_single, DTYPES, A2A_BASES, variant), check_digests=False)
+
+
+# ------------------------------------------------------------------------ misc
+P2P_WORLDS = [w for w in WORLDS if w[0] > 1]  # a rank cannot send to itself
+
+
+@pytest.mark.parametrize("ws,seg", P2P_WORLDS, ids=[f"ws{w}-seg{s}" for w, s in P2P_WORLDS])
+def test_send_recv(world_factory, ws, seg):
+    w = get_world(world_factory, ws, seg)
+    assert_cases(w.run(_case_send_recv, DTYPES, SMALL_COUNTS), check_digests=False)
+    if seg == "default":
+        assert_cases(w.run(_case_send_recv, ["float32"], [LARGE]), check_digests=False)
+
+
+@world_params
+def test_barrier(world_factory, ws, seg, tmp_path):
+    w = get_world(world_factory, ws, seg)
+    assert_cases(w.run(_case_barrier, str(tmp_path), rounds=max(2, ws)), check_digests=False)
+
+
+@world_params
+def test_object_collectives(world_factory, ws, seg):
+    w = get_world(world_factory, ws, seg)
+    assert_cases(w.run(_case_objects), check_digests=False)
