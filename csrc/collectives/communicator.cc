@@ -253,6 +253,22 @@ void Communicator::progressIdle(std::chrono::milliseconds maxWait) {
   }
 }
 
+uint64_t Communicator::bytesSent() const {
+  uint64_t total = 0;
+  for (const auto& ch : channels_) {
+    total += ch ? ch->bytesSent() : 0;
+  }
+  return total;
+}
+
+uint64_t Communicator::bytesReceived() const {
+  uint64_t total = 0;
+  for (const auto& ch : channels_) {
+    total += ch ? ch->bytesReceived() : 0;
+  }
+  return total;
+}
+
 char* Communicator::scratch(size_t bytes) {
   if (bytes > scratchBytes_) {
     std::free(scratch_);

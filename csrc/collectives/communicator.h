@@ -98,6 +98,10 @@ class Communicator {
   void progressIdle(std::chrono::milliseconds maxWait);
   bool hasPending() const;
 
+  // Bytes moved over all channels so far (statistics).
+  uint64_t bytesSent() const;
+  uint64_t bytesReceived() const;
+
   // Scratch memory owned by the communicator, grown on demand, 64-byte aligned.
   char* scratch(size_t bytes);
 

@@ -51,9 +51,15 @@ class Channel {
   // Drops the connection at once (abort). Idempotent.
   virtual void close() = 0;
 
+  // Payload and header bytes moved so far (statistics).
+  uint64_t bytesSent() const { return bytesSent_; }
+  uint64_t bytesReceived() const { return bytesReceived_; }
+
  protected:
   explicit Channel(int peer) : peer_(peer) {}
   const int peer_;
+  uint64_t bytesSent_ = 0;
+  uint64_t bytesReceived_ = 0;
 };
 
 }  // namespace ringdist

@@ -67,6 +67,7 @@ bool TcpChannel::progressSends() {
         fail("send", errno);
       }
       moved = true;
+      bytesSent_ += static_cast<uint64_t>(n);
     }
     // Hand the written bytes to the batch's posts in order. Callbacks may
     // post more sends; those wait for the next batch.
@@ -122,6 +123,7 @@ bool TcpChannel::progressRecvs() {
         fail("recv", 0);
       }
       moved = true;
+      bytesReceived_ += static_cast<uint64_t>(n);
     }
     size_t left = static_cast<size_t>(n);
     for (int i = 0; i < count; ++i) {
