@@ -10,4 +10,4 @@ PY=${PYTHON:-python3}
 "$PY" -m pip install -q -r scripts/requirements-dev.txt
 # --no-build-isolation: compile against the torch installed above.
 "$PY" -m pip install -q --no-build-isolation .
-"$PY" -c "import torch, torch_ringdist; print('torch', torch.__version__, '| torch_ringdist', torch_ringdist.__version__, '| reduce kernels', torch_ringdist.reduce_kernel_family())"
+"$PY" -P -c "import torch, torch_ringdist; print('torch', torch.__version__, '| torch_ringdist', torch_ringdist.__version__, '| reduce kernels', torch_ringdist.reduce_kernel_family())"
