@@ -17,7 +17,9 @@ PYBIND11_MODULE(_C, m) {
              c10::intrusive_ptr<ringdist::ProcessGroupRingdist>>(m, "ProcessGroupRingdist")
       .def_property("segment_bytes", &ringdist::ProcessGroupRingdist::segmentBytes,
                     &ringdist::ProcessGroupRingdist::setSegmentBytes,
-                    "Bytes per pipelined segment; every rank of the group must use the same value");
+                    "Bytes per pipelined segment; every rank of the group must use the same value")
+      .def_property_readonly("transports", &ringdist::ProcessGroupRingdist::transports,
+                             "Transport used to reach each rank: 'tcp', 'shm' or 'self'");
   m.def("create_backend", &ringdist::createBackend, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("bind_ip"),
         py::call_guard<py::gil_scoped_release>());

@@ -78,8 +78,10 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
   auto rendezvous = std::make_shared<StoreRendezvous>(store);
   MeshOptions options{bindIp, timeout};
   try {
-    auto channels = connectMesh(*rendezvous, rank, size, options);
-    comm_ = std::make_unique<Communicator>(rank, size, std::move(channels), rendezvous);
+    Mesh mesh = connectMesh(*rendezvous, rank, size, options);
+    transports_ = mesh.transportOf;
+    comm_ = std::make_unique<Communicator>(rank, size, std::move(mesh.channels),
+                                           std::move(mesh.ring), rendezvous);
     p2p_ = std::make_unique<PointToPoint>(*comm_);
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, c10::str("ringdist init: rank ", rank, ": ", e.what()));

@@ -78,6 +78,8 @@ class ProcessGroupRingdist : public c10d::Backend {
                                       int tag) override;
 
   // Tuning and introspection for tests and benchmarks.
+  // Transport used to reach each rank ("tcp", "shm", "self").
+  const std::vector<std::string>& transports() const { return transports_; }
   size_t segmentBytes() const { return segmentBytes_; }
   void setSegmentBytes(size_t bytes);
 
@@ -114,6 +116,7 @@ class ProcessGroupRingdist : public c10d::Backend {
 
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<PointToPoint> p2p_;
+  std::vector<std::string> transports_;
   std::chrono::milliseconds timeout_;
   size_t segmentBytes_;
 

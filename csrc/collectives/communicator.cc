@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <climits>
 #include <cstring>
+#include <algorithm>
 #include <thread>
 
 #include "csrc/common/env.h"
@@ -50,14 +51,17 @@ const char* opTypeName(OpType type) {
 }
 
 Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
-                           std::shared_ptr<Rendezvous> rendezvous)
-    : rank_(rank), size_(size), channels_(std::move(channels)),
-      rendezvous_(std::move(rendezvous)) {
-  ring_.resize(static_cast<size_t>(size_));
-  for (int i = 0; i < size_; ++i) {
-    ring_[static_cast<size_t>(i)] = i;
+                           std::vector<int> ring, std::shared_ptr<Rendezvous> rendezvous)
+    : rank_(rank), size_(size), channels_(std::move(channels)), rendezvous_(std::move(rendezvous)),
+      ring_(std::move(ring)) {
+  RINGDIST_CHECK(static_cast<int>(ring_.size()) == size_, "ringdist: ring order has ", ring_.size(),
+                 " ranks, expected ", size_);
+  ringPos_ = static_cast<int>(std::find(ring_.begin(), ring_.end(), rank_) - ring_.begin());
+  int sharing = 1;  // ranks of this group sharing this host's cores
+  for (const auto& ch : channels_) {
+    sharing += (ch && ch->doorbell() != nullptr) ? 1 : 0;
   }
-  ringPos_ = rank_;
+  spin_ = sharing <= static_cast<int>(std::thread::hardware_concurrency());
   int64_t segment = envInt("RINGDIST_SEGMENT_BYTES", static_cast<int64_t>(kDefaultSegmentBytes));
   RINGDIST_CHECK(segment > 0, "ringdist: RINGDIST_SEGMENT_BYTES must be positive, got ", segment);
   segmentBytes_ = static_cast<size_t>(segment);
@@ -191,13 +195,46 @@ std::string Communicator::pendingPeers() const {
   return peers.empty() ? "none" : peers;
 }
 
+void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left) {
+  if (spin_) {
+    auto spinUntil = Clock::now() + kSpinBeforeSleep;
+    while (Clock::now() < spinUntil) {
+      if (progress()) {
+        return;
+      }
+    }
+  }
+  uint32_t armed = bell->arm();
+  // A final look after arming: a peer that rang before arm() is seen here,
+  // one that rings after it bumps the word futex_wait compares against.
+  if (progress()) {
+    bell->disarm();
+    return;
+  }
+  auto sleepFor = std::min<std::chrono::milliseconds>(left, kMaxSleep);
+  auto before = Clock::now();
+  bell->sleep(armed, sleepFor);
+  bell->disarm();
+  if (Clock::now() - before >= sleepFor) {
+    // Quiet for a whole sleep: make sure the peers we wait for are alive.
+    for (auto& ch : channels_) {
+      if (ch && ch->hasPending()) {
+        ch->checkAlive();
+      }
+    }
+  }
+}
+
 void Communicator::waitForActivity() {
   std::vector<pollfd> fds;
   std::vector<Channel*> owners;
+  Doorbell* bell = nullptr;
   for (auto& ch : channels_) {
     if (ch && ch->pollFd() >= 0) {
       fds.push_back(pollfd{ch->pollFd(), ch->pollEvents(), 0});
       owners.push_back(ch.get());
+    } else if (ch && ch->hasPending() && ch->doorbell() != nullptr) {
+      bell = ch->doorbell();
     }
   }
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
@@ -205,10 +242,16 @@ void Communicator::waitForActivity() {
     throw TimeoutError(strCat("ringdist ", opName(), ": rank ", rank_, ": Timed out after ",
                               opTimeout_.count(), " ms waiting for rank(s) ", pendingPeers()));
   }
+  if (bell != nullptr && fds.empty()) {
+    sleepOnDoorbell(bell, left);
+    return;
+  }
   if (fds.empty()) {
     return;  // nothing pending: the caller's condition decides
   }
-  int timeoutMs = static_cast<int>(std::min<int64_t>(left.count(), 1000));
+  // With shared-memory links pending too, poll the sockets in short slices
+  // so the shared-memory side is looked at again soon.
+  int timeoutMs = static_cast<int>(std::min<int64_t>(left.count(), bell != nullptr ? 1 : 1000));
   int ready = ::poll(fds.data(), fds.size(), timeoutMs);
   if (ready <= 0) {
     return;

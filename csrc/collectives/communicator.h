@@ -52,14 +52,21 @@ constexpr size_t kDefaultSegmentBytes = 256 * 1024;
 // Receives in flight per channel in the ring pipelines (>= 2 so receiving
 // segment i+1 overlaps reducing segment i).
 constexpr size_t kRecvWindow = 4;
+// Before sleeping on a shared-memory doorbell, poll this long: a peer on
+// another core usually answers within microseconds, and a futex round trip
+// costs more than that. Skipped when ranks outnumber cores.
+constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
+// Longest single sleep; between sleeps dead peers and deadlines are checked.
+constexpr auto kMaxSleep = std::chrono::milliseconds(50);
 
 // One process group's view of its peers: channels, ring order, progress
 // loop, deadlines and abort state. Single-threaded: only the backend's
 // worker thread calls into it.
 class Communicator {
  public:
+  // ring: ranks in ring order (a permutation of 0..size-1).
   Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
-               std::shared_ptr<Rendezvous> rendezvous);
+               std::vector<int> ring, std::shared_ptr<Rendezvous> rendezvous);
   ~Communicator();
 
   int rank() const { return rank_; }
@@ -119,6 +126,7 @@ class Communicator {
 
  private:
   std::string pendingPeers() const;
+  void sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left);
 
   const int rank_;
   const int size_;
@@ -135,6 +143,7 @@ class Communicator {
   size_t scratchBytes_ = 0;
   bool aborted_ = false;
   bool closed_ = false;
+  bool spin_ = false;  // busy-poll briefly before sleeping (a core per local rank)
   std::string abortReason_;
 };
 

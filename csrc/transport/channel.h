@@ -1,10 +1,22 @@
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 
 namespace ringdist {
+
+// Something a waiting rank sleeps on when its pending channels have no file
+// descriptor (shared memory): peers ring it after moving bytes. arm() then a
+// final progress check then sleep() cannot miss a ring.
+class Doorbell {
+ public:
+  virtual ~Doorbell() = default;
+  virtual uint32_t arm() = 0;
+  virtual void sleep(uint32_t armed, std::chrono::microseconds timeout) = 0;
+  virtual void disarm() = 0;
+};
 
 // A Channel is one bidirectional, ordered byte stream to one peer rank.
 //
@@ -47,6 +59,12 @@ class Channel {
   // this channel can progress; -1 when the channel has nothing pending.
   virtual int pollFd() const = 0;
   virtual short pollEvents() const = 0;
+
+  // Channels without a pollable fd return their Doorbell instead.
+  virtual Doorbell* doorbell() const { return nullptr; }
+  // Throws when the peer is known to be gone (for transports that cannot
+  // see a hang-up on a file descriptor).
+  virtual void checkAlive() const {}
 
   // Drops the connection at once (abort). Idempotent.
   virtual void close() = 0;

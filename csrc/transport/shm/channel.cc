@@ -1,0 +1,200 @@
+#include "csrc/transport/shm/channel.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+
+#include "csrc/common/error.h"
+
+namespace ringdist {
+namespace shm {
+
+namespace {
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  // Not FUTEX_PRIVATE: the word is shared between processes.
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+// Copies n bytes into/out of a ring at logical position pos (wrapping).
+void copyIn(char* ring, uint64_t size, uint64_t pos, const char* src, size_t n) {
+  size_t at = static_cast<size_t>(pos % size);
+  size_t first = std::min(n, static_cast<size_t>(size) - at);
+  std::memcpy(ring + at, src, first);
+  std::memcpy(ring, src + first, n - first);
+}
+
+void copyOut(char* dst, const char* ring, uint64_t size, uint64_t pos, size_t n) {
+  size_t at = static_cast<size_t>(pos % size);
+  size_t first = std::min(n, static_cast<size_t>(size) - at);
+  std::memcpy(dst, ring + at, first);
+  std::memcpy(dst + first, ring, n - first);
+}
+}  // namespace
+
+uint32_t LocalDoorbell::arm() {
+  uint32_t seq = bell_->seq.load(std::memory_order_acquire);
+  bell_->sleeping.store(1, std::memory_order_seq_cst);
+  return seq;
+}
+
+void LocalDoorbell::sleep(uint32_t armed, std::chrono::microseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000),
+              static_cast<long>((timeout.count() % 1000000) * 1000)};
+  futex(&bell_->seq, FUTEX_WAIT, armed, &ts);  // returns at once if seq moved
+}
+
+void LocalDoorbell::disarm() { bell_->sleeping.store(0, std::memory_order_relaxed); }
+
+void ring(Bell* bell) {
+  bell->seq.fetch_add(1, std::memory_order_seq_cst);
+  if (bell->sleeping.load(std::memory_order_seq_cst) != 0) {
+    futex(&bell->seq, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+}
+
+ShmChannel::ShmChannel(int peer, std::shared_ptr<Segment> segment, int localSelf, int localPeer,
+                       std::shared_ptr<LocalDoorbell> doorbell)
+    : Channel(peer),
+      segment_(std::move(segment)),
+      out_(segment_->control(localSelf, localPeer)),
+      in_(segment_->control(localPeer, localSelf)),
+      outData_(segment_->data(localSelf, localPeer)),
+      inData_(segment_->data(localPeer, localSelf)),
+      ringBytes_(segment_->ringBytes()),
+      peerBell_(segment_->bell(localPeer)),
+      doorbell_(std::move(doorbell)) {}
+
+ShmChannel::~ShmChannel() = default;
+
+uint64_t ShmChannel::postSend(const void* data, size_t bytes, Callback done) {
+  sends_.push_back(Request{const_cast<char*>(static_cast<const char*>(data)), bytes, 0, true,
+                           std::move(done)});
+  return ++sendsPosted_;
+}
+
+uint64_t ShmChannel::postRecv(void* data, size_t bytes, Callback done) {
+  recvs_.push_back(Request{static_cast<char*>(data), bytes, 0, true, std::move(done)});
+  return ++recvsPosted_;
+}
+
+uint64_t ShmChannel::postRecvNext(void* data, size_t bytes, Callback done) {
+  recvs_.push_front(Request{static_cast<char*>(data), bytes, 0, false, std::move(done)});
+  return 0;
+}
+
+void ShmChannel::failClosed() const {
+  RINGDIST_FAIL("shared-memory link to rank ", peer_, " was closed by the peer");
+}
+
+void ShmChannel::checkAlive() const {
+  pid_t pid = peerBell_->pid;
+  if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+    RINGDIST_FAIL("rank ", peer_, " (pid ", pid, ", same host) died");
+  }
+}
+
+bool ShmChannel::progressSends() {
+  bool moved = false;
+  while (!sends_.empty()) {
+    Request& r = sends_.front();
+    if (r.done < r.bytes) {
+      uint64_t head = out_->head.load(std::memory_order_relaxed);
+      uint64_t tail = out_->tail.load(std::memory_order_acquire);
+      size_t n = std::min(static_cast<size_t>(ringBytes_ - (head - tail)), r.bytes - r.done);
+      if (n == 0) {
+        break;  // ring full: the reader frees space and rings us
+      }
+      copyIn(outData_, ringBytes_, head, r.data + r.done, n);
+      out_->head.store(head + n, std::memory_order_release);
+      r.done += n;
+      moved = true;
+      if (r.done < r.bytes) {
+        break;
+      }
+    }
+    Callback callback = std::move(r.callback);
+    sends_.pop_front();
+    ++sendsDone_;
+    if (callback) {
+      callback();
+    }
+  }
+  return moved;
+}
+
+bool ShmChannel::progressRecvs() {
+  bool moved = false;
+  while (!recvs_.empty()) {
+    Request& r = recvs_.front();
+    if (r.done < r.bytes) {
+      uint64_t tail = in_->tail.load(std::memory_order_relaxed);
+      uint64_t head = in_->head.load(std::memory_order_acquire);
+      size_t n = std::min(static_cast<size_t>(head - tail), r.bytes - r.done);
+      if (n == 0) {
+        if (in_->closed.load(std::memory_order_acquire) != 0) {
+          failClosed();
+        }
+        break;
+      }
+      copyOut(r.data + r.done, inData_, ringBytes_, tail, n);
+      in_->tail.store(tail + n, std::memory_order_release);
+      r.done += n;
+      moved = true;
+      if (r.done < r.bytes) {
+        break;
+      }
+    }
+    Callback callback = std::move(r.callback);
+    bool counted = r.counted;
+    recvs_.pop_front();
+    if (counted) {
+      ++recvsDone_;
+    }
+    if (callback) {
+      callback();
+    }
+  }
+  return moved;
+}
+
+bool ShmChannel::progress() {
+  if (closed_) {
+    RINGDIST_CHECK(!hasPending(), "shared-memory link to rank ", peer_, " is closed");
+    return false;
+  }
+  if (out_->closed.load(std::memory_order_acquire) != 0 && !sends_.empty()) {
+    failClosed();
+  }
+  uint64_t sentBefore = out_->head.load(std::memory_order_relaxed);
+  uint64_t readBefore = in_->tail.load(std::memory_order_relaxed);
+  bool moved = progressSends();
+  moved = progressRecvs() || moved;
+  if (moved) {
+    bytesSent_ += out_->head.load(std::memory_order_relaxed) - sentBefore;
+    bytesReceived_ += in_->tail.load(std::memory_order_relaxed) - readBefore;
+    ring(peerBell_);  // new data for it, or space it may be waiting for
+  }
+  return moved;
+}
+
+void ShmChannel::close() {
+  if (closed_) {
+    return;
+  }
+  closed_ = true;
+  // Both directions: the peer's pending sends and receives fail at once.
+  out_->closed.store(1, std::memory_order_release);
+  in_->closed.store(1, std::memory_order_release);
+  ring(peerBell_);
+  sends_.clear();
+  recvs_.clear();
+}
+
+}  // namespace shm
+}  // namespace ringdist

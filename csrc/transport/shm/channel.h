@@ -1,0 +1,85 @@
+#pragma once
+
+#include <deque>
+#include <memory>
+
+#include "csrc/transport/channel.h"
+#include "csrc/transport/shm/segment.h"
+
+namespace ringdist {
+namespace shm {
+
+// This process's doorbell in the host segment. Peers ring it after they
+// wrote bytes for us or freed ring space we wait for.
+class LocalDoorbell final : public Doorbell {
+ public:
+  explicit LocalDoorbell(Bell* bell) : bell_(bell) {}
+  uint32_t arm() override;
+  void sleep(uint32_t armed, std::chrono::microseconds timeout) override;
+  void disarm() override;
+
+ private:
+  Bell* bell_;
+};
+
+// Rings a peer's doorbell: bump its sequence; a futex wake only when it
+// may be sleeping, so the busy path costs no syscall.
+void ring(Bell* bell);
+
+// A Channel over two single-producer single-consumer byte rings in the host
+// segment (one per direction). A send copies from the user buffer into the
+// ring, the receive copies out of it; both sides work concurrently, with no
+// system call on the busy path.
+class ShmChannel final : public Channel {
+ public:
+  ShmChannel(int peer, std::shared_ptr<Segment> segment, int localSelf, int localPeer,
+             std::shared_ptr<LocalDoorbell> doorbell);
+  ~ShmChannel() override;
+
+  uint64_t postSend(const void* data, size_t bytes, Callback done) override;
+  uint64_t postRecv(void* data, size_t bytes, Callback done) override;
+  uint64_t postRecvNext(void* data, size_t bytes, Callback done) override;
+
+  bool sendDone(uint64_t ticket) const override { return sendsDone_ >= ticket; }
+  bool recvDone(uint64_t ticket) const override { return recvsDone_ >= ticket; }
+  bool hasPending() const override { return !sends_.empty() || !recvs_.empty(); }
+
+  bool progress() override;
+  int pollFd() const override { return -1; }
+  short pollEvents() const override { return 0; }
+  Doorbell* doorbell() const override { return doorbell_.get(); }
+  void checkAlive() const override;
+  void close() override;
+
+ private:
+  struct Request {
+    char* data;
+    size_t bytes;
+    size_t done;
+    bool counted;
+    Callback callback;
+  };
+
+  bool progressSends();
+  bool progressRecvs();
+  [[noreturn]] void failClosed() const;
+
+  std::shared_ptr<Segment> segment_;
+  RingControl* out_;
+  RingControl* in_;
+  char* outData_;
+  char* inData_;
+  const uint64_t ringBytes_;
+  Bell* peerBell_;
+  std::shared_ptr<LocalDoorbell> doorbell_;
+  bool closed_ = false;
+  std::deque<Request> sends_;
+  std::deque<Request> recvs_;
+  uint64_t sendsPosted_ = 0;
+  uint64_t sendsDone_ = 0;
+  uint64_t recvsPosted_ = 0;
+  uint64_t recvsDone_ = 0;
+};
+
+}  // namespace shm
+}  // namespace ringdist

@@ -1,0 +1,159 @@
+#include "csrc/transport/shm/segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "csrc/common/error.h"
+
+namespace ringdist {
+namespace shm {
+
+namespace {
+constexpr uint64_t kSegmentMagic = 0x5244534847303031ull;  // "RDSHG001"
+
+size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+size_t bellsOffset() { return align64(sizeof(SegmentHeader)); }
+size_t controlsOffset(int l) { return bellsOffset() + align64(sizeof(Bell) * static_cast<size_t>(l)); }
+size_t dataOffset(int l) {
+  // Page-align the rings so each starts on its own pages.
+  size_t end = controlsOffset(l) + sizeof(RingControl) * static_cast<size_t>(l) * static_cast<size_t>(l);
+  return (end + 4095) / 4096 * 4096;
+}
+
+std::string randomName() {
+  unsigned char bytes[12];
+  RINGDIST_CHECK(::getrandom(bytes, sizeof(bytes), 0) == static_cast<ssize_t>(sizeof(bytes)),
+                 "ringdist: getrandom() failed: ", std::strerror(errno));
+  static const char* hex = "0123456789abcdef";
+  std::string name = "/ringdist-";
+  for (unsigned char b : bytes) {
+    name += hex[b >> 4];
+    name += hex[b & 15];
+  }
+  return name;
+}
+}  // namespace
+
+size_t Segment::totalBytes(int localRanks, size_t ringBytes) {
+  return dataOffset(localRanks) + ringBytes * static_cast<size_t>(localRanks) * static_cast<size_t>(localRanks);
+}
+
+Segment Segment::create(int localRanks, size_t ringBytes) {
+  Segment seg;
+  seg.name_ = randomName();
+  int fd = ::shm_open(seg.name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  RINGDIST_CHECK(fd >= 0, "ringdist: shm_open(", seg.name_, ") failed: ", std::strerror(errno));
+  seg.owner_ = true;
+  seg.linked_ = true;
+  seg.bytes_ = totalBytes(localRanks, ringBytes);
+  if (::ftruncate(fd, static_cast<off_t>(seg.bytes_)) != 0) {
+    int err = errno;
+    ::close(fd);
+    RINGDIST_FAIL("ringdist: cannot size shared memory segment to ", seg.bytes_, " bytes: ",
+                  std::strerror(err));
+  }
+  seg.base_ = ::mmap(nullptr, seg.bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  ::close(fd);
+  if (seg.base_ == MAP_FAILED) {
+    seg.base_ = nullptr;
+    RINGDIST_FAIL("ringdist: mmap of shared memory failed: ", std::strerror(err));
+  }
+  // ftruncate zero-fills; construct the atomics in place.
+  auto* header = new (seg.base_) SegmentHeader{};
+  header->localRanks = static_cast<uint32_t>(localRanks);
+  header->ringBytes = ringBytes;
+  for (int i = 0; i < localRanks; ++i) {
+    new (seg.bell(i)) Bell();
+    for (int j = 0; j < localRanks; ++j) {
+      new (seg.control(i, j)) RingControl();
+    }
+  }
+  std::atomic_thread_fence(std::memory_order_release);
+  header->magic = kSegmentMagic;
+  return seg;
+}
+
+Segment Segment::open(const std::string& name) {
+  Segment seg;
+  seg.name_ = name;
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  RINGDIST_CHECK(fd >= 0, "ringdist: shm_open(", name, ") failed: ", std::strerror(errno),
+                 " (is /dev/shm shared between these ranks?)");
+  struct stat st{};
+  ::fstat(fd, &st);
+  seg.bytes_ = static_cast<size_t>(st.st_size);
+  seg.base_ = seg.bytes_ >= sizeof(SegmentHeader)
+      ? ::mmap(nullptr, seg.bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+      : MAP_FAILED;
+  int err = errno;
+  ::close(fd);
+  if (seg.base_ == MAP_FAILED) {
+    seg.base_ = nullptr;
+    RINGDIST_FAIL("ringdist: mmap of shared memory ", name, " failed: ", std::strerror(err));
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  RINGDIST_CHECK(seg.header()->magic == kSegmentMagic &&
+                     seg.bytes_ >= totalBytes(seg.localRanks(), seg.ringBytes()),
+                 "ringdist: shared memory segment ", name, " is not a ringdist segment");
+  return seg;
+}
+
+Segment::Segment(Segment&& other) noexcept { *this = std::move(other); }
+
+Segment& Segment::operator=(Segment&& other) noexcept {
+  if (this != &other) {
+    this->~Segment();
+    name_ = std::move(other.name_);
+    base_ = other.base_;
+    bytes_ = other.bytes_;
+    owner_ = other.owner_;
+    linked_ = other.linked_;
+    other.base_ = nullptr;
+    other.linked_ = false;
+  }
+  return *this;
+}
+
+Segment::~Segment() {
+  if (owner_) {
+    unlinkName();
+  }
+  if (base_ != nullptr) {
+    ::munmap(base_, bytes_);
+    base_ = nullptr;
+  }
+}
+
+void Segment::unlinkName() {
+  if (linked_) {
+    ::shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+}
+
+Bell* Segment::bell(int local) const {
+  return reinterpret_cast<Bell*>(static_cast<char*>(base_) + bellsOffset()) + local;
+}
+
+RingControl* Segment::control(int from, int to) const {
+  int l = localRanks();
+  return reinterpret_cast<RingControl*>(static_cast<char*>(base_) + controlsOffset(l)) +
+      (from * l + to);
+}
+
+char* Segment::data(int from, int to) const {
+  int l = localRanks();
+  return static_cast<char*>(base_) + dataOffset(l) +
+      static_cast<size_t>(from * l + to) * ringBytes();
+}
+
+}  // namespace shm
+}  // namespace ringdist

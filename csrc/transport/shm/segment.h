@@ -1,0 +1,77 @@
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ringdist {
+namespace shm {
+
+// One shared-memory segment per host per process group, shared by the L
+// ranks of the group on that host ("local ranks", numbered 0..L-1 in rank
+// order). Layout:
+//   SegmentHeader
+//   Bell[L]              one futex doorbell per local rank
+//   RingControl[L * L]   (from, to) -> head/tail of the byte ring from -> to
+//   data[L * L]          ringBytes each; the diagonal is never touched, and
+//                        tmpfs only backs pages that are written
+// The creator (lowest local rank) unlinks the name as soon as every local
+// rank has mapped it, so nothing stays in /dev/shm even if a rank crashes
+// later.
+
+struct alignas(64) Bell {
+  std::atomic<uint32_t> seq;       // bumped by every ring; the futex word
+  std::atomic<uint32_t> sleeping;  // set while the owner may sleep
+  int32_t pid;                     // owner's pid, for liveness checks
+};
+
+struct alignas(64) RingControl {
+  alignas(64) std::atomic<uint64_t> head;  // bytes written (writer only)
+  alignas(64) std::atomic<uint64_t> tail;  // bytes read (reader only)
+  alignas(64) std::atomic<uint32_t> closed;
+};
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint32_t localRanks;
+  uint32_t reserved;
+  uint64_t ringBytes;
+};
+
+class Segment {
+ public:
+  // Creates a new segment with a random, unguessable name (mode 0600).
+  static Segment create(int localRanks, size_t ringBytes);
+  // Maps an existing segment by name.
+  static Segment open(const std::string& name);
+
+  Segment() = default;
+  Segment(Segment&& other) noexcept;
+  Segment& operator=(Segment&& other) noexcept;
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  ~Segment();
+
+  const std::string& name() const { return name_; }
+  void unlinkName();  // idempotent; the mapping stays valid
+
+  int localRanks() const { return static_cast<int>(header()->localRanks); }
+  size_t ringBytes() const { return header()->ringBytes; }
+  Bell* bell(int local) const;
+  RingControl* control(int from, int to) const;
+  char* data(int from, int to) const;
+
+ private:
+  static size_t totalBytes(int localRanks, size_t ringBytes);
+  SegmentHeader* header() const { return static_cast<SegmentHeader*>(base_); }
+
+  std::string name_;
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  bool owner_ = false;  // creator: unlinks on destruction if still linked
+  bool linked_ = false;
+};
+
+}  // namespace shm
+}  // namespace ringdist
