@@ -6,7 +6,9 @@
 // the next step then sends from; allgather segments are received directly
 // into the user's buffer. No full-size temporary exists. Each chunk is
 // reduced once, along the ring, by a fixed order, and then copied, so every
-// rank ends with bitwise identical results.
+// rank ends with bitwise identical results. Buffers up to
+// smallAllreduceBytes() take a one-round exchange instead (latency path).
+#include <cstring>
 #include <vector>
 
 #include "csrc/collectives/collectives.h"
@@ -16,13 +18,82 @@
 
 namespace ringdist {
 
+namespace {
+
+// Latency path for small buffers: one round. Every rank sends its whole
+// buffer, behind the op header, to every peer and receives theirs into
+// scratch (never into the output, so a header mismatch found afterwards
+// leaves the output untouched). Each rank then reduces the N contributions
+// in rank order 0..N-1, so all ranks compute bitwise identical results.
+void oneShotAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
+                      const OpHeader& header) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  const size_t bytes = count * elementSize(dtype);
+  const size_t stride = (bytes + 63) / 64 * 64;
+  char* scratch = comm.scratch(stride * static_cast<size_t>(n));
+  std::vector<OpHeader> theirs(static_cast<size_t>(n));
+  std::vector<std::pair<Channel*, uint64_t>> sends, recvs;
+  for (int k = 1; k < n; ++k) {
+    Channel& out = comm.channel((rank + k) % n);
+    out.postSend(&header, sizeof(OpHeader));
+    sends.emplace_back(&out, out.postSend(data, bytes));
+    int from = (rank - k + n) % n;
+    Channel& in = comm.channel(from);
+    in.postRecv(&theirs[static_cast<size_t>(from)], sizeof(OpHeader));
+    recvs.emplace_back(&in, in.postRecv(scratch + static_cast<size_t>(from) * stride, bytes));
+  }
+  comm.waitUntil([&] {
+    for (auto& s : sends) {
+      if (!s.first->sendDone(s.second)) return false;
+    }
+    for (auto& r : recvs) {
+      if (!r.first->recvDone(r.second)) return false;
+    }
+    return true;
+  });
+  for (int peer = 0; peer < n; ++peer) {
+    if (peer != rank) {
+      comm.checkHeader(header, theirs[static_cast<size_t>(peer)], peer);
+    }
+  }
+  std::memcpy(scratch + static_cast<size_t>(rank) * stride, data, bytes);
+  ReduceFn reduceFn = reduceFunction(dtype, op);
+  for (int peer = 1; peer < n; ++peer) {
+    reduceFn(scratch, scratch, scratch + static_cast<size_t>(peer) * stride, count);
+  }
+  if (op == ReduceOp::kAvg) {
+    divideInPlace(scratch, count, dtype, n);
+  }
+  std::memcpy(data, scratch, bytes);
+}
+
+void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op);
+
+}  // namespace
+
 void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
   const int n = comm.size();
-  comm.exchangeRingHeaders(comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1));
-  ReduceFn reduceFn = reduceFunction(dtype, op);
+  reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
+  const bool small = count * elementSize(dtype) <= comm.smallAllreduceBytes();
+  OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
+  header.reserved = small ? 1 : 0;  // the algorithm: ranks must agree on it
+  if (n > 1 && count > 0 && small) {
+    oneShotAllreduce(comm, data, count, dtype, op, header);
+    return;
+  }
+  comm.exchangeRingHeaders(header);
   if (n == 1 || count == 0) {
     return;  // AVG over one rank divides by one
   }
+  ringAllreduce(comm, data, count, dtype, op);
+}
+
+namespace {
+
+void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
+  const int n = comm.size();
+  ReduceFn reduceFn = reduceFunction(dtype, op);
   const size_t elem = elementSize(dtype);
   const size_t segElems = std::max<size_t>(1, comm.segmentBytes() / elem);
   const ChunkLayout layout(count, n, segElems);
@@ -93,5 +164,7 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
   }
   comm.waitUntil([&] { return right.sendDone(sendTicket[total - 1]); });
 }
+
+}  // namespace
 
 }  // namespace ringdist

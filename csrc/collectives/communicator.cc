@@ -65,6 +65,10 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Chann
   int64_t segment = envInt("RINGDIST_SEGMENT_BYTES", static_cast<int64_t>(kDefaultSegmentBytes));
   RINGDIST_CHECK(segment > 0, "ringdist: RINGDIST_SEGMENT_BYTES must be positive, got ", segment);
   segmentBytes_ = static_cast<size_t>(segment);
+  int64_t small = envInt("RINGDIST_SMALL_ALLREDUCE_BYTES",
+                         static_cast<int64_t>(kDefaultSmallAllreduceBytes));
+  RINGDIST_CHECK(small >= 0, "ringdist: RINGDIST_SMALL_ALLREDUCE_BYTES must be >= 0, got ", small);
+  smallAllreduceBytes_ = static_cast<size_t>(small);
 }
 
 Communicator::~Communicator() { std::free(scratch_); }
@@ -136,27 +140,32 @@ void Communicator::exchangeHeaders(const OpHeader& mine, const std::vector<int>&
   });
   for (size_t i = 0; i < recvFrom.size(); ++i) {
     const int peer = recvFrom[i];
-    const OpHeader& theirs = in[i];
     OpHeader expected = mine;
     if (expectCount != nullptr) {
       expected.count = (*expectCount)[static_cast<size_t>(peer)];
     }
-    RINGDIST_CHECK(theirs.magic == kOpMagic, "ringdist ", opName(), ": rank ", rank_,
-                   " received a corrupt operation header from rank ", peer,
-                   " (the ranks are out of step)");
-    bool same = theirs.type == expected.type && theirs.dtype == expected.dtype &&
-        theirs.op == expected.op && theirs.seq == expected.seq && theirs.count == expected.count &&
-        theirs.root == expected.root && theirs.tag == expected.tag;
-    if (!same) {
-      if (expectCount != nullptr && theirs.type == expected.type && theirs.seq == expected.seq) {
-        RINGDIST_FAIL("ringdist ", opName(), ": rank ", rank_, " expects ", expected.count,
-                      " elements from rank ", peer, " but rank ", peer, " sends ", theirs.count);
-      }
-      RINGDIST_FAIL("ringdist ", opName(), ": ranks disagree: rank ", rank_, " called ",
-                    describeHeader(mine), " but rank ", peer, " called ",
-                    describeHeader(theirs));
-    }
+    checkHeader(expected, in[i], peer);
   }
+}
+
+void Communicator::checkHeader(const OpHeader& expected, const OpHeader& theirs, int peer) {
+  RINGDIST_CHECK(theirs.magic == kOpMagic, "ringdist ", opName(), ": rank ", rank_,
+                 " received a corrupt operation header from rank ", peer,
+                 " (the ranks are out of step)");
+  bool same = theirs.type == expected.type && theirs.dtype == expected.dtype &&
+      theirs.op == expected.op && theirs.seq == expected.seq && theirs.count == expected.count &&
+      theirs.root == expected.root && theirs.tag == expected.tag &&
+      theirs.reserved == expected.reserved;
+  if (same) {
+    return;
+  }
+  if (theirs.type == expected.type && theirs.seq == expected.seq &&
+      static_cast<OpType>(expected.type) == OpType::kAlltoall && theirs.count != expected.count) {
+    RINGDIST_FAIL("ringdist ", opName(), ": rank ", rank_, " expects ", expected.count,
+                  " elements from rank ", peer, " but rank ", peer, " sends ", theirs.count);
+  }
+  RINGDIST_FAIL("ringdist ", opName(), ": ranks disagree: rank ", rank_, " called ",
+                describeHeader(expected), " but rank ", peer, " called ", describeHeader(theirs));
 }
 
 void Communicator::exchangeRingHeaders(const OpHeader& mine) {

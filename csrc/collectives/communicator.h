@@ -49,6 +49,9 @@ static_assert(sizeof(OpHeader) == 32, "OpHeader is a wire format");
 // overhead vanish next to the copy cost, small enough that reduce and
 // transfer of neighbouring segments overlap and scratch stays in L2/L3.
 constexpr size_t kDefaultSegmentBytes = 256 * 1024;
+// Up to this size an allreduce is latency-bound: one round in which every
+// rank sends its buffer to every peer beats 2(N-1) ring hops.
+constexpr size_t kDefaultSmallAllreduceBytes = 64 * 1024;
 // Receives in flight per channel in the ring pipelines (>= 2 so receiving
 // segment i+1 overlaps reducing segment i).
 constexpr size_t kRecvWindow = 4;
@@ -81,6 +84,8 @@ class Communicator {
 
   size_t segmentBytes() const { return segmentBytes_; }
   void setSegmentBytes(size_t bytes);
+  // Allreduces of at most this many bytes use the one-round latency path.
+  size_t smallAllreduceBytes() const { return smallAllreduceBytes_; }
 
   // Starts an operation: names it in errors and arms its deadline.
   void beginOp(OpType type, std::chrono::milliseconds timeout);
@@ -95,6 +100,8 @@ class Communicator {
                        const std::vector<uint64_t>* sendCount = nullptr,
                        const std::vector<uint64_t>* expectCount = nullptr);
   void exchangeRingHeaders(const OpHeader& mine);
+  // Throws, naming both calls, if `theirs` (from peer) differs from `expected`.
+  void checkHeader(const OpHeader& expected, const OpHeader& theirs, int peer);
 
   // Progress every channel once without blocking; true if a byte moved.
   bool progress();
@@ -135,6 +142,7 @@ class Communicator {
   std::vector<int> ring_;
   int ringPos_ = 0;
   size_t segmentBytes_;
+  size_t smallAllreduceBytes_;
   uint64_t seq_ = 0;
   OpType opType_ = OpType::kBarrier;
   std::chrono::milliseconds opTimeout_{0};
