@@ -1,10 +1,11 @@
 // Ring allreduce: reduce-scatter then allgather, pipelined by segment.
 // Terms (chunk, segment, step, transfer) are defined in ring.h.
 //
-// Data path: a received reduce-scatter segment lands in one of kRecvWindow
-// small scratch slots and is reduced straight into the user's buffer, which
-// the next step then sends from; allgather segments are received directly
-// into the user's buffer. No full-size temporary exists. Each chunk is
+// Data path: a reduce-scatter segment is reduced into the user's buffer as
+// it arrives (Channel::postRecvReduce: shared memory reduces straight out
+// of its ring, TCP through a small staging buffer), and the next step sends
+// it from there; allgather segments are received directly into the user's
+// buffer. No full-size temporary exists. Each chunk is
 // reduced once, along the ring, by a fixed order, and then copied, so every
 // rank ends with bitwise identical results. Buffers up to
 // smallAllreduceBytes() take a one-round exchange instead (latency path).
@@ -102,7 +103,6 @@ void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
   const size_t reduceScatterTransfers = static_cast<size_t>(n - 1) * perStep;
   const long pos = comm.ringPos();
   char* base = static_cast<char*>(data);
-  char* slots = comm.scratch(kRecvWindow * segElems * elem);
   Channel& left = comm.channel(comm.left());
   Channel& right = comm.channel(comm.right());
 
@@ -132,8 +132,8 @@ void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
       size_t offset, length;
       segmentOf(posted, false, &offset, &length);
       if (posted < reduceScatterTransfers) {
-        recvTicket[posted] = left.postRecv(slots + (posted % kRecvWindow) * segElems * elem,
-                                           length * elem);
+        char* target = base + offset * elem;
+        recvTicket[posted] = left.postRecvReduce(target, target, length * elem, elem, reduceFn);
       } else {
         size_t earlier = posted - reduceScatterTransfers;
         if (earlier >= sent || !right.sendDone(sendTicket[earlier])) {
@@ -145,15 +145,11 @@ void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
     }
     bool moved = comm.progress();
     if (processed < posted && left.recvDone(recvTicket[processed])) {
-      if (processed < reduceScatterTransfers) {
+      bool lastReduceStep = processed / perStep == static_cast<size_t>(n - 2);
+      if (lastReduceStep && op == ReduceOp::kAvg) {
         size_t offset, length;
         segmentOf(processed, false, &offset, &length);
-        char* target = base + offset * elem;
-        reduceFn(target, target, slots + (processed % kRecvWindow) * segElems * elem, length);
-        bool lastReduceStep = processed / perStep == static_cast<size_t>(n - 2);
-        if (lastReduceStep && op == ReduceOp::kAvg) {
-          divideInPlace(target, length, dtype, n);  // the owner finalises its chunk
-        }
+        divideInPlace(base + offset * elem, length, dtype, n);  // the owner finalises its chunk
       }
       ++processed;
       continue;

@@ -1,12 +1,13 @@
 // Out-of-place ring reduce-scatter, and reduce (reduce-scatter, then every
 // rank sends its reduced chunk to the root). Terms are defined in ring.h.
 //
-// Inputs are never written. A received segment lands in a scratch slot and
-// is reduced with our own input into one of two chunk-sized accumulators,
-// alternating by step; the next step sends it from there. Before step s+2
-// overwrites an accumulator segment, the send of step s+1 that reads it must
-// be done; that wait only ever points at earlier transfers, so the pipeline
-// cannot deadlock whatever the socket buffer sizes.
+// Inputs are never written. A segment is reduced with our own input as it
+// arrives (Channel::postRecvReduce) into one of two chunk-sized
+// accumulators, alternating by step; the next step sends it from there.
+// Before the receive of step s+2 may write an accumulator segment, the send
+// of step s+1 that reads it must be done; that wait only ever points at
+// earlier transfers, so the pipeline cannot deadlock whatever the buffer
+// sizes.
 #include <cstring>
 #include <vector>
 
@@ -34,10 +35,8 @@ char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chun
   ReduceFn reduceFn = reduceFunction(dtype, op);
 
   const size_t accBytes = perStep * segElems * elem;
-  const size_t slotBytes = segElems * elem;
-  char* scratch = comm.scratch(2 * accBytes + kRecvWindow * slotBytes);
+  char* scratch = comm.scratch(2 * accBytes);
   char* acc[2] = {scratch, scratch + accBytes};
-  char* slots = scratch + 2 * accBytes;
   char* result = out != nullptr ? out : acc[lastStep % 2];
   Channel& left = comm.channel(comm.left());
   Channel& right = comm.channel(comm.right());
@@ -65,31 +64,27 @@ char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chun
       ++sent;
     }
     while (posted < total && posted - processed < kRecvWindow) {
+      size_t step = posted / perStep, seg = posted % perStep;
+      char* dst = step == lastStep ? result : acc[step % 2];
+      bool intoAccumulator = dst == acc[0] || dst == acc[1];
+      // This accumulator segment was last read by the send of transfer
+      // (posted - perStep); it must have left before we overwrite it.
+      if (intoAccumulator && step >= 2 &&
+          (posted - perStep >= sent || !right.sendDone(sendTicket[posted - perStep]))) {
+        break;
+      }
       size_t chunk = chunkOf(posted, false);
-      recvTicket[posted] = left.postRecv(slots + (posted % kRecvWindow) * slotBytes,
-                                         lengthOf(chunk, posted % perStep) * elem);
+      recvTicket[posted] = left.postRecvReduce(
+          dst + seg * segElems * elem, chunks[chunk] + seg * segElems * elem,
+          lengthOf(chunk, seg) * elem, elem, reduceFn);
       ++posted;
     }
     bool moved = comm.progress();
     if (processed < posted && left.recvDone(recvTicket[processed])) {
       size_t step = processed / perStep, seg = processed % perStep;
-      char* dst = step == lastStep ? result : acc[step % 2];
-      bool intoAccumulator = dst == acc[0] || dst == acc[1];
-      // The previous content of this accumulator segment is read by the send
-      // of transfer (processed - perStep); it must have left.
-      if (intoAccumulator && step >= 2 && !right.sendDone(sendTicket[processed - perStep])) {
-        if (!moved) {
-          comm.waitForActivity();
-        }
-        continue;
-      }
-      size_t chunk = chunkOf(processed, false);
-      size_t length = lengthOf(chunk, seg);
-      char* target = dst + seg * segElems * elem;
-      reduceFn(target, slots + (processed % kRecvWindow) * slotBytes,
-               chunks[chunk] + seg * segElems * elem, length);
       if (step == lastStep && op == ReduceOp::kAvg) {
-        divideInPlace(target, length, dtype, n);
+        size_t chunk = chunkOf(processed, false);
+        divideInPlace(result + seg * segElems * elem, lengthOf(chunk, seg), dtype, n);
       }
       ++processed;
       continue;

@@ -41,8 +41,17 @@ class Channel {
 
   int peer() const { return peer_; }
 
+  // dst[i] = combine(a[i], b[i]) over `count` elements (a reduction kernel).
+  using Combine = void (*)(void* dst, const void* a, const void* b, size_t count);
+
   virtual uint64_t postSend(const void* data, size_t bytes, Callback done = nullptr) = 0;
   virtual uint64_t postRecv(void* data, size_t bytes, Callback done = nullptr) = 0;
+  // A receive that combines the incoming bytes with `other` on arrival:
+  // dst = combine(incoming, other), element by element (elementBytes each).
+  // dst may alias other. Lets a transport reduce straight out of its own
+  // buffers instead of landing the bytes somewhere first.
+  virtual uint64_t postRecvReduce(void* dst, const void* other, size_t bytes, size_t elementBytes,
+                                  Combine combine) = 0;
   // From inside a receive callback only: queue a receive ahead of every
   // receive posted so far (it continues the message just read).
   virtual uint64_t postRecvNext(void* data, size_t bytes, Callback done = nullptr) = 0;

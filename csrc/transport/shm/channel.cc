@@ -83,6 +83,37 @@ uint64_t ShmChannel::postRecv(void* data, size_t bytes, Callback done) {
   return ++recvsPosted_;
 }
 
+uint64_t ShmChannel::postRecvReduce(void* dst, const void* other, size_t bytes,
+                                    size_t elementBytes, Combine combine) {
+  Request r{static_cast<char*>(dst), bytes, 0, true, nullptr};
+  r.other = static_cast<const char*>(other);
+  r.elementBytes = elementBytes;
+  r.combine = combine;
+  recvs_.push_back(r);
+  return ++recvsPosted_;
+}
+
+size_t ShmChannel::reduceFromRing(Request& r, uint64_t tail, size_t n) {
+  const size_t elem = r.elementBytes;
+  size_t consumed = 0;
+  while (n - consumed >= elem) {
+    size_t at = static_cast<size_t>((tail + consumed) % ringBytes_);
+    size_t run = std::min(n - consumed, static_cast<size_t>(ringBytes_) - at) / elem * elem;
+    size_t offset = r.done + consumed;
+    if (run > 0) {
+      r.combine(r.data + offset, inData_ + at, r.other + offset, run / elem);
+      consumed += run;
+    } else {
+      // One element straddles the end of the ring: assemble it aside.
+      alignas(16) char element[16];
+      copyOut(element, inData_, ringBytes_, tail + consumed, elem);
+      r.combine(r.data + offset, element, r.other + offset, 1);
+      consumed += elem;
+    }
+  }
+  return consumed;
+}
+
 uint64_t ShmChannel::postRecvNext(void* data, size_t bytes, Callback done) {
   recvs_.push_front(Request{static_cast<char*>(data), bytes, 0, false, std::move(done)});
   return 0;
@@ -142,7 +173,14 @@ bool ShmChannel::progressRecvs() {
         }
         break;
       }
-      copyOut(r.data + r.done, inData_, ringBytes_, tail, n);
+      if (r.combine != nullptr) {
+        n = reduceFromRing(r, tail, n);
+        if (n == 0) {
+          break;  // less than one element so far
+        }
+      } else {
+        copyOut(r.data + r.done, inData_, ringBytes_, tail, n);
+      }
       in_->tail.store(tail + n, std::memory_order_release);
       r.done += n;
       moved = true;

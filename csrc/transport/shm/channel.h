@@ -39,6 +39,8 @@ class ShmChannel final : public Channel {
   uint64_t postSend(const void* data, size_t bytes, Callback done) override;
   uint64_t postRecv(void* data, size_t bytes, Callback done) override;
   uint64_t postRecvNext(void* data, size_t bytes, Callback done) override;
+  uint64_t postRecvReduce(void* dst, const void* other, size_t bytes, size_t elementBytes,
+                          Combine combine) override;
 
   bool sendDone(uint64_t ticket) const override { return sendsDone_ >= ticket; }
   bool recvDone(uint64_t ticket) const override { return recvsDone_ >= ticket; }
@@ -58,7 +60,14 @@ class ShmChannel final : public Channel {
     size_t done;
     bool counted;
     Callback callback;
+    const char* other = nullptr;  // receive-reduce: combine with this
+    size_t elementBytes = 0;
+    Combine combine = nullptr;
   };
+
+  // Consumes up to n available bytes of a receive-reduce, reducing straight
+  // out of the ring; returns bytes consumed.
+  size_t reduceFromRing(Request& r, uint64_t tail, size_t n);
 
   bool progressSends();
   bool progressRecvs();

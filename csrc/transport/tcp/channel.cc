@@ -30,6 +30,44 @@ uint64_t TcpChannel::postRecv(void* data, size_t bytes, Callback done) {
   return ++recvsPosted_;
 }
 
+uint64_t TcpChannel::postRecvReduce(void* dst, const void* other, size_t bytes,
+                                    size_t elementBytes, Combine combine) {
+  Request r{static_cast<char*>(dst), bytes, 0, true, nullptr};
+  r.other = static_cast<const char*>(other);
+  r.elementBytes = elementBytes;
+  r.combine = combine;
+  recvs_.push_back(r);
+  return ++recvsPosted_;
+}
+
+bool TcpChannel::progressRecvReduce(Request& r, bool* complete) {
+  if (staging_.empty()) {
+    staging_.resize(kStagingBytes);
+  }
+  size_t room = std::min(kStagingBytes, r.bytes - r.done) - stagedBytes_;
+  ssize_t n = ::recv(socket_.fd(), staging_.data() + stagedBytes_, room, MSG_DONTWAIT);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      return false;
+    }
+    fail("recv", errno);
+  }
+  if (n == 0) {
+    fail("recv", 0);
+  }
+  bytesReceived_ += static_cast<uint64_t>(n);
+  size_t have = stagedBytes_ + static_cast<size_t>(n);
+  size_t whole = have / r.elementBytes * r.elementBytes;
+  r.combine(r.data + r.done, staging_.data(), r.other + r.done, whole / r.elementBytes);
+  r.done += whole;
+  stagedBytes_ = have - whole;
+  if (stagedBytes_ > 0) {
+    std::memmove(staging_.data(), staging_.data() + whole, stagedBytes_);
+  }
+  *complete = r.done == r.bytes;
+  return true;
+}
+
 uint64_t TcpChannel::postRecvNext(void* data, size_t bytes, Callback done) {
   recvs_.push_front(Request{static_cast<char*>(data), bytes, 0, false, std::move(done)});
   return 0;
@@ -94,11 +132,30 @@ bool TcpChannel::progressSends() {
 bool TcpChannel::progressRecvs() {
   bool moved = false;
   while (!recvs_.empty()) {
+    if (recvs_.front().combine != nullptr) {
+      Request& r = recvs_.front();
+      bool complete = r.done == r.bytes;
+      if (!complete) {
+        if (!progressRecvReduce(r, &complete)) {
+          return moved;
+        }
+        moved = true;
+      }
+      if (!complete) {
+        continue;
+      }
+      recvs_.pop_front();
+      ++recvsDone_;
+      continue;
+    }
     // Gather posts into one readv, stopping after a post with a callback: its
     // callback may insert a continuation that must be filled first.
     iovec iov[kMaxIov];
     int count = 0;
     for (auto it = recvs_.begin(); it != recvs_.end() && count < kMaxIov; ++it) {
+      if (it->combine != nullptr) {
+        break;  // goes through the staging buffer
+      }
       iov[count].iov_base = it->data + it->done;
       iov[count].iov_len = it->bytes - it->done;
       ++count;
