@@ -200,6 +200,7 @@ void connectShm(Rendezvous& rendezvous, int rank, const std::vector<int>& local,
       pause = std::min(pause * 2, std::chrono::microseconds(20000));
     }
     segment->unlinkName();
+    rendezvous.set(nameKey + "/unlinked", {1});
   } else {
     auto raw = rendezvous.get(nameKey, options.timeout);
     segment = std::make_shared<shm::Segment>(shm::Segment::open(std::string(raw.begin(), raw.end())));
@@ -207,8 +208,12 @@ void connectShm(Rendezvous& rendezvous, int rank, const std::vector<int>& local,
                    " mapped a shared-memory segment for ", segment->localRanks(),
                    " ranks but expected ", count);
     rendezvous.add(mappedKey, 1);
+    // Return only once the name is gone, so nothing of ours is visible in
+    // /dev/shm after init on any rank.
+    rendezvous.get(nameKey + "/unlinked", options.timeout);
   }
   segment->bell(self)->pid = static_cast<int32_t>(::getpid());
+  segment->bell(self)->startTime = shm::processStartTime(::getpid());
   auto doorbell = std::make_shared<shm::LocalDoorbell>(segment->bell(self));
   for (int i = 0; i < count; ++i) {
     if (i != self) {

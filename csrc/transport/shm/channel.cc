@@ -1,7 +1,6 @@
 #include "csrc/transport/shm/channel.h"
 
 #include <linux/futex.h>
-#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -125,7 +124,7 @@ void ShmChannel::failClosed() const {
 
 void ShmChannel::checkAlive() const {
   pid_t pid = peerBell_->pid;
-  if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+  if (pid > 0 && processStartTime(pid) != peerBell_->startTime) {
     RINGDIST_FAIL("rank ", peer_, " (pid ", pid, ", same host) died");
   }
 }

@@ -8,7 +8,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <new>
+#include <sstream>
 
 #include "csrc/common/error.h"
 
@@ -43,6 +46,29 @@ std::string randomName() {
 
 size_t Segment::totalBytes(int localRanks, size_t ringBytes) {
   return dataOffset(localRanks) + ringBytes * static_cast<size_t>(localRanks) * static_cast<size_t>(localRanks);
+}
+
+uint64_t processStartTime(int pid) {
+  std::ifstream in(strCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may contain spaces) start past ')'.
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) {
+    return 0;
+  }
+  std::istringstream fields(stat.substr(close + 2));
+  std::string state;
+  fields >> state;
+  if (state == "Z" || state == "X") {
+    return 0;
+  }
+  std::string skip;
+  for (int i = 4; i < 22; ++i) {
+    fields >> skip;  // fields 4..21
+  }
+  uint64_t start = 0;
+  fields >> start;  // field 22: starttime
+  return start;
 }
 
 Segment Segment::create(int localRanks, size_t ringBytes) {

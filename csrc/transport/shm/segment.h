@@ -23,8 +23,13 @@ namespace shm {
 struct alignas(64) Bell {
   std::atomic<uint32_t> seq;       // bumped by every ring; the futex word
   std::atomic<uint32_t> sleeping;  // set while the owner may sleep
-  int32_t pid;                     // owner's pid, for liveness checks
+  int32_t pid;                     // owner's pid and its start time (clock
+  uint64_t startTime;              // ticks since boot), for liveness checks
 };
+
+// Start time of a process from /proc/<pid>/stat, 0 if it is gone or a
+// zombie (a killed rank not yet reaped by its parent is dead to us).
+uint64_t processStartTime(int pid);
 
 struct alignas(64) RingControl {
   alignas(64) std::atomic<uint64_t> head;  // bytes written (writer only)

@@ -1,0 +1,105 @@
+"""Shared-memory transport: selection, cleanliness of /dev/shm, dead peers, oversubscription."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "shm_worker.py")
+
+
+def ringdist_shm_entries():
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("ringdist"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(world, mode, env=None, timeout=120):
+    """Starts `world` ranks of shm_worker.py; returns [(returncode, stdout, stderr)]."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        penv = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                    **(env or {}))
+        procs.append(subprocess.Popen([sys.executable, "-P", SCRIPT, mode], env=penv,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            results.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return results
+
+
+def field(out, key):
+    for line in out.splitlines():
+        if line.startswith(key + " "):
+            return line[len(key) + 1:]
+    return None
+
+
+@pytest.mark.parametrize("transport,expected", [("auto", "shm"), ("shm", "shm"), ("tcp", "tcp")])
+def test_transport_choice_and_no_leftovers(transport, expected):
+    before = ringdist_shm_entries()
+    results = launch(3, "run", env={"RINGDIST_TRANSPORT": transport})
+    for rank, (code, out, err) in enumerate(results):
+        assert code == 0, f"rank {rank} failed:\n{err}"
+        kinds = field(out, "TRANSPORTS").split(",")
+        assert kinds[rank] == "self"
+        assert all(k == expected for i, k in enumerate(kinds) if i != rank), kinds
+        # The segment is unlinked as soon as every local rank mapped it.
+        assert field(out, "SHM_DURING") == str(len(before)), out
+        assert "DONE" in out
+    assert ringdist_shm_entries() == before
+
+
+def test_mixed_policies_fall_back_to_tcp_for_that_rank():
+    # Rank-level RINGDIST_TRANSPORT differs: a pair uses shm only if neither refuses it.
+    port = free_port()
+    procs = []
+    for rank in range(3):
+        penv = dict(os.environ, RANK=str(rank), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                    RINGDIST_TRANSPORT="tcp" if rank == 2 else "auto")
+        procs.append(subprocess.Popen([sys.executable, "-P", SCRIPT, "run"], env=penv,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    assert field(outs[0][0], "TRANSPORTS").split(",") == ["self", "shm", "tcp"]
+    assert field(outs[2][0], "TRANSPORTS").split(",") == ["tcp", "tcp", "self"]
+
+
+def test_killed_peer_fails_survivors_fast_and_leaves_no_shm():
+    before = ringdist_shm_entries()
+    results = launch(3, "crash", timeout=90)
+    assert results[1][0] == -9, "rank 1 should have been SIGKILLed"
+    for rank in (0, 2):
+        code, out, err = results[rank]
+        assert code == 0, f"rank {rank}: {out}\n{err}"
+        line = field(out, "ERROR")
+        assert line is not None, out
+        seconds, message = line.split(" ", 1)
+        assert float(seconds) < 10.0, line
+        # Its neighbours name rank 1; the others name whoever failed first.
+        assert "rank 1" in message or "first error" in message, message
+    assert ringdist_shm_entries() == before
+
+
+def test_oversubscribed_world_makes_progress():
+    # 6 ranks on a 2-core machine: waiting must sleep, not spin.
+    results = launch(6, "many", timeout=240)
+    for rank, (code, out, err) in enumerate(results):
+        assert code == 0, f"rank {rank} failed:\n{err}"
+        assert "DONE" in out
