@@ -22,16 +22,22 @@ def world_factory():
     Worlds are keyed by (world_size, backend, env); a world that died (hang, crash)
     is replaced by a fresh one on the next request.
     """
-    worlds: dict[tuple, World] = {}
+    worlds: dict[tuple, World] = {}  # insertion order doubles as least-recently-used order
+    # Idle workers cost ~250 MB each on a shared machine: past this many live worker
+    # processes, the least recently used worlds are closed (and respawned if asked again).
+    max_procs = int(os.environ.get("RINGDIST_TEST_MAX_PROCS", "24"))
 
     def get(world_size: int, env: dict | None = None) -> World:
         env = {k: str(v) for k, v in (env or {}).items()}
         key = (world_size, default_backend(), frozenset(env.items()))
-        w = worlds.get(key)
+        w = worlds.pop(key, None)
         if w is None or not w.alive:
             if w is not None:
                 w.close()
-            w = worlds[key] = World(world_size, env=env)
+            while worlds and sum(x.world_size for x in worlds.values()) + world_size > max_procs:
+                worlds.pop(next(iter(worlds))).close()
+            w = World(world_size, env=env)
+        worlds[key] = w  # now the most recently used
         return w
 
     yield get

@@ -1,0 +1,220 @@
+"""One rank of a world that tests/test_failures.py spawns itself (not the shared World harness).
+
+    python ranks.py SCENARIO RESULT_DIR
+
+Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a TCPStore hosted by the test
+process), plus scenario-specific variables. The rank writes its result as JSON to
+RESULT_DIR/rank<R>.json (atomically) and exits 0; on an unexpected exception it writes
+{"crash": traceback} and exits 1. Every blocking call here has a deadline; on SIGUSR1
+the rank dumps its Python stacks to stderr (the test does that before killing a hung rank).
+"""
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import gc
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+STORE_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def resources() -> dict:
+    """Threads (native and Python), open fds and /dev/shm entries of this process."""
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    try:
+        shm = sorted(os.listdir("/dev/shm"))
+    except OSError:
+        shm = []
+    with open("/proc/self/maps") as f:
+        shm_maps = sorted({line.split()[-1] for line in f if "/dev/shm/" in line})
+    return {
+        "native_threads": len(os.listdir("/proc/self/task")),
+        "py_threads": threading.active_count(),
+        "fds": len(fds),
+        "fd_targets": sorted(fds),
+        "shm": shm,
+        "shm_maps": shm_maps,
+    }
+
+
+def _error(e: BaseException) -> dict:
+    return {"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__],
+            "message": str(e)}
+
+
+# ------------------------------------------------------------------ scenarios
+def kill_mid_allreduce(rank, ws, store, dist, torch):
+    """Loop 64 MiB allreduces until the test SIGKILLs one rank; survivors report the error."""
+    before = resources()
+    t_init = time.monotonic()
+    dist.init_process_group("ringdist", rank=rank, world_size=ws, store=store,
+                            timeout=datetime.timedelta(seconds=10))
+    init_s = time.monotonic() - t_init
+    numel = int(os.environ.get("FT_NUMEL", 16 << 20))  # 64 MiB of float32
+    t = torch.ones(numel, dtype=torch.float32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # warm-up: connections and buffers in place
+    after_init = resources()
+    store.add("ft/looping", 1)
+    iters, op_times = 0, []
+    result = {"init_s": init_s, "resources_before_init": before, "resources_after_init": after_init}
+    stop_at = time.monotonic() + float(os.environ.get("FT_LOOP_MAX_S", 60))
+    while True:
+        t0 = time.monotonic()
+        try:
+            w = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+            w.wait()
+        except Exception as e:  # noqa: BLE001  (what we are here for)
+            result["error_wall_time"] = time.time()
+            result["error_wait_s"] = time.monotonic() - t0
+            result["error"] = _error(e)
+            break
+        op_times.append(time.monotonic() - t0)
+        iters += 1
+        if time.monotonic() > stop_at:
+            result["error"] = None
+            break
+    result["iters"] = iters
+    result["median_op_s"] = sorted(op_times)[len(op_times) // 2] if op_times else None
+    # Later operations on the aborted group fail at once with the same error.
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+        result["later_error"] = None
+    except Exception as e:  # noqa: BLE001
+        result["later_error"] = _error(e)
+    result["later_error_s"] = time.monotonic() - t0
+    del t
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    result["destroy_s"] = time.monotonic() - t0
+    gc.collect()
+    time.sleep(0.3)  # let any exiting thread finish leaving
+    result["resources_after_destroy"] = resources()
+    return result
+
+
+def cycles(rank, ws, store, dist, torch):
+    """N init/destroy cycles, each on a fresh FileStore; resources after every cycle."""
+    n = int(os.environ["FT_CYCLES"])
+    store_dir = os.environ["FT_STORE_DIR"]
+    per_cycle, times = {}, []
+    for i in range(1, n + 1):
+        t0 = time.monotonic()
+        fs = dist.FileStore(os.path.join(store_dir, f"cycle{i}"), ws)
+        dist.init_process_group("ringdist", rank=rank, world_size=ws, store=fs,
+                                timeout=datetime.timedelta(seconds=10))
+        x = torch.full((1000,), float(rank + i))
+        dist.all_reduce(x)
+        expected = float(sum(r + i for r in range(ws)))
+        if not bool((x == expected).all()):
+            raise AssertionError(f"cycle {i}: allreduce gave {x[:4].tolist()}, expected {expected}")
+        dist.destroy_process_group()
+        del fs, x
+        gc.collect()
+        times.append(time.monotonic() - t0)
+        if i in (1, 5, n):
+            time.sleep(0.2)
+            per_cycle[str(i)] = resources()
+    out = {"per_cycle": per_cycle, "cycle_s": times}
+    try:
+        dist.all_reduce(torch.ones(2))
+        out["after_destroy_error"] = None
+    except Exception as e:  # noqa: BLE001
+        out["after_destroy_error"] = _error(e)
+    return out
+
+
+def _wait_key(store, key):
+    store.wait([key], STORE_TIMEOUT)
+
+
+def held_init(rank, ws, store, dist, torch):
+    """Ranks >= FT_HOLD_FROM wait for the test's "ft/go" before joining the group, so the
+    lower ranks sit in the handshake accept loop while the test probes their listeners."""
+    hold_from = int(os.environ["FT_HOLD_FROM"])
+    if rank >= hold_from:
+        _wait_key(store, "ft/go")
+    t0 = time.monotonic()
+    dist.init_process_group("ringdist", rank=rank, world_size=ws, store=store,
+                            timeout=datetime.timedelta(seconds=int(os.environ["FT_INIT_TIMEOUT"])))
+    out = {"init_s": time.monotonic() - t0}
+    store.add("ft/inited", 1)
+    _wait_key(store, "ft/go2")  # the test probes the (closed) listener after init
+    errors = []
+    for k in range(3):
+        x = torch.arange(1000, dtype=torch.float32) + rank + k
+        dist.all_reduce(x)
+        exp = torch.arange(1000, dtype=torch.float32) * ws + sum(range(ws)) + ws * k
+        if not torch.equal(x, exp):
+            errors.append(f"allreduce {k}: {x[:4].tolist()} != {exp[:4].tolist()}")
+    outs = [torch.empty(5, dtype=torch.int64) for _ in range(ws)]
+    dist.all_gather(outs, torch.full((5,), rank * 10, dtype=torch.int64))
+    if [int(o[0]) for o in outs] != [r * 10 for r in range(ws)]:
+        errors.append(f"all_gather: {[o.tolist() for o in outs]}")
+    b = torch.full((7,), 42.0 if rank == ws - 1 else -1.0, dtype=torch.float64)
+    dist.broadcast(b, src=ws - 1)
+    if not bool((b == 42.0).all()):
+        errors.append(f"broadcast: {b.tolist()}")
+    dist.barrier()
+    out["errors"] = errors
+    dist.destroy_process_group()
+    return out
+
+
+SCENARIOS = {f.__name__: f for f in (kill_mid_allreduce, cycles, held_init)}
+
+
+def main() -> int:
+    scenario, outdir = sys.argv[1], sys.argv[2]
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:
+        return 1
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    path = os.path.join(outdir, f"rank{rank}.json")
+    try:
+        import torch
+        import torch.distributed as dist
+        import torch_ringdist  # noqa: F401  (registers the backend)
+
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), ws,
+                              False, timeout=STORE_TIMEOUT)
+        result = SCENARIOS[scenario](rank, ws, store, dist, torch)
+        result["pid"] = os.getpid()
+        status = 0
+    except BaseException:  # noqa: BLE001
+        result = {"crash": traceback.format_exc(), "pid": os.getpid()}
+        status = 1
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: a wedged backend thread must not turn into a hang here.
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
