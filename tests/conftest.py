@@ -66,3 +66,23 @@ def ranks_equal(results, what: str = "result") -> None:
 @pytest.fixture
 def check_ranks_equal():
     return ranks_equal
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Run each module's tests grouped by world, so every world is spawned once.
+
+    Spawning a world costs seconds on a small machine and live worlds are capped
+    (RINGDIST_TEST_MAX_PROCS), so parametrize's default order (all worlds per test
+    function) would close and respawn worlds over and over. The sort is stable:
+    inside one world the tests keep their written order.
+    """
+    module_rank = {}
+    for item in items:
+        module_rank.setdefault(item.module.__name__ if item.module else "", len(module_rank))
+
+    def key(item):
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        world = (params.get("ws", 0), str(params.get("seg", "")))
+        return module_rank[item.module.__name__ if item.module else ""], world
+
+    items.sort(key=key)

@@ -40,11 +40,23 @@ def ops_for(dtype: str) -> list[str]:
 
 DTYPE_OPS = [(d, o) for d in DTYPES for o in ops_for(d)]
 
-# (world_size, segment setting). Segment "64" shrinks RINGDIST_SEGMENT_BYTES so that
-# small tensors take the multi-segment pipeline; it is pointless with one rank.
+# (world_size, world config). A config names the segment setting and, for
+# ringdist, the transport: "default"/"64" use RINGDIST_TRANSPORT=auto (shared
+# memory between these same-host ranks), "tcp"/"tcp-64" force TCP. Segment
+# "64" shrinks RINGDIST_SEGMENT_BYTES so that small tensors take the
+# multi-segment pipeline; it is pointless with one rank.
 WORLDS = [(1, "default"), (2, "default"), (3, "default"), (4, "default"),
-          (2, "64"), (3, "64"), (4, "64")]
-WORLD_IDS = [f"ws{w}-seg{s}" for w, s in WORLDS]
+          (2, "64"), (3, "64"), (4, "64"),
+          (2, "tcp"), (3, "tcp"), (4, "tcp"), (2, "tcp-64"), (3, "tcp-64"), (4, "tcp-64")]
+WORLD_IDS = [f"ws{w}-{s}" for w, s in WORLDS]
+
+
+def segment_of(cfg: str) -> str:
+    return "64" if cfg.endswith("64") else "default"
+
+
+def transport_of(cfg: str) -> str:
+    return "tcp" if cfg.startswith("tcp") else "auto"
 
 SMALL_COUNTS = [0, 1, 7, 1001]      # empty, single, odd, odd & not divisible by 2/3/4
 LARGE = (1 << 20) + 3               # a few MiB of float32; only with the default segment
@@ -54,14 +66,19 @@ LARGE_MOVE_DTYPES = {"float32", "int8"}  # large payloads for data-movement coll
 
 
 def counts_for(seg: str, large: bool) -> list[int]:
-    return SMALL_COUNTS + ([LARGE] if large and seg == "default" else [])
+    return SMALL_COUNTS + ([LARGE] if large and segment_of(seg) == "default" else [])
 
 
 def world_env(seg: str) -> dict:
-    return {} if seg == "default" else {"RINGDIST_SEGMENT_BYTES": seg}
+    env = {} if segment_of(seg) == "default" else {"RINGDIST_SEGMENT_BYTES": segment_of(seg)}
+    if transport_of(seg) == "tcp":
+        env["RINGDIST_TRANSPORT"] = "tcp"
+    return env
 
 
 def get_world(world_factory, ws: int, seg: str):
+    if transport_of(seg) == "tcp" and default_backend() != "ringdist":
+        pytest.skip("the transport dimension only exists for ringdist")
     return world_factory(ws, env=world_env(seg))
 
 
@@ -585,7 +602,15 @@ def _case_objects(rank, ws):
 
 def _case_setup(rank, ws):
     return {"backend": dist.get_backend(), "rank": dist.get_rank(), "world_size": dist.get_world_size(),
-            "segment_env": os.environ.get("RINGDIST_SEGMENT_BYTES"), "threads": torch.get_num_threads()}
+            "segment_env": os.environ.get("RINGDIST_SEGMENT_BYTES"), "threads": torch.get_num_threads(),
+            "transports": _transports()}
+
+
+def _transports():
+    if dist.get_backend() != "ringdist":
+        return None
+    kinds = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).transports
+    return sorted(set(kinds) - {"self"})
 
 
 # ================================================================ parent side
@@ -613,8 +638,14 @@ def test_world_setup(world_factory, ws, seg):
     """The matrix really runs on the backend and segment size it claims to."""
     res = get_world(world_factory, ws, seg).run(_case_setup)
     for rank, info in enumerate(res):
+        expected_transports = None
+        if default_backend() == "ringdist":
+            # Same-host ranks: shared memory unless TCP is forced.
+            expected_transports = [] if ws == 1 else ["tcp" if transport_of(seg) == "tcp" else "shm"]
+        seg_env = None if segment_of(seg) == "default" else segment_of(seg)
         assert info == {"backend": default_backend(), "rank": rank, "world_size": ws,
-                        "segment_env": None if seg == "default" else seg, "threads": 1}, info
+                        "segment_env": seg_env, "threads": 1,
+                        "transports": expected_transports}, info
 
 
 # -------------------------------------------------------------------- reductions
@@ -694,7 +725,7 @@ def test_broadcast(world_factory, ws, seg, layouts):
     skip_if_gloo_gap("strided_output" if "strided" in layouts else None)
     res = get_world(world_factory, ws, seg).run(_case_broadcast, DTYPES, SMALL_COUNTS, layouts)
     assert_cases(res, check_digests=False)
-    if seg == "default" and layouts == DENSE:
+    if segment_of(seg) == "default" and layouts == DENSE:
         res = get_world(world_factory, ws, seg).run(
             _case_broadcast, sorted(LARGE_MOVE_DTYPES), [LARGE], ["contig"])
         assert_cases(res, check_digests=False)
@@ -707,7 +738,7 @@ def test_all_gather(world_factory, ws, seg, variant):
     skip_if_gloo_gap("stacked" if variant == "tensor_stacked" else None)
     w = get_world(world_factory, ws, seg)
     assert_cases(w.run(_case_all_gather, DTYPES, SMALL_COUNTS, variant), check_digests=False)
-    if variant in ("list", "tensor") and seg == "default":
+    if variant in ("list", "tensor") and segment_of(seg) == "default":
         assert_cases(w.run(_case_all_gather, ["float32"], [LARGE], variant), check_digests=False)
 
 
@@ -751,11 +782,11 @@ def test_all_to_all_single(world_factory, ws, seg, variant):
 P2P_WORLDS = [w for w in WORLDS if w[0] > 1]  # a rank cannot send to itself
 
 
-@pytest.mark.parametrize("ws,seg", P2P_WORLDS, ids=[f"ws{w}-seg{s}" for w, s in P2P_WORLDS])
+@pytest.mark.parametrize("ws,seg", P2P_WORLDS, ids=[f"ws{w}-{s}" for w, s in P2P_WORLDS])
 def test_send_recv(world_factory, ws, seg):
     w = get_world(world_factory, ws, seg)
     assert_cases(w.run(_case_send_recv, DTYPES, SMALL_COUNTS), check_digests=False)
-    if seg == "default":
+    if segment_of(seg) == "default":
         assert_cases(w.run(_case_send_recv, ["float32"], [LARGE]), check_digests=False)
 
 

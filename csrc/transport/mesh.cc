@@ -16,6 +16,7 @@
 #include "csrc/common/error.h"
 #include "csrc/common/logging.h"
 #include "csrc/common/env.h"
+#include "csrc/common/hmac.h"
 #include "csrc/transport/shm/channel.h"
 #include "csrc/transport/tcp/channel.h"
 #include "csrc/transport/tcp/socket.h"
@@ -26,57 +27,95 @@ namespace {
 
 using tcp::Clock;
 
-constexpr uint32_t kHelloMagic = 0x52444831;  // "RDH1"
-constexpr uint32_t kProtocolVersion = 1;
-constexpr size_t kTokenBytes = 16;
+constexpr uint32_t kHelloMagic = 0x52444832;  // "RDH2"
+constexpr uint32_t kProtocolVersion = 2;
+constexpr size_t kTokenBytes = 32;
+constexpr size_t kNonceBytes = 16;
 // Bytes per direction of a same-host shared-memory ring: several segments
 // in flight so writer and reader rarely wait on each other.
 constexpr int64_t kShmRingBytes = 4 << 20;
-// A dialer that connects but says nothing may stall the acceptor this long.
+// A connection that has not completed its hello by then is dropped. Half-open
+// connections are served concurrently, so a silent one delays no real peer.
 constexpr auto kHelloTimeout = std::chrono::seconds(5);
+
+// TCP handshake (mutual, HMAC-SHA256 over fresh nonces, keyed with the
+// group's random secret from the store; the secret never crosses the wire):
+//   acceptor -> dialer   Challenge {magic, version, acceptor rank, nonceA}
+//   dialer -> acceptor   Hello {magic, version, rank, size, nonceD,
+//                               HMAC(secret, "hello", nonceA, rank, size, acceptor)}
+//   acceptor -> dialer   Ack {magic, HMAC(secret, "ack", nonceD, acceptor, rank)}
+// Anything else is dropped and logged; the job is unaffected.
+struct Challenge {
+  uint32_t magic;
+  uint32_t version;
+  int32_t rank;
+  uint8_t nonce[kNonceBytes];
+};
 
 struct Hello {
   uint32_t magic;
   uint32_t version;
   int32_t rank;
   int32_t size;
-  uint8_t token[kTokenBytes];
+  uint8_t nonce[kNonceBytes];
+  uint8_t mac[32];
 };
 
 struct Ack {
   uint32_t magic;
-  int32_t rank;
+  uint8_t mac[32];
 };
 
-std::vector<uint8_t> groupToken(Rendezvous& rendezvous, int rank,
-                                std::chrono::milliseconds timeout) {
-  const std::string key = "ringdist/token";
-  if (rank == 0) {
-    std::vector<uint8_t> token(kTokenBytes);
-    RINGDIST_CHECK(::getrandom(token.data(), token.size(), 0) ==
-                       static_cast<ssize_t>(token.size()),
-                   "ringdist: getrandom() failed: ", std::strerror(errno));
-    rendezvous.set(key, token);
-    return token;
-  }
-  auto token = rendezvous.get(key, timeout);
-  RINGDIST_CHECK(token.size() == kTokenBytes, "ringdist: malformed group token in store");
-  return token;
+void randomBytes(uint8_t* out, size_t n) {
+  RINGDIST_CHECK(::getrandom(out, n, 0) == static_cast<ssize_t>(n),
+                 "ringdist: getrandom() failed: ", std::strerror(errno));
 }
 
-bool tokensEqual(const uint8_t* a, const uint8_t* b) {
-  uint8_t diff = 0;  // constant time: do not leak how many bytes matched
-  for (size_t i = 0; i < kTokenBytes; ++i) {
-    diff |= a[i] ^ b[i];
+std::vector<uint8_t> groupSecret(Rendezvous& rendezvous, int rank,
+                                 std::chrono::milliseconds timeout) {
+  const std::string key = "ringdist/secret";
+  if (rank == 0) {
+    std::vector<uint8_t> secret(kTokenBytes);
+    randomBytes(secret.data(), secret.size());
+    rendezvous.set(key, secret);
+    return secret;
   }
-  return diff == 0;
+  auto secret = rendezvous.get(key, timeout);
+  RINGDIST_CHECK(secret.size() == kTokenBytes, "ringdist: malformed group secret in store");
+  return secret;
 }
+
+Digest proof(const std::vector<uint8_t>& secret, const char* label, const uint8_t* nonce,
+             int32_t a, int32_t b, int32_t c) {
+  uint8_t message[8 + kNonceBytes + 12] = {0};
+  std::memcpy(message, label, std::min<size_t>(8, std::strlen(label)));
+  std::memcpy(message + 8, nonce, kNonceBytes);
+  std::memcpy(message + 8 + kNonceBytes, &a, 4);
+  std::memcpy(message + 12 + kNonceBytes, &b, 4);
+  std::memcpy(message + 16 + kNonceBytes, &c, 4);
+  return hmacSha256(secret.data(), secret.size(), message, sizeof(message));
+}
+
+bool macMatches(const uint8_t* mac, const Digest& expected) {
+  Digest got;
+  std::memcpy(got.data(), mac, got.size());
+  return digestsEqual(got, expected);
+}
+
+// A connection accepted but not yet authenticated.
+struct Pending {
+  tcp::Socket sock;
+  uint8_t nonce[kNonceBytes];
+  Hello hello;
+  size_t received;
+  Clock::time_point expires;
+};
 
 // Connects the TCP links of this rank: tcpPeer[r] says which ranks need one.
 void connectTcp(Rendezvous& rendezvous, int rank, int size, const MeshOptions& options,
                 const std::vector<bool>& tcpPeer, std::vector<std::unique_ptr<Channel>>& channels) {
   const auto deadline = Clock::now() + options.timeout;
-  auto token = groupToken(rendezvous, rank, options.timeout);
+  const auto secret = groupSecret(rendezvous, rank, options.timeout);
 
   tcp::Socket listener = tcp::listenOn(options.bindIp, size + 16);
   std::string self = tcp::localAddress(listener.fd()).toString();
@@ -92,62 +131,123 @@ void connectTcp(Rendezvous& rendezvous, int rank, int size, const MeshOptions& o
     auto raw = rendezvous.get(strCat("ringdist/addr/", peer), options.timeout);
     auto address = tcp::Address::parse(std::string(raw.begin(), raw.end()));
     tcp::Socket sock = tcp::connectTo(address, deadline);
-    Hello hello{kHelloMagic, kProtocolVersion, rank, size, {}};
-    std::memcpy(hello.token, token.data(), kTokenBytes);
-    tcp::sendAll(sock.fd(), &hello, sizeof(hello), deadline);
-    Ack ack{};
     try {
+      Challenge challenge{};
+      tcp::recvAll(sock.fd(), &challenge, sizeof(challenge), deadline);
+      RINGDIST_CHECK(challenge.magic == kHelloMagic && challenge.version == kProtocolVersion &&
+                         challenge.rank == peer,
+                     "the listener is not rank ", peer, " of this group (or speaks another protocol)");
+      Hello hello{kHelloMagic, kProtocolVersion, rank, size, {}, {}};
+      randomBytes(hello.nonce, kNonceBytes);
+      Digest mac = proof(secret, "hello", challenge.nonce, rank, size, peer);
+      std::memcpy(hello.mac, mac.data(), mac.size());
+      tcp::sendAll(sock.fd(), &hello, sizeof(hello), deadline);
+      Ack ack{};
       tcp::recvAll(sock.fd(), &ack, sizeof(ack), deadline);
+      RINGDIST_CHECK(ack.magic == kHelloMagic &&
+                         macMatches(ack.mac, proof(secret, "ack", hello.nonce, peer, rank, size)),
+                     "rank ", peer, " did not prove it belongs to this group");
     } catch (const Error& e) {
       RINGDIST_FAIL("ringdist: rank ", rank, " connecting to rank ", peer, " at ",
                     address.toString(), ": ", e.what());
     }
-    RINGDIST_CHECK(ack.magic == kHelloMagic && ack.rank == peer, "ringdist: rank ", rank,
-                   " connected to ", address.toString(), " expecting rank ", peer,
-                   " but got an invalid answer");
-    channels[peer] = std::make_unique<tcp::TcpChannel>(peer, std::move(sock));
+    channels[static_cast<size_t>(peer)] = std::make_unique<tcp::TcpChannel>(peer, std::move(sock));
   }
 
-  // Accept every higher rank; drop (and log) anything that is not one.
+  // Accept every higher rank. Half-open connections are served together;
+  // each must complete a valid hello within kHelloTimeout or is dropped.
   int missing = 0;
   for (int peer = rank + 1; peer < size; ++peer) {
     missing += tcpPeer[static_cast<size_t>(peer)] ? 1 : 0;
   }
+  std::vector<std::unique_ptr<Pending>> pending;
+  auto drop = [&](size_t i, const std::string& why) {
+    logWarning(strCat("rank ", rank, " dropped an incoming connection: ", why));
+    pending.erase(pending.begin() + static_cast<long>(i));
+  };
   while (missing > 0) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    pollfd pfd{listener.fd(), POLLIN, 0};
-    int ready = left.count() > 0 ? ::poll(&pfd, 1, static_cast<int>(left.count())) : 0;
-    if (ready == 0) {
+    auto now = Clock::now();
+    if (now >= deadline) {
       throw TimeoutError(strCat("ringdist: Timed out after ", options.timeout.count(),
                                 " ms: rank ", rank, " is still waiting for ", missing,
                                 " higher rank(s) to connect"));
     }
-    if (ready < 0) {
-      continue;  // EINTR
+    for (size_t i = pending.size(); i-- > 0;) {
+      if (pending[i]->expires <= now) {
+        drop(i, "no valid hello in time");
+      }
     }
-    tcp::Socket sock(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!sock.valid()) {
+    std::vector<pollfd> fds{pollfd{listener.fd(), POLLIN, 0}};
+    for (auto& p : pending) {
+      fds.push_back(pollfd{p->sock.fd(), POLLIN, 0});
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    int ready = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left.count(), 200)));
+    if (ready <= 0) {
       continue;
     }
-    Hello hello{};
-    try {
-      tcp::recvAll(sock.fd(), &hello, sizeof(hello), std::min(deadline, Clock::now() + kHelloTimeout));
-    } catch (const Error& e) {
-      logWarning(strCat("rank ", rank, " dropped a connection that sent no valid hello: ", e.what()));
-      continue;
+    for (size_t i = pending.size(); i-- > 0;) {
+      if ((fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+        continue;
+      }
+      Pending& p = *pending[i];
+      ssize_t n = ::recv(p.sock.fd(), reinterpret_cast<char*>(&p.hello) + p.received,
+                         sizeof(Hello) - p.received, MSG_DONTWAIT);
+      if (n <= 0) {
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        drop(i, "closed before completing its hello");
+        continue;
+      }
+      p.received += static_cast<size_t>(n);
+      if (p.received < sizeof(Hello)) {
+        continue;
+      }
+      const Hello& h = p.hello;
+      if (h.magic != kHelloMagic || h.version != kProtocolVersion || h.size != size ||
+          h.rank <= rank || h.rank >= size || !tcpPeer[static_cast<size_t>(h.rank)]) {
+        drop(i, "not a ringdist hello for this group (wrong magic, version, size or rank)");
+        continue;
+      }
+      if (!macMatches(h.mac, proof(secret, "hello", p.nonce, h.rank, h.size, rank))) {
+        drop(i, strCat("claimed rank ", h.rank, " but failed authentication"));
+        continue;
+      }
+      if (channels[static_cast<size_t>(h.rank)] != nullptr) {
+        drop(i, strCat("duplicate connection for rank ", h.rank));
+        continue;
+      }
+      Ack ack{kHelloMagic, {}};
+      Digest mac = proof(secret, "ack", h.nonce, rank, h.rank, size);
+      std::memcpy(ack.mac, mac.data(), mac.size());
+      int peer = h.rank;
+      tcp::Socket sock = std::move(p.sock);
+      pending.erase(pending.begin() + static_cast<long>(i));
+      try {
+        tcp::sendAll(sock.fd(), &ack, sizeof(ack), deadline);
+      } catch (const Error& e) {
+        logWarning(strCat("rank ", rank, " lost rank ", peer, " during the handshake: ", e.what()));
+        continue;  // a real peer retries nothing: it will fail and time out visibly
+      }
+      channels[static_cast<size_t>(peer)] = std::make_unique<tcp::TcpChannel>(peer, std::move(sock));
+      --missing;
     }
-    bool valid = hello.magic == kHelloMagic && hello.version == kProtocolVersion &&
-        hello.size == size && hello.rank > rank && hello.rank < size &&
-        tcpPeer[static_cast<size_t>(hello.rank)] && tokensEqual(hello.token, token.data());
-    if (!valid || channels[hello.rank] != nullptr) {
-      logWarning(strCat("rank ", rank, " dropped a connection with a ",
-                        valid ? "duplicate rank" : "bad hello (wrong job, group or protocol)"));
-      continue;
+    if ((fds[0].revents & POLLIN) != 0) {
+      tcp::Socket sock(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (sock.valid()) {
+        auto p = std::make_unique<Pending>();
+        p->sock = std::move(sock);
+        randomBytes(p->nonce, kNonceBytes);
+        p->received = 0;
+        p->expires = Clock::now() + kHelloTimeout;
+        Challenge challenge{kHelloMagic, kProtocolVersion, rank, {}};
+        std::memcpy(challenge.nonce, p->nonce, kNonceBytes);
+        // 28 bytes into a fresh socket's empty buffer: never blocks.
+        if (::send(p->sock.fd(), &challenge, sizeof(challenge), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+            static_cast<ssize_t>(sizeof(challenge))) {
+          pending.push_back(std::move(p));
+        }
+      }
     }
-    Ack ack{kHelloMagic, rank};
-    tcp::sendAll(sock.fd(), &ack, sizeof(ack), deadline);
-    channels[hello.rank] = std::make_unique<tcp::TcpChannel>(hello.rank, std::move(sock));
-    --missing;
   }
 }
 
