@@ -148,6 +148,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
                                                              Body body) {
   auto work = c10::make_intrusive<RingdistWork>(getRank(), type, opTypeName(engineType),
                                                 std::move(outputs));
+  if (engineType != OpType::kSend) {
+    ++sequenceNumber_;
+  }
   // An operation issued from a completion callback (e.g. PowerSGD's second
   // allreduce, which the callback then waits for) runs right here: every
   // rank reaches that callback at the same point of its op sequence, so the

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -29,6 +30,10 @@ class ProcessGroupRingdist : public c10d::Backend {
   const std::string getBackendName() const override { return "ringdist"; }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
   void shutdown() override;
+  // Needed by TORCH_DISTRIBUTED_DEBUG=DETAIL (ProcessGroupWrapper): the
+  // number of collectives issued, identical on every rank of a healthy group.
+  void setSequenceNumberForGroup() override { sequenceNumber_ = 0; }
+  uint64_t getSequenceNumberForGroup() override { return sequenceNumber_; }
   void abort() override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -131,6 +136,7 @@ class ProcessGroupRingdist : public c10d::Backend {
   std::deque<Task> queue_;
   std::vector<P2P> pendingP2P_;  // worker thread only
   bool stop_ = false;
+  std::atomic<uint64_t> sequenceNumber_{0};
   std::thread worker_;
   std::thread::id workerId_;
 };

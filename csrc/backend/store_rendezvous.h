@@ -2,37 +2,51 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <cstdlib>
+
 #include "csrc/common/error.h"
 #include "csrc/common/rendezvous.h"
 
 namespace ringdist {
 
 // The engine's Rendezvous on top of the c10d store torch hands the backend
-// (already prefixed per process group, so groups never share keys).
+// (already prefixed per process group, so groups never share keys). torchrun
+// keeps its store across restarts of a failed job, so keys are also
+// prefixed with the restart attempt: a restarted rank never reads a dead
+// attempt's addresses or secret.
 class StoreRendezvous final : public Rendezvous {
  public:
-  explicit StoreRendezvous(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  explicit StoreRendezvous(c10::intrusive_ptr<c10d::Store> store)
+      : store_(std::move(store)), prefix_(strCat("attempt", attempt(), "/")) {}
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    store_->set(key, value);
+    store_->set(prefix_ + key, value);
   }
 
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
     try {
-      store_->wait({key}, timeout);
+      store_->wait({prefix_ + key}, timeout);
     } catch (const std::exception& e) {
       throw TimeoutError(strCat("Timed out after ", timeout.count(),
                                 " ms waiting for store key '", key, "': ", e.what()));
     }
-    return store_->get(key);
+    return store_->get(prefix_ + key);
   }
 
-  bool check(const std::string& key) override { return store_->check({key}); }
+  bool check(const std::string& key) override { return store_->check({prefix_ + key}); }
 
-  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return store_->add(prefix_ + key, delta);
+  }
 
  private:
+  static std::string attempt() {
+    const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    return restarts != nullptr ? restarts : "0";
+  }
+
   c10::intrusive_ptr<c10d::Store> store_;
+  std::string prefix_;
 };
 
 }  // namespace ringdist

@@ -7,7 +7,10 @@
 // caller's output blocks.
 //
 // Broadcast: a chain along the ring starting at the root; every rank but
-// the last forwards each segment to its right as soon as it arrived.
+// the last forwards each segment to its right as soon as it arrived. The
+// last rank then sends one byte on to the root (its right neighbour), so the
+// root completes only when the whole chain did: a rank that failed anywhere
+// in the chain fails the root's broadcast too, not just its next operation.
 #include <cstring>
 #include <vector>
 
@@ -92,13 +95,17 @@ void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int
   const size_t segments = (bytes + segBytes - 1) / segBytes;
   char* base = static_cast<char*>(data);
   const bool forwards = chainPos < n - 1;
-  Channel* right = forwards ? &comm.channel(comm.right()) : nullptr;
+  Channel* right = &comm.channel(comm.right());
   uint64_t lastSend = 0;
+  static const uint8_t kAckSent = 1;
+  uint8_t ackReceived = 0;
   if (chainPos == 0) {
     for (size_t j = 0; j < segments; ++j) {
       lastSend = right->postSend(base + j * segBytes, std::min(segBytes, bytes - j * segBytes));
     }
-    comm.waitUntil([&] { return right->sendDone(lastSend); });
+    Channel& tail = comm.channel(comm.left());
+    uint64_t ack = tail.postRecv(&ackReceived, 1);
+    comm.waitUntil([&] { return right->sendDone(lastSend) && tail.recvDone(ack); });
     return;
   }
   Channel& left = comm.channel(comm.left());
@@ -117,6 +124,11 @@ void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int
     }
     return forwarded == segments && (!forwards || right->sendDone(lastSend));
   });
+  if (!forwards) {
+    Channel& root = comm.channel(comm.right());
+    uint64_t ack = root.postSend(&kAckSent, 1);
+    comm.waitUntil([&] { return root.sendDone(ack); });
+  }
 }
 
 }  // namespace ringdist

@@ -249,6 +249,9 @@ void connectTcp(Rendezvous& rendezvous, int rank, int size, const MeshOptions& o
       }
     }
   }
+  while (!pending.empty()) {
+    drop(pending.size() - 1, "still unauthenticated when every peer had connected");
+  }
 }
 
 std::string readFileLine(const char* path) {
@@ -341,11 +344,19 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
   mesh.transportOf.assign(static_cast<size_t>(size), "tcp");
   mesh.transportOf[static_cast<size_t>(rank)] = "self";
   const std::string policy = transportPolicy();
+
+  // 1. An authenticated TCP link to every peer, first: listeners serve (and
+  //    drop foreign clients) from the start, without waiting on anyone.
+  if (size > 1) {
+    std::vector<bool> everyone(static_cast<size_t>(size), true);
+    everyone[static_cast<size_t>(rank)] = false;
+    connectTcp(rendezvous, rank, size, options, everyone, mesh.channels);
+  }
+
+  // 2. Everyone's host and policy; the decisions below are symmetric, so both
+  //    ends of a pair pick the same transport.
   const std::string identity = hostIdentity() + "\n" + policy;
   rendezvous.set(strCat("ringdist/host/", rank), std::vector<uint8_t>(identity.begin(), identity.end()));
-
-  // Everyone's host and policy; the decisions below are symmetric, so both
-  // ends of a pair pick the same transport.
   std::vector<std::string> hosts(static_cast<size_t>(size));
   std::vector<std::string> policies(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
@@ -356,8 +367,10 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
     hosts[static_cast<size_t>(r)] = text.substr(0, cut);
     policies[static_cast<size_t>(r)] = cut == std::string::npos ? "auto" : text.substr(cut + 1);
   }
+
+  // 3. Same-host pairs move to shared memory unless either side refuses it;
+  //    their TCP link is closed (nothing was sent on it after the handshake).
   std::vector<int> local;  // same-host ranks sharing memory with us (incl. self)
-  std::vector<bool> tcpPeer(static_cast<size_t>(size), false);
   for (int peer = 0; peer < size; ++peer) {
     const auto p = static_cast<size_t>(peer);
     bool sameHost = hosts[p] == hosts[static_cast<size_t>(rank)];
@@ -370,15 +383,10 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
     if (sameHost && !refusesShm) {
       local.push_back(peer);
       if (peer != rank) mesh.transportOf[p] = "shm";
-    } else if (peer != rank) {
-      tcpPeer[p] = true;
     }
   }
   if (local.size() > 1) {
     connectShm(rendezvous, rank, local, options, mesh.channels);
-  }
-  if (std::find(tcpPeer.begin(), tcpPeer.end(), true) != tcpPeer.end()) {
-    connectTcp(rendezvous, rank, size, options, tcpPeer, mesh.channels);
   }
 
   // Ring order: hosts in order of their lowest rank, ranks of a host together.
