@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "csrc/codec/codec.h"
 #include "csrc/common/env.h"
 #include "csrc/common/error.h"
 #include "csrc/common/logging.h"
@@ -24,6 +25,10 @@ std::string describeHeader(const OpHeader& h) {
   auto type = static_cast<OpType>(h.type);
   if (type == OpType::kAllreduce || type == OpType::kReduceScatter || type == OpType::kReduce) {
     text += strCat(", op=", reduceOpName(static_cast<ReduceOp>(h.op)));
+  }
+  if (type == OpType::kCompressedAllreduce) {
+    text += strCat(", op=", reduceOpName(static_cast<ReduceOp>(h.op)), ", codec=",
+                   isKnownCodec(h.reserved) ? codecName(static_cast<Codec>(h.reserved)) : "?");
   }
   if (h.root >= 0) {
     text += strCat(", root=", h.root);
@@ -45,6 +50,7 @@ const char* opTypeName(OpType type) {
     case OpType::kAlltoall: return "alltoall";
     case OpType::kBarrier: return "barrier";
     case OpType::kSend: return "send/recv";
+    case OpType::kCompressedAllreduce: return "compressed_allreduce";
   }
   return "unknown";
 }
@@ -142,7 +148,8 @@ void Communicator::exchangeHeaders(const OpHeader& mine, const std::vector<int>&
                    " (the ranks are out of step)");
     bool same = theirs.type == expected.type && theirs.dtype == expected.dtype &&
         theirs.op == expected.op && theirs.seq == expected.seq && theirs.count == expected.count &&
-        theirs.root == expected.root && theirs.tag == expected.tag;
+        theirs.root == expected.root && theirs.tag == expected.tag &&
+        theirs.reserved == expected.reserved;
     if (!same) {
       if (expectCount != nullptr && theirs.type == expected.type && theirs.seq == expected.seq) {
         RINGDIST_FAIL("ringdist ", opName(), ": rank ", rank_, " expects ", expected.count,
