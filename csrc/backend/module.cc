@@ -19,20 +19,30 @@ ringdist::Codec parseCodec(const std::string& name) {
   return codec;
 }
 
-at::Tensor codecRoundTrip(const at::Tensor& tensor, const std::string& name) {
+at::Tensor codecRoundTrip(const at::Tensor& tensor, const std::string& name,
+                          std::optional<at::Tensor> out, bool residual) {
   ringdist::Codec codec = parseCodec(name);
   TORCH_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided &&
                   tensor.scalar_type() == at::kFloat,
               "ringdist codec_roundtrip: expected a dense float32 CPU tensor, got ",
               tensor.scalar_type(), " on ", tensor.device());
   at::Tensor in = tensor.contiguous();
-  at::Tensor out = at::empty_like(in);
+  at::Tensor result = out.has_value() ? *out : at::empty_like(in);
+  TORCH_CHECK(result.scalar_type() == at::kFloat && result.is_contiguous() &&
+                  result.numel() == in.numel() && result.device().is_cpu(),
+              "ringdist codec_roundtrip: out must be a contiguous float32 CPU tensor of ",
+              in.numel(), " elements");
   {
     py::gil_scoped_release release;
-    ringdist::roundTrip(codec, in.data_ptr<float>(), static_cast<size_t>(in.numel()),
-                        out.data_ptr<float>());
+    if (residual) {
+      ringdist::roundTripError(codec, in.data_ptr<float>(), static_cast<size_t>(in.numel()),
+                               result.data_ptr<float>());
+    } else {
+      ringdist::roundTrip(codec, in.data_ptr<float>(), static_cast<size_t>(in.numel()),
+                          result.data_ptr<float>());
+    }
   }
-  return out;
+  return result;
 }
 
 }  // namespace
@@ -69,8 +79,10 @@ PYBIND11_MODULE(_C, m) {
            "received, payload bytes (output tensors), seconds on the worker")
       .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats);
   m.def("codec_roundtrip", &codecRoundTrip, py::arg("tensor"), py::arg("codec"),
+        py::arg("out") = py::none(), py::arg("residual") = false,
         "decode(encode(tensor)) for a float32 CPU tensor: what the tensor becomes as one rank's "
-        "contribution to a compressed allreduce (error feedback keeps tensor - result)");
+        "contribution to a compressed allreduce; with residual=True, tensor - that (the error "
+        "that error feedback carries to the next step). Written into out if given.");
   m.def("codec_encoded_bytes", [](const std::string& name, size_t count) {
           return ringdist::encodedBytes(parseCodec(name), count);
         }, py::arg("codec"), py::arg("count"));

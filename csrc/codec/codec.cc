@@ -184,13 +184,16 @@ RD_INLINE void decodeImpl(Codec codec, const char* in, size_t count, float* out)
   }
 }
 
+template <bool kError>
 RD_INLINE void roundTripImpl(Codec codec, const float* in, size_t count, float* out) {
   // One block at a time through a stack buffer: no full-size temporary.
   alignas(64) char buf[kScaleBytes + 2 * kCodecBlock];
+  alignas(64) float dec[kCodecBlock];
   for (size_t off = 0; off < count; off += kCodecBlock) {
     size_t n = count - off < kCodecBlock ? count - off : kCodecBlock;
     encodeImpl(codec, in + off, n, buf);
-    decodeImpl<false>(codec, buf, n, out + off);
+    decodeImpl<false>(codec, buf, n, dec);
+    for (size_t i = 0; i < n; ++i) out[off + i] = kError ? in[off + i] - dec[i] : dec[i];
   }
 }
 
@@ -205,7 +208,10 @@ RD_INLINE void roundTripImpl(Codec codec, const float* in, size_t count, float* 
     decodeImpl<true>(c, static_cast<const char*>(in), n, acc);                               \
   }                                                                                          \
   ATTR void FAMILY##RoundTrip(Codec c, const float* in, size_t n, float* out) {              \
-    roundTripImpl(c, in, n, out);                                                            \
+    roundTripImpl<false>(c, in, n, out);                                                     \
+  }                                                                                          \
+  ATTR void FAMILY##RoundTripError(Codec c, const float* in, size_t n, float* err) {         \
+    roundTripImpl<true>(c, in, n, err);                                                      \
   }
 
 RD_CODEC_FAMILY(generic, )
@@ -272,6 +278,12 @@ void decodeAdd(Codec codec, const void* in, size_t count, float* acc) {
 void roundTrip(Codec codec, const float* in, size_t count, float* out) {
   checkCodec(codec);
   useAvx2() ? avx2RoundTrip(codec, in, count, out) : genericRoundTrip(codec, in, count, out);
+}
+
+void roundTripError(Codec codec, const float* in, size_t count, float* err) {
+  checkCodec(codec);
+  useAvx2() ? avx2RoundTripError(codec, in, count, err)
+            : genericRoundTripError(codec, in, count, err);
 }
 
 const char* codecKernelFamily() { return useAvx2() ? "avx2" : "generic"; }

@@ -61,6 +61,8 @@ void decodeAdd(Codec codec, const void* in, size_t count, float* acc);
 // out[i] = decode(encode(in))[i]: what a rank's contribution becomes on the
 // wire (error feedback keeps in - out). out may alias in.
 void roundTrip(Codec codec, const float* in, size_t count, float* out);
+// err[i] = in[i] - decode(encode(in))[i]. err may alias in.
+void roundTripError(Codec codec, const float* in, size_t count, float* err);
 
 // Kernel family picked for this CPU ("avx2" or "generic").
 const char* codecKernelFamily();
