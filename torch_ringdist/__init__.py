@@ -10,7 +10,12 @@ from torch_ringdist._registration import BACKEND_NAME, register_backend
 
 register_backend()
 
-__all__ = ["BACKEND_NAME", "register_backend", "reduce_kernel_family"]
+# Compressed allreduce and statistics (ringdist groups only); DDP hooks live
+# in torch_ringdist.hooks.
+from torch_ringdist._collectives import all_reduce, reset_stats, stats  # noqa: E402
+
+__all__ = ["BACKEND_NAME", "register_backend", "reduce_kernel_family", "all_reduce", "stats",
+           "reset_stats"]
 __version__ = "0.1.0"
 
 

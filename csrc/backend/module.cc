@@ -4,10 +4,48 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "csrc/backend/process_group.h"
+#include "csrc/codec/codec.h"
 #include "csrc/reduce/reduce.h"
 #include "csrc/transport/tcp/socket.h"
 
 namespace py = pybind11;
+
+namespace {
+
+ringdist::Codec parseCodec(const std::string& name) {
+  ringdist::Codec codec = ringdist::Codec::kInt8;
+  TORCH_CHECK(ringdist::codecFromName(name, &codec), "ringdist codec: unknown codec '", name,
+              "' (known: fp16, bf16, int8)");
+  return codec;
+}
+
+at::Tensor codecRoundTrip(const at::Tensor& tensor, const std::string& name,
+                          std::optional<at::Tensor> out, bool residual) {
+  ringdist::Codec codec = parseCodec(name);
+  TORCH_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided &&
+                  tensor.scalar_type() == at::kFloat,
+              "ringdist codec_roundtrip: expected a dense float32 CPU tensor, got ",
+              tensor.scalar_type(), " on ", tensor.device());
+  at::Tensor in = tensor.contiguous();
+  at::Tensor result = out.has_value() ? *out : at::empty_like(in);
+  TORCH_CHECK(result.scalar_type() == at::kFloat && result.is_contiguous() &&
+                  result.numel() == in.numel() && result.device().is_cpu(),
+              "ringdist codec_roundtrip: out must be a contiguous float32 CPU tensor of ",
+              in.numel(), " elements");
+  {
+    py::gil_scoped_release release;
+    if (residual) {
+      ringdist::roundTripError(codec, in.data_ptr<float>(), static_cast<size_t>(in.numel()),
+                               result.data_ptr<float>());
+    } else {
+      ringdist::roundTrip(codec, in.data_ptr<float>(), static_cast<size_t>(in.numel()),
+                          result.data_ptr<float>());
+    }
+  }
+  return result;
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringdist: a ring-allreduce torch.distributed backend";
@@ -16,10 +54,44 @@ PYBIND11_MODULE(_C, m) {
   py::class_<ringdist::ProcessGroupRingdist, c10d::Backend,
              c10::intrusive_ptr<ringdist::ProcessGroupRingdist>>(m, "ProcessGroupRingdist")
       .def_property("segment_bytes", &ringdist::ProcessGroupRingdist::segmentBytes,
-                    &ringdist::ProcessGroupRingdist::setSegmentBytes,
+                    // The setter waits for the worker thread, which may need the
+                    // GIL to free a tensor: release it while waiting.
+                    py::cpp_function(&ringdist::ProcessGroupRingdist::setSegmentBytes,
+                                     py::call_guard<py::gil_scoped_release>()),
                     "Bytes per pipelined segment; every rank of the group must use the same value")
       .def_property_readonly("transports", &ringdist::ProcessGroupRingdist::transports,
-                             "Transport used to reach each rank: 'tcp', 'shm' or 'self'");
+                             "Transport used to reach each rank: 'tcp', 'shm' or 'self'")
+      .def("allreduce_compressed", &ringdist::ProcessGroupRingdist::allreduceCompressed,
+           py::arg("tensor"), py::arg("codec"), py::arg("average") = false,
+           py::arg("timeout") = std::chrono::milliseconds(0),
+           py::call_guard<py::gil_scoped_release>(),
+           "Allreduce (SUM, or AVG with average=True) with a lossy wire codec: 'fp16', 'bf16' "
+           "or 'int8'; summed in float32; bitwise identical on every rank. Returns a Work.")
+      .def("stats", [](const ringdist::ProcessGroupRingdist& pg) {
+             py::dict out;
+             for (const auto& [name, s] : pg.stats()) {
+               py::dict d;
+               d["calls"] = s.calls;
+               d["bytes_sent"] = s.bytesSent;
+               d["bytes_received"] = s.bytesReceived;
+               d["payload_bytes"] = s.payloadBytes;
+               d["seconds"] = s.seconds;
+               out[py::str(name)] = d;
+             }
+             return out;
+           },
+           "Per-operation counters since creation or reset_stats(): calls, wire bytes sent and "
+           "received, payload bytes (output tensors), seconds on the worker")
+      .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats);
+  m.def("codec_roundtrip", &codecRoundTrip, py::arg("tensor"), py::arg("codec"),
+        py::arg("out") = py::none(), py::arg("residual") = false,
+        "decode(encode(tensor)) for a float32 CPU tensor: what the tensor becomes as one rank's "
+        "contribution to a compressed allreduce; with residual=True, tensor - that (the error "
+        "that error feedback carries to the next step). Written into out if given.");
+  m.def("codec_encoded_bytes", [](const std::string& name, size_t count) {
+          return ringdist::encodedBytes(parseCodec(name), count);
+        }, py::arg("codec"), py::arg("count"));
+  m.def("codec_kernel_family", &ringdist::codecKernelFamily);
   m.def("create_backend", &ringdist::createBackend, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("bind_ip"),
         py::call_guard<py::gil_scoped_release>());

@@ -4,7 +4,9 @@
 #include <c10/util/Exception.h>
 
 #include "csrc/backend/store_rendezvous.h"
+#include "csrc/codec/codec.h"
 #include "csrc/collectives/collectives.h"
+#include "csrc/collectives/compressed.h"
 #include "csrc/collectives/p2p.h"
 #include "csrc/common/error.h"
 #include "csrc/common/logging.h"
@@ -171,6 +173,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
 
 void ProcessGroupRingdist::run(const c10::intrusive_ptr<RingdistWork>& work, OpType engineType,
                                std::chrono::milliseconds timeout, const Body& body) {
+  const auto started = std::chrono::steady_clock::now();
+  const uint64_t sent0 = comm_->bytesSent();
+  const uint64_t recv0 = comm_->bytesReceived();
+  statsKey_ = opTypeName(engineType);
   try {
     comm_->beginOp(engineType, timeout);
     body();
@@ -180,9 +186,12 @@ void ProcessGroupRingdist::run(const c10::intrusive_ptr<RingdistWork>& work, OpT
       comm_->abort(message);
     }
     fail(Error(message));
+    recordStats(work, started, sent0, recv0);
     work->markError(asDistError(message));
     return;
   }
+  // Before completion: callbacks may run further (inline) operations.
+  recordStats(work, started, sent0, recv0);
   work->markSuccess();
 }
 
@@ -796,6 +805,73 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
                                                 std::chrono::milliseconds timeout,
                                                 const std::string& bindIp) {
   return c10::make_intrusive<ProcessGroupRingdist>(store, rank, size, timeout, bindIp);
+}
+
+}  // namespace ringdist
+
+// ---------------------------------------------------------------- compressed allreduce, statistics
+
+namespace ringdist {
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
+    at::Tensor& tensor, const std::string& codecName, bool average,
+    std::chrono::milliseconds timeout) {
+  const char* op = "compressed_allreduce";
+  Codec codec = Codec::kInt8;
+  RD_CHECK_INPUT(codecFromName(codecName, &codec), op, "unknown codec '", codecName,
+                 "' (known: fp16, bf16, int8)");
+  checkTensors(op, {tensor});
+  const auto type = tensor.scalar_type();
+  RD_CHECK_INPUT(type == at::kFloat || type == at::kBFloat16 || type == at::kHalf, op,
+                 "the tensor has dtype ", type,
+                 "; compressed allreduce takes float32, bfloat16 or float16");
+  Flat flat(tensor);
+  const bool widen = type != at::kFloat;
+  size_t count = static_cast<size_t>(flat.flat.numel());
+  std::string key = strCat(op, "/", ringdist::codecName(codec));
+  return enqueue(c10d::OpType::ALLREDUCE, OpType::kCompressedAllreduce, {tensor},
+                 effectiveTimeout(timeout), [this, flat, widen, count, codec, average, key] {
+                   statsKey_ = key;
+                   // Half inputs are summed in float32 like everything else;
+                   // the one rounding back happens here.
+                   at::Tensor work = widen ? flat.flat.to(at::kFloat) : flat.flat;
+                   ringdist::compressedAllreduce(*comm_, work.data_ptr<float>(), count, codec,
+                                                 average);
+                   if (widen) {
+                     flat.flat.copy_(work);
+                   }
+                   flat.writeBack();
+                 });
+}
+
+void ProcessGroupRingdist::recordStats(const c10::intrusive_ptr<RingdistWork>& work,
+                                       std::chrono::steady_clock::time_point started,
+                                       uint64_t sent0, uint64_t recv0) {
+  if (work->retrieveOpType() == c10d::OpType::UNKNOWN) {
+    return;  // internal tasks (setSegmentBytes) are not user operations
+  }
+  uint64_t payload = 0;
+  for (const auto& t : work->result()) {
+    payload += t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
+  }
+  std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - started;
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  OpStats& s = stats_[statsKey_];
+  s.calls += 1;
+  s.bytesSent += comm_->bytesSent() - sent0;
+  s.bytesReceived += comm_->bytesReceived() - recv0;
+  s.payloadBytes += payload;
+  s.seconds += elapsed.count();
+}
+
+std::map<std::string, ProcessGroupRingdist::OpStats> ProcessGroupRingdist::stats() const {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  return stats_;
+}
+
+void ProcessGroupRingdist::resetStats() {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  stats_.clear();
 }
 
 }  // namespace ringdist

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -88,6 +89,27 @@ class ProcessGroupRingdist : public c10d::Backend {
   size_t segmentBytes() const { return segmentBytes_; }
   void setSegmentBytes(size_t bytes);
 
+  // Allreduce with a lossy wire codec ("fp16", "bf16", "int8"; see
+  // csrc/codec/codec.h), summed in float32. One dense CPU tensor: float32, or
+  // bfloat16/float16 (widened to float32 for the op). average: divide by the
+  // world size (AVG) instead of SUM.
+  c10::intrusive_ptr<c10d::Work> allreduceCompressed(at::Tensor& tensor, const std::string& codec,
+                                                     bool average,
+                                                     std::chrono::milliseconds timeout);
+
+  // Per-operation statistics, keyed by op name ("allreduce",
+  // "compressed_allreduce/int8", ...): what the worker measured around each
+  // operation it ran.
+  struct OpStats {
+    uint64_t calls = 0;
+    uint64_t bytesSent = 0;      // wire bytes, headers included
+    uint64_t bytesReceived = 0;
+    uint64_t payloadBytes = 0;   // bytes of the operation's output tensors
+    double seconds = 0;          // wall time of the operation on the worker
+  };
+  std::map<std::string, OpStats> stats() const;
+  void resetStats();
+
  private:
   using Body = std::function<void()>;
 
@@ -139,6 +161,12 @@ class ProcessGroupRingdist : public c10d::Backend {
   std::atomic<uint64_t> sequenceNumber_{0};
   std::thread worker_;
   std::thread::id workerId_;
+
+  void recordStats(const c10::intrusive_ptr<RingdistWork>& work,
+                   std::chrono::steady_clock::time_point started, uint64_t sent0, uint64_t recv0);
+  mutable std::mutex statsMutex_;
+  std::map<std::string, OpStats> stats_;
+  std::string statsKey_;  // worker thread only; a body may refine its op's key
 };
 
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "csrc/codec/codec.h"
 #include "csrc/common/env.h"
 #include "csrc/common/error.h"
 #include "csrc/common/logging.h"
@@ -25,6 +26,10 @@ std::string describeHeader(const OpHeader& h) {
   auto type = static_cast<OpType>(h.type);
   if (type == OpType::kAllreduce || type == OpType::kReduceScatter || type == OpType::kReduce) {
     text += strCat(", op=", reduceOpName(static_cast<ReduceOp>(h.op)));
+  }
+  if (type == OpType::kCompressedAllreduce) {
+    text += strCat(", op=", reduceOpName(static_cast<ReduceOp>(h.op)), ", codec=",
+                   isKnownCodec(h.reserved) ? codecName(static_cast<Codec>(h.reserved)) : "?");
   }
   if (h.root >= 0) {
     text += strCat(", root=", h.root);
@@ -46,6 +51,7 @@ const char* opTypeName(OpType type) {
     case OpType::kAlltoall: return "alltoall";
     case OpType::kBarrier: return "barrier";
     case OpType::kSend: return "send/recv";
+    case OpType::kCompressedAllreduce: return "compressed_allreduce";
   }
   return "unknown";
 }

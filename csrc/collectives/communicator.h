@@ -25,6 +25,7 @@ enum class OpType : uint8_t {
   kAlltoall,
   kBarrier,
   kSend,
+  kCompressedAllreduce,  // codec in OpHeader::reserved
 };
 
 const char* opTypeName(OpType type);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "csrc/common/error.h"
+#include "csrc/reduce/half.h"
 
 // Every kernel is written once as an always-inline template and instantiated
 // twice: a baseline x86-64 family and an AVX2+F16C+FMA family (vcvtph2ps for
@@ -54,48 +55,12 @@ RD_INLINE void loop(void* dst, const void* a, const void* b, size_t n) {
   }
 }
 
-RD_INLINE float bf16ToFloat(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-RD_INLINE uint16_t floatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN, sign kept
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 // Half types: widen a block to float32, combine, round back. The block fits
 // in L1 so the extra passes cost little next to the memory traffic.
 constexpr size_t kHalfBlock = 512;
 
-struct Bf16Codec {
-  static RD_INLINE void widen(float* out, const void* in, size_t n) {
-    const auto* h = static_cast<const uint16_t*>(in);
-    for (size_t i = 0; i < n; ++i) out[i] = bf16ToFloat(h[i]);
-  }
-  static RD_INLINE void narrow(void* out, const float* in, size_t n) {
-    auto* h = static_cast<uint16_t*>(out);
-    for (size_t i = 0; i < n; ++i) h[i] = floatToBf16(in[i]);
-  }
-};
-
-struct Fp16Codec {
-  static RD_INLINE void widen(float* out, const void* in, size_t n) {
-    const auto* h = static_cast<const _Float16*>(in);
-    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(h[i]);
-  }
-  static RD_INLINE void narrow(void* out, const float* in, size_t n) {
-    auto* h = static_cast<_Float16*>(out);
-    for (size_t i = 0; i < n; ++i) h[i] = static_cast<_Float16>(in[i]);
-  }
-};
+using half::Bf16Codec;
+using half::Fp16Codec;
 
 template <typename Codec, typename Op>
 RD_INLINE void halfLoop(void* dst, const void* a, const void* b, size_t n) {

@@ -1,0 +1,59 @@
+#pragma once
+
+// float32 <-> float16 / bfloat16 conversions shared by the reduce kernels and
+// the wire codecs. Always inlined so each kernel family (baseline, AVX2+F16C)
+// compiles them with its own instruction set (vcvtph2ps / vcvtps2ph there).
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#ifndef RD_INLINE
+#define RD_INLINE inline __attribute__((always_inline))
+#endif
+
+namespace ringdist {
+namespace half {
+
+RD_INLINE float bf16ToFloat(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+RD_INLINE uint16_t floatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN, sign kept
+  }
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+struct Bf16Codec {
+  static RD_INLINE void widen(float* out, const void* in, size_t n) {
+    const auto* h = static_cast<const uint16_t*>(in);
+    for (size_t i = 0; i < n; ++i) out[i] = bf16ToFloat(h[i]);
+  }
+  static RD_INLINE void narrow(void* out, const float* in, size_t n) {
+    auto* h = static_cast<uint16_t*>(out);
+    for (size_t i = 0; i < n; ++i) h[i] = floatToBf16(in[i]);
+  }
+};
+
+// Round to nearest even, as torch's float -> half cast.
+struct Fp16Codec {
+  static RD_INLINE void widen(float* out, const void* in, size_t n) {
+    const auto* h = static_cast<const _Float16*>(in);
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(h[i]);
+  }
+  static RD_INLINE void narrow(void* out, const float* in, size_t n) {
+    auto* h = static_cast<_Float16*>(out);
+    for (size_t i = 0; i < n; ++i) h[i] = static_cast<_Float16>(in[i]);
+  }
+};
+
+}  // namespace half
+}  // namespace ringdist
