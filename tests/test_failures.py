@@ -866,7 +866,11 @@ def _probe(addr, payload, *, shut_wr=False, wait=3.0):
         if callable(payload):
             payload = payload(nonce)
         if payload:
-            s.sendall(payload)
+            try:
+                s.sendall(payload)
+            except (ConnectionResetError, BrokenPipeError):
+                # The rank judged the first bytes and dropped us mid-send.
+                return {"outcome": "dropped", "after_s": round(time.monotonic() - t0, 3)}
         if shut_wr:
             s.shutdown(socket.SHUT_WR)
         s.settimeout(wait)
