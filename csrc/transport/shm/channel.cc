@@ -59,7 +59,7 @@ void ring(Bell* bell) {
 
 ShmChannel::ShmChannel(int peer, std::shared_ptr<Segment> segment, int localSelf, int localPeer,
                        std::shared_ptr<LocalDoorbell> doorbell)
-    : Channel(peer),
+    : QueuedChannel(peer),
       segment_(std::move(segment)),
       out_(segment_->control(localSelf, localPeer)),
       in_(segment_->control(localPeer, localSelf)),
@@ -70,27 +70,6 @@ ShmChannel::ShmChannel(int peer, std::shared_ptr<Segment> segment, int localSelf
       doorbell_(std::move(doorbell)) {}
 
 ShmChannel::~ShmChannel() = default;
-
-uint64_t ShmChannel::postSend(const void* data, size_t bytes, Callback done) {
-  sends_.push_back(Request{const_cast<char*>(static_cast<const char*>(data)), bytes, 0, true,
-                           std::move(done)});
-  return ++sendsPosted_;
-}
-
-uint64_t ShmChannel::postRecv(void* data, size_t bytes, Callback done) {
-  recvs_.push_back(Request{static_cast<char*>(data), bytes, 0, true, std::move(done)});
-  return ++recvsPosted_;
-}
-
-uint64_t ShmChannel::postRecvReduce(void* dst, const void* other, size_t bytes,
-                                    size_t elementBytes, Combine combine) {
-  Request r{static_cast<char*>(dst), bytes, 0, true, nullptr};
-  r.other = static_cast<const char*>(other);
-  r.elementBytes = elementBytes;
-  r.combine = combine;
-  recvs_.push_back(r);
-  return ++recvsPosted_;
-}
 
 size_t ShmChannel::reduceFromRing(Request& r, uint64_t tail, size_t n) {
   const size_t elem = r.elementBytes;
@@ -111,11 +90,6 @@ size_t ShmChannel::reduceFromRing(Request& r, uint64_t tail, size_t n) {
     }
   }
   return consumed;
-}
-
-uint64_t ShmChannel::postRecvNext(void* data, size_t bytes, Callback done) {
-  recvs_.push_front(Request{static_cast<char*>(data), bytes, 0, false, std::move(done)});
-  return 0;
 }
 
 void ShmChannel::failClosed() const {
@@ -148,12 +122,7 @@ bool ShmChannel::progressSends() {
         break;
       }
     }
-    Callback callback = std::move(r.callback);
-    sends_.pop_front();
-    ++sendsDone_;
-    if (callback) {
-      callback();
-    }
+    completeSend();
   }
   return moved;
 }
@@ -187,15 +156,7 @@ bool ShmChannel::progressRecvs() {
         break;
       }
     }
-    Callback callback = std::move(r.callback);
-    bool counted = r.counted;
-    recvs_.pop_front();
-    if (counted) {
-      ++recvsDone_;
-    }
-    if (callback) {
-      callback();
-    }
+    completeRecv();
   }
   return moved;
 }
@@ -229,8 +190,7 @@ void ShmChannel::close() {
   out_->closed.store(1, std::memory_order_release);
   in_->closed.store(1, std::memory_order_release);
   ring(peerBell_);
-  sends_.clear();
-  recvs_.clear();
+  clearQueues();
 }
 
 }  // namespace shm

@@ -1,9 +1,8 @@
 #pragma once
 
-#include <deque>
 #include <memory>
 
-#include "csrc/transport/channel.h"
+#include "csrc/transport/queued_channel.h"
 #include "csrc/transport/shm/segment.h"
 
 namespace ringdist {
@@ -30,21 +29,11 @@ void ring(Bell* bell);
 // segment (one per direction). A send copies from the user buffer into the
 // ring, the receive copies out of it; both sides work concurrently, with no
 // system call on the busy path.
-class ShmChannel final : public Channel {
+class ShmChannel final : public QueuedChannel {
  public:
   ShmChannel(int peer, std::shared_ptr<Segment> segment, int localSelf, int localPeer,
              std::shared_ptr<LocalDoorbell> doorbell);
   ~ShmChannel() override;
-
-  uint64_t postSend(const void* data, size_t bytes, Callback done) override;
-  uint64_t postRecv(void* data, size_t bytes, Callback done) override;
-  uint64_t postRecvNext(void* data, size_t bytes, Callback done) override;
-  uint64_t postRecvReduce(void* dst, const void* other, size_t bytes, size_t elementBytes,
-                          Combine combine) override;
-
-  bool sendDone(uint64_t ticket) const override { return sendsDone_ >= ticket; }
-  bool recvDone(uint64_t ticket) const override { return recvsDone_ >= ticket; }
-  bool hasPending() const override { return !sends_.empty() || !recvs_.empty(); }
 
   bool progress() override;
   int pollFd() const override { return -1; }
@@ -54,17 +43,6 @@ class ShmChannel final : public Channel {
   void close() override;
 
  private:
-  struct Request {
-    char* data;
-    size_t bytes;
-    size_t done;
-    bool counted;
-    Callback callback;
-    const char* other = nullptr;  // receive-reduce: combine with this
-    size_t elementBytes = 0;
-    Combine combine = nullptr;
-  };
-
   // Consumes up to n available bytes of a receive-reduce, reducing straight
   // out of the ring; returns bytes consumed.
   size_t reduceFromRing(Request& r, uint64_t tail, size_t n);
@@ -82,12 +60,6 @@ class ShmChannel final : public Channel {
   Bell* peerBell_;
   std::shared_ptr<LocalDoorbell> doorbell_;
   bool closed_ = false;
-  std::deque<Request> sends_;
-  std::deque<Request> recvs_;
-  uint64_t sendsPosted_ = 0;
-  uint64_t sendsDone_ = 0;
-  uint64_t recvsPosted_ = 0;
-  uint64_t recvsDone_ = 0;
 };
 
 }  // namespace shm

@@ -12,33 +12,12 @@
 namespace ringdist {
 namespace tcp {
 
-TcpChannel::TcpChannel(int peer, Socket socket) : Channel(peer), socket_(std::move(socket)) {
+TcpChannel::TcpChannel(int peer, Socket socket) : QueuedChannel(peer), socket_(std::move(socket)) {
   setNonBlocking(socket_.fd());
   setNoDelay(socket_.fd());
 }
 
 TcpChannel::~TcpChannel() = default;
-
-uint64_t TcpChannel::postSend(const void* data, size_t bytes, Callback done) {
-  sends_.push_back(Request{const_cast<char*>(static_cast<const char*>(data)), bytes, 0, true,
-                           std::move(done)});
-  return ++sendsPosted_;
-}
-
-uint64_t TcpChannel::postRecv(void* data, size_t bytes, Callback done) {
-  recvs_.push_back(Request{static_cast<char*>(data), bytes, 0, true, std::move(done)});
-  return ++recvsPosted_;
-}
-
-uint64_t TcpChannel::postRecvReduce(void* dst, const void* other, size_t bytes,
-                                    size_t elementBytes, Combine combine) {
-  Request r{static_cast<char*>(dst), bytes, 0, true, nullptr};
-  r.other = static_cast<const char*>(other);
-  r.elementBytes = elementBytes;
-  r.combine = combine;
-  recvs_.push_back(r);
-  return ++recvsPosted_;
-}
 
 bool TcpChannel::progressRecvReduce(Request& r, bool* complete) {
   if (staging_.empty()) {
@@ -66,11 +45,6 @@ bool TcpChannel::progressRecvReduce(Request& r, bool* complete) {
   }
   *complete = r.done == r.bytes;
   return true;
-}
-
-uint64_t TcpChannel::postRecvNext(void* data, size_t bytes, Callback done) {
-  recvs_.push_front(Request{static_cast<char*>(data), bytes, 0, false, std::move(done)});
-  return 0;
 }
 
 void TcpChannel::fail(const char* what, int err) {
@@ -118,12 +92,7 @@ bool TcpChannel::progressSends() {
       if (r.done < r.bytes) {
         return moved;  // socket buffer full
       }
-      Callback callback = std::move(r.callback);
-      sends_.pop_front();
-      ++sendsDone_;
-      if (callback) {
-        callback();
-      }
+      completeSend();
     }
   }
   return moved;
@@ -144,8 +113,7 @@ bool TcpChannel::progressRecvs() {
       if (!complete) {
         continue;
       }
-      recvs_.pop_front();
-      ++recvsDone_;
+      completeRecv();
       continue;
     }
     // Gather posts into one readv, stopping after a post with a callback: its
@@ -191,15 +159,7 @@ bool TcpChannel::progressRecvs() {
       if (r.done < r.bytes) {
         return moved;  // socket drained
       }
-      Callback callback = std::move(r.callback);
-      bool counted = r.counted;
-      recvs_.pop_front();
-      if (counted) {
-        ++recvsDone_;
-      }
-      if (callback) {
-        callback();
-      }
+      completeRecv();
     }
   }
   return moved;
@@ -230,8 +190,7 @@ short TcpChannel::pollEvents() const {
 
 void TcpChannel::close() {
   socket_.reset();
-  sends_.clear();
-  recvs_.clear();
+  clearQueues();
 }
 
 }  // namespace tcp
