@@ -1,6 +1,7 @@
 #include "csrc/collectives/communicator.h"
 
 #include <poll.h>
+#include <sched.h>
 
 #include <cstdlib>
 #include <climits>
@@ -217,6 +218,9 @@ void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds lef
       if (progress()) {
         return;
       }
+      // Our own process's other threads (the Python caller that enqueues the
+      // next op or waits for this one) may need this core more than we do.
+      sched_yield();
     }
   }
   uint32_t armed = bell->arm();
