@@ -77,6 +77,15 @@ def available_hooks():
 
 # ---------------------------------------------------------------------------
 
+def wire_bytes_sent(backend):
+    """Bytes this rank has sent on the default group (ringdist's counters), else None."""
+    if backend != "ringdist":
+        return None
+    import torch_ringdist
+
+    return sum(entry["bytes_sent"] for entry in torch_ringdist.stats().values())
+
+
 def parse_args(argv=None, hooks=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -204,7 +213,10 @@ def main(argv=None):
             print(f"resumed from {args.checkpoint} at epoch {start_epoch}", flush=True)
 
     ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
-    hooks[args.hook](ddp, args)
+    hook_state = hooks[args.hook](ddp, args)
+    # The accumulate hook communicates every K backward passes: step the
+    # optimizer (and zero the gradients) only then, as with DDP.no_sync().
+    micro_steps = getattr(hook_state, "steps", 1) if args.hook == "accumulate" else 1
 
     sampler = DistributedSampler(train_ds, num_replicas=world_size, rank=rank,
                                  shuffle=True, seed=args.seed, drop_last=True)
@@ -234,11 +246,15 @@ def main(argv=None):
         t0 = time.perf_counter()
         stats = torch.zeros(2, dtype=torch.float32)  # sum of loss * n, n
         epoch_steps = 0
-        for x, y in loader:
-            optimizer.zero_grad(set_to_none=True)
+        wire_before = wire_bytes_sent(args.backend)
+        for i, (x, y) in enumerate(loader):
             loss = F.cross_entropy(ddp(x), y)
-            loss.backward()  # DDP averages the gradients across ranks here
-            optimizer.step()
+            # DDP (or the hook) averages the gradients across ranks here; with
+            # micro-steps each backward adds 1/K of its batch's gradient.
+            (loss / micro_steps).backward()
+            if (i + 1) % micro_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
             stats += torch.tensor([loss.item() * len(y), len(y)])
             steps += 1
             epoch_steps += 1
@@ -247,6 +263,7 @@ def main(argv=None):
                 bar.set_postfix(epoch=epoch, loss=f"{loss.item():.4f}")
             if args.max_steps is not None and steps >= args.max_steps:
                 break
+        wire_after = wire_bytes_sent(args.backend)
         dist.all_reduce(stats)
         last_loss = stats[0].item() / stats[1].item()
         acc = evaluate(ddp.module, test_ds, rank, world_size)
@@ -254,10 +271,14 @@ def main(argv=None):
         if args.checkpoint and complete and is_main:
             save_checkpoint(args.checkpoint, ddp, optimizer, epoch + 1, last_loss)
         dt = time.perf_counter() - t0
+        if wire_after is not None:
+            # Measured by ringdist: bytes this rank sent, this epoch's training steps only.
+            wire = f"wire_bytes_per_step={(wire_after - wire_before) / max(epoch_steps, 1):.0f} (measured)"
+        else:
+            wire = (f"wire_bytes_per_step~{2 * (world_size - 1) / world_size * grad_bytes:.0f} "
+                    f"(estimate for an uncompressed ring allreduce of {grad_bytes} B)")
         log(f"epoch {epoch}: loss={last_loss:.4f} test_accuracy={acc:.4f} steps={epoch_steps} "
-            f"time={dt:.2f}s grad_bytes_per_allreduce={grad_bytes} "
-            f"(estimate: uncompressed gradient payload per step; "
-            f"a ring allreduce sends ~{2 * (world_size - 1) / world_size * grad_bytes:.0f} B/rank)"
+            f"time={dt:.2f}s {wire}"
             + ("" if complete else " [partial epoch, not checkpointed]"))
 
     if bar is not None:
