@@ -22,12 +22,13 @@ struct Mesh {
 };
 
 // Connects this rank to every other rank of the group through the
-// rendezvous. Each rank publishes its host identity and transport policy
-// (RINGDIST_TRANSPORT=auto|tcp|shm); a pair on the same host uses shared
-// memory unless either side asks for tcp, any other pair TCP. TCP: higher
-// ranks dial lower ones and every connection proves it belongs to this
-// group (a random per-group token published by rank 0). The ring visits the
-// ranks of one host consecutively, so it crosses each host boundary once.
+// rendezvous, in two stages: first an authenticated TCP link to every peer
+// (mutual HMAC-SHA256 challenge-response keyed with a random per-group
+// secret rank 0 publishes; see mesh.cc), then every rank publishes its host
+// identity and transport policy (RINGDIST_TRANSPORT=auto|tcp|shm) and a pair
+// on the same host moves to shared memory unless either side asks for tcp.
+// The ring visits the ranks of one host consecutively, so it crosses each
+// host boundary once.
 Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& options);
 
 // Identity of "the same host" for shared memory: hostname, boot id, the
