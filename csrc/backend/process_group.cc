@@ -260,9 +260,8 @@ void ProcessGroupRingdist::workerLoop() {
 
 // ---------------------------------------------------------------- checks
 
-DataType ProcessGroupRingdist::checkTensors(const char* op, const std::vector<at::Tensor>& tensors,
-                                            bool allowEmptyList) {
-  RD_CHECK_INPUT(allowEmptyList || !tensors.empty(), op, "the tensor list is empty");
+DataType ProcessGroupRingdist::checkTensors(const char* op, const std::vector<at::Tensor>& tensors) {
+  RD_CHECK_INPUT(!tensors.empty(), op, "the tensor list is empty");
   DataType dtype = DataType::kFloat32;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];

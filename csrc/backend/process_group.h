@@ -123,8 +123,7 @@ class ProcessGroupRingdist : public c10d::Backend {
     std::shared_ptr<bool> moved;
   };
 
-  DataType checkTensors(const char* op, const std::vector<at::Tensor>& tensors,
-                        bool allowEmptyList = false);
+  DataType checkTensors(const char* op, const std::vector<at::Tensor>& tensors);
   ReduceOp checkReduceOp(const char* op, const c10d::ReduceOp& reduceOp, DataType dtype);
   void checkRoot(const char* op, int64_t root);
   c10::intrusive_ptr<c10d::Work> sendRecv(bool isSend, std::vector<at::Tensor>& tensors, int peer,

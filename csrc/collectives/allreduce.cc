@@ -69,29 +69,6 @@ void oneShotAllreduce(Communicator& comm, void* data, size_t count, DataType dty
   std::memcpy(data, scratch, bytes);
 }
 
-void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op);
-
-}  // namespace
-
-void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
-  const int n = comm.size();
-  reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
-  const bool small = count * elementSize(dtype) <= comm.smallAllreduceBytes();
-  OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
-  header.reserved = small ? 1 : 0;  // the algorithm: ranks must agree on it
-  if (n > 1 && count > 0 && small) {
-    oneShotAllreduce(comm, data, count, dtype, op, header);
-    return;
-  }
-  comm.exchangeRingHeaders(header);
-  if (n == 1 || count == 0) {
-    return;  // AVG over one rank divides by one
-  }
-  ringAllreduce(comm, data, count, dtype, op);
-}
-
-namespace {
-
 void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
   const int n = comm.size();
   ReduceFn reduceFn = reduceFunction(dtype, op);
@@ -162,5 +139,22 @@ void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
 }
 
 }  // namespace
+
+void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
+  const int n = comm.size();
+  reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
+  const bool small = count * elementSize(dtype) <= comm.smallAllreduceBytes();
+  OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
+  header.reserved = small ? 1 : 0;  // the algorithm: ranks must agree on it
+  if (n > 1 && count > 0 && small) {
+    oneShotAllreduce(comm, data, count, dtype, op, header);
+    return;
+  }
+  comm.exchangeRingHeaders(header);
+  if (n == 1 || count == 0) {
+    return;  // AVG over one rank divides by one
+  }
+  ringAllreduce(comm, data, count, dtype, op);
+}
 
 }  // namespace ringdist
