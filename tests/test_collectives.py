@@ -47,7 +47,12 @@ DTYPE_OPS = [(d, o) for d in DTYPES for o in ops_for(d)]
 # multi-segment pipeline; it is pointless with one rank.
 WORLDS = [(1, "default"), (2, "default"), (3, "default"), (4, "default"),
           (2, "64"), (3, "64"), (4, "64"),
-          (2, "tcp"), (3, "tcp"), (4, "tcp"), (2, "tcp-64"), (3, "tcp-64"), (4, "tcp-64")]
+          (2, "tcp"), (3, "tcp"), (4, "tcp"), (2, "tcp-64"), (3, "tcp-64"), (4, "tcp-64"),
+          (3, "hosts"), (4, "hosts"), (4, "hosts-64")]
+# "hosts": ranks assigned to emulated hosts by RINGDIST_HOST_ID, alternating
+# (rank r on host r % 2): shared memory inside a host, TCP across, and a ring
+# whose order differs from rank order (0, 2, 1, 3), which every ring
+# collective's chunk ownership must get right.
 WORLD_IDS = [f"ws{w}-{s}" for w, s in WORLDS]
 
 
@@ -56,6 +61,8 @@ def segment_of(cfg: str) -> str:
 
 
 def transport_of(cfg: str) -> str:
+    if cfg.startswith("hosts"):
+        return "hosts"
     return "tcp" if cfg.startswith("tcp") else "auto"
 
 SMALL_COUNTS = [0, 1, 7, 1001]      # empty, single, odd, odd & not divisible by 2/3/4
@@ -76,10 +83,17 @@ def world_env(seg: str) -> dict:
     return env
 
 
+def world_env_for(ws: int, seg: str) -> dict:
+    env = world_env(seg)
+    if transport_of(seg) == "hosts":
+        env["RINGDIST_HOST_ID"] = ",".join(f"host{r % 2}" for r in range(ws))
+    return env
+
+
 def get_world(world_factory, ws: int, seg: str):
-    if transport_of(seg) == "tcp" and default_backend() != "ringdist":
+    if transport_of(seg) in ("tcp", "hosts") and default_backend() != "ringdist":
         pytest.skip("the transport dimension only exists for ringdist")
-    return world_factory(ws, env=world_env(seg))
+    return world_factory(ws, env=world_env_for(ws, seg))
 
 
 # ------------------------------------------------------------------- gloo gaps
@@ -641,7 +655,11 @@ def test_world_setup(world_factory, ws, seg):
         expected_transports = None
         if default_backend() == "ringdist":
             # Same-host ranks: shared memory unless TCP is forced.
-            expected_transports = [] if ws == 1 else ["tcp" if transport_of(seg) == "tcp" else "shm"]
+            if transport_of(seg) == "hosts":  # shm to same-host peers (same r % 2), tcp to others
+                expected_transports = sorted({"shm" if p % 2 == rank % 2 else "tcp"
+                                              for p in range(ws) if p != rank})
+            else:
+                expected_transports = [] if ws == 1 else ["tcp" if transport_of(seg) == "tcp" else "shm"]
         seg_env = None if segment_of(seg) == "default" else segment_of(seg)
         assert info == {"backend": default_backend(), "rank": rank, "world_size": ws,
                         "segment_env": seg_env, "threads": 1,

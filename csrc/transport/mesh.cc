@@ -329,6 +329,25 @@ void connectShm(Rendezvous& rendezvous, int rank, const std::vector<int>& local,
 
 }  // namespace
 
+std::string hostIdentityOf(int rank, int size) {
+  // RINGDIST_HOST_ID="a,b,a,b" assigns ranks to hosts by hand (rank r takes
+  // entry r): tests use it to build multi-host topologies on one machine.
+  std::string assigned = envString("RINGDIST_HOST_ID", "");
+  if (assigned.empty()) {
+    return hostIdentity();
+  }
+  std::vector<std::string> entries;
+  size_t begin = 0;
+  for (size_t end; (end = assigned.find(',', begin)) != std::string::npos; begin = end + 1) {
+    entries.push_back(assigned.substr(begin, end - begin));
+  }
+  entries.push_back(assigned.substr(begin));
+  RINGDIST_CHECK(static_cast<int>(entries.size()) == size, "ringdist: RINGDIST_HOST_ID has ",
+                 entries.size(), " entries but the group has ", size, " ranks");
+  // Keep the real identity too: ranks on different machines never share memory.
+  return hostIdentity() + "|assigned:" + entries[static_cast<size_t>(rank)];
+}
+
 std::string hostIdentity() {
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
@@ -355,7 +374,7 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
 
   // 2. Everyone's host and policy; the decisions below are symmetric, so both
   //    ends of a pair pick the same transport.
-  const std::string identity = hostIdentity() + "\n" + policy;
+  const std::string identity = hostIdentityOf(rank, size) + "\n" + policy;
   rendezvous.set(strCat("ringdist/host/", rank), std::vector<uint8_t>(identity.begin(), identity.end()));
   std::vector<std::string> hosts(static_cast<size_t>(size));
   std::vector<std::string> policies(static_cast<size_t>(size));

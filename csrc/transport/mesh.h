@@ -34,5 +34,7 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
 // Identity of "the same host" for shared memory: hostname, boot id, the
 // /dev/shm mount and the pid namespace must all match.
 std::string hostIdentity();
+// hostIdentity(), refined by RINGDIST_HOST_ID when set (tests).
+std::string hostIdentityOf(int rank, int size);
 
 }  // namespace ringdist
