@@ -1,52 +1,12 @@
 """Shared-memory transport: selection, cleanliness of /dev/shm, dead peers, oversubscription."""
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
-
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "shm_worker.py")
+from procs import field, launch
 
 
 def ringdist_shm_entries():
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith("ringdist"))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(world, mode, env=None, timeout=120):
-    """Starts `world` ranks of shm_worker.py; returns [(returncode, stdout, stderr)]."""
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        penv = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                    **(env or {}))
-        procs.append(subprocess.Popen([sys.executable, "-P", SCRIPT, mode], env=penv,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            results.append((p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return results
-
-
-def field(out, key):
-    for line in out.splitlines():
-        if line.startswith(key + " "):
-            return line[len(key) + 1:]
-    return None
 
 
 @pytest.mark.parametrize("transport,expected", [("auto", "shm"), ("shm", "shm"), ("tcp", "tcp")])
@@ -66,19 +26,11 @@ def test_transport_choice_and_no_leftovers(transport, expected):
 
 def test_mixed_policies_fall_back_to_tcp_for_that_rank():
     # Rank-level RINGDIST_TRANSPORT differs: a pair uses shm only if neither refuses it.
-    port = free_port()
-    procs = []
-    for rank in range(3):
-        penv = dict(os.environ, RANK=str(rank), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                    RINGDIST_TRANSPORT="tcp" if rank == 2 else "auto")
-        procs.append(subprocess.Popen([sys.executable, "-P", SCRIPT, "run"], env=penv,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err
-    assert field(outs[0][0], "TRANSPORTS").split(",") == ["self", "shm", "tcp"]
-    assert field(outs[2][0], "TRANSPORTS").split(",") == ["tcp", "tcp", "self"]
+    results = launch(3, "run", rank_env=[{}, {}, {"RINGDIST_TRANSPORT": "tcp"}])
+    for code, out, err in results:
+        assert code == 0, err
+    assert field(results[0][1], "TRANSPORTS").split(",") == ["self", "shm", "tcp"]
+    assert field(results[2][1], "TRANSPORTS").split(",") == ["tcp", "tcp", "self"]
 
 
 def test_killed_peer_fails_survivors_fast_and_leaves_no_shm():

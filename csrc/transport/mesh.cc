@@ -374,7 +374,9 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
 
   // 2. Everyone's host and policy; the decisions below are symmetric, so both
   //    ends of a pair pick the same transport.
-  const std::string identity = hostIdentityOf(rank, size) + "\n" + policy;
+  const bool checksums = envInt("RINGDIST_CRC", 0) != 0;
+  const std::string identity =
+      hostIdentityOf(rank, size) + "\n" + policy + (checksums ? "|crc" : "|nocrc");
   rendezvous.set(strCat("ringdist/host/", rank), std::vector<uint8_t>(identity.begin(), identity.end()));
   std::vector<std::string> hosts(static_cast<size_t>(size));
   std::vector<std::string> policies(static_cast<size_t>(size));
@@ -384,7 +386,13 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
     std::string text(raw.begin(), raw.end());
     auto cut = text.rfind('\n');
     hosts[static_cast<size_t>(r)] = text.substr(0, cut);
-    policies[static_cast<size_t>(r)] = cut == std::string::npos ? "auto" : text.substr(cut + 1);
+    std::string rest = cut == std::string::npos ? "auto|nocrc" : text.substr(cut + 1);
+    auto bar = rest.find('|');
+    policies[static_cast<size_t>(r)] = rest.substr(0, bar);
+    bool theirs = bar != std::string::npos && rest.substr(bar + 1) == "crc";
+    // Checksummed links carry a trailer per transfer: both ends must agree.
+    RINGDIST_CHECK(theirs == checksums, "ringdist: RINGDIST_CRC differs between ranks: rank ", rank,
+                   " has ", checksums ? 1 : 0, " but rank ", r, " has ", theirs ? 1 : 0);
   }
 
   // 3. Same-host pairs move to shared memory unless either side refuses it;
@@ -406,6 +414,12 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
   }
   if (local.size() > 1) {
     connectShm(rendezvous, rank, local, options, mesh.channels);
+  }
+
+  for (auto& ch : mesh.channels) {
+    if (ch) {
+      static_cast<QueuedChannel*>(ch.get())->enableChecksums(checksums);
+    }
   }
 
   // Ring order: hosts in order of their lowest rank, ranks of a host together.

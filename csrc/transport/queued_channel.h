@@ -2,6 +2,7 @@
 
 #include <deque>
 
+#include "csrc/common/crc32c.h"
 #include "csrc/transport/channel.h"
 
 namespace ringdist {
@@ -9,8 +10,15 @@ namespace ringdist {
 // The posting half of a Channel, shared by every transport: the ordered
 // queues of sends and receives, their tickets and completion callbacks.
 // A transport adds how bytes move (progress) and how a waiter sleeps.
+//
+// With checksums on (RINGDIST_CRC=1, agreed by all ranks at connect time),
+// every post is followed on the wire by a 4-byte CRC32C trailer. A receive's
+// ticket (and callback) completes only after its trailer matched, so a
+// corrupted transfer fails the operation that used it, naming the link.
 class QueuedChannel : public Channel {
  public:
+  void enableChecksums(bool on) { checksums_ = on; }
+
   uint64_t postSend(const void* data, size_t bytes, Callback done) override;
   uint64_t postRecv(void* data, size_t bytes, Callback done) override;
   uint64_t postRecvNext(void* data, size_t bytes, Callback done) override;
@@ -33,7 +41,19 @@ class QueuedChannel : public Channel {
     const char* other = nullptr;  // receive-and-reduce: combine with this
     size_t elementBytes = 0;
     Combine combine = nullptr;
+    // Checksums: a trailer's data points at `checksum`; `expected` is the
+    // CRC of the payload it follows; receive-and-reduce payloads accumulate
+    // their CRC in `checksum` as bytes arrive (before they are combined).
+    bool trailer = false;
+    uint32_t checksum = 0;
+    uint32_t expected = 0;
   };
+
+  // Transports call this with each piece of a receive-and-reduce payload
+  // before combining it.
+  void absorb(Request& r, const char* bytes, size_t n) {
+    if (checksums_) r.checksum = crc32cExtend(r.checksum, bytes, n);
+  }
 
   // Pop the front request once all its bytes moved: count it, then run its
   // callback (which may post more, or continue a receive with postRecvNext).
@@ -46,6 +66,10 @@ class QueuedChannel : public Channel {
   std::deque<Request> recvs_;
 
  private:
+  void pushSendTrailer(const void* data, size_t bytes);
+  void pushRecvTrailer(Callback done, bool counted, bool front);
+
+  bool checksums_ = false;
   uint64_t sendsPosted_ = 0;
   uint64_t sendsDone_ = 0;
   uint64_t recvsPosted_ = 0;

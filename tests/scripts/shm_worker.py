@@ -5,6 +5,7 @@ Modes (argv[1]):
   crash    loops large allreduces; rank 1 SIGKILLs itself in the middle;
            survivors print "ERROR <seconds> <message>"
   many     20 allreduces of mixed sizes with a check, for oversubscribed worlds
+  until_error  allreduces until one raises; prints "ERROR <message>"
 """
 import os
 import signal
@@ -38,6 +39,17 @@ def main():
             dist.all_reduce(t)
             expected = sum(r + i for r in range(world))
             assert torch.all(t == expected), (i, t[:4], expected)
+    elif mode == "until_error":
+        # Large and small allreduces until one fails (the caller injects a fault).
+        for i in range(200):
+            t = torch.full(((1 << 16) if i % 2 else 3,), float(rank))
+            try:
+                dist.all_reduce(t)
+            except Exception as exc:  # noqa: BLE001 - the error is the result
+                print("ERROR", str(exc).replace("\n", " "), flush=True)
+                os._exit(0)
+        print("NO ERROR", flush=True)
+        os._exit(1)
     elif mode == "crash":
         t = torch.ones(8 << 20)  # 32 MiB: the kill lands mid-transfer
         dist.all_reduce(t)

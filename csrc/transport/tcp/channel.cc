@@ -35,6 +35,7 @@ bool TcpChannel::progressRecvReduce(Request& r, bool* complete) {
     fail("recv", 0);
   }
   bytesReceived_ += static_cast<uint64_t>(n);
+  absorb(r, staging_.data() + stagedBytes_, static_cast<size_t>(n));
   size_t have = stagedBytes_ + static_cast<size_t>(n);
   size_t whole = have / r.elementBytes * r.elementBytes;
   r.combine(r.data + r.done, staging_.data(), r.other + r.done, whole / r.elementBytes);
