@@ -76,3 +76,23 @@ def test_ranks_must_agree_on_checksums():
     for rank, (code, out, err) in enumerate(results):
         assert code != 0, f"rank {rank} initialised although RINGDIST_CRC differs"
         assert "RINGDIST_CRC differs between ranks" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_result_hash_check_names_diverging_ranks(transport):
+    # CRC off; rank 1 silently corrupts its 30th checked result. Every rank must fail that
+    # operation with the ranks grouped by result hash.
+    results = launch(3, "until_error", env={"RINGDIST_CHECK_RESULTS": "1",
+                                            "RINGDIST_TRANSPORT": transport},
+                     rank_env=[{}, {"RINGDIST_TEST_CORRUPT_RESULT": "30"}, {}], timeout=120)
+    for rank, (code, out, err) in enumerate(results):
+        assert code == 0, f"rank {rank}:\n{out}\n{err}"
+        message = field(out, "ERROR")
+        assert message is not None, out
+        assert "results differ across ranks" in message, message
+        assert "ranks 0 2 have" in message and "ranks 1 have" in message, message
+
+
+def test_result_hash_check_passes_when_results_agree(world_factory):
+    results = world_factory(3, env={"RINGDIST_CHECK_RESULTS": "1"}).run(_checksummed_collectives)
+    assert results == [[]] * 3, results

@@ -75,7 +75,9 @@ void allgather(Communicator& comm, const void* input, void* const* outputs, size
   comm.waitUntil([&] { return left.recvDone(recvTicket[total - 1]) && right.sendDone(lastSend); });
 }
 
-void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int root) {
+namespace {
+
+void broadcastChain(Communicator& comm, void* data, size_t count, DataType dtype, int root) {
   const int n = comm.size();
   comm.exchangeRingHeaders(comm.makeHeader(OpType::kBroadcast, count, dtype, ReduceOp::kSum, root));
   const size_t bytes = count * elementSize(dtype);
@@ -128,6 +130,15 @@ void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int
     Channel& root = comm.channel(comm.right());
     uint64_t ack = root.postSend(&kAckSent, 1);
     comm.waitUntil([&] { return root.sendDone(ack); });
+  }
+}
+
+}  // namespace
+
+void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int root) {
+  broadcastChain(comm, data, count, dtype, root);
+  if (comm.checkResults()) {
+    checkIdenticalResults(comm, data, count * elementSize(dtype), "broadcast");
   }
 }
 

@@ -148,13 +148,15 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
   header.reserved = small ? 1 : 0;  // the algorithm: ranks must agree on it
   if (n > 1 && count > 0 && small) {
     oneShotAllreduce(comm, data, count, dtype, op, header);
-    return;
+  } else {
+    comm.exchangeRingHeaders(header);
+    if (n > 1 && count > 0) {  // AVG over one rank divides by one
+      ringAllreduce(comm, data, count, dtype, op);
+    }
   }
-  comm.exchangeRingHeaders(header);
-  if (n == 1 || count == 0) {
-    return;  // AVG over one rank divides by one
+  if (comm.checkResults()) {
+    checkIdenticalResults(comm, data, count * elementSize(dtype), "allreduce");
   }
-  ringAllreduce(comm, data, count, dtype, op);
 }
 
 }  // namespace ringdist

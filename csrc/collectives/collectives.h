@@ -46,4 +46,8 @@ void alltoall(Communicator& comm, const void* const* inputs, const std::vector<u
 
 void barrier(Communicator& comm);
 
+// Debug: every rank's `bytes` at `data` must be identical; all ranks compare
+// CRCs (one small allgather) and fail naming the ranks that differ.
+void checkIdenticalResults(Communicator& comm, void* data, size_t bytes, const char* opName);
+
 }  // namespace ringdist

@@ -76,6 +76,7 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Chann
                          static_cast<int64_t>(kDefaultSmallAllreduceBytes));
   RINGDIST_CHECK(small >= 0, "ringdist: RINGDIST_SMALL_ALLREDUCE_BYTES must be >= 0, got ", small);
   smallAllreduceBytes_ = static_cast<size_t>(small);
+  checkResults_ = envInt("RINGDIST_CHECK_RESULTS", 0) != 0;
 }
 
 Communicator::~Communicator() { std::free(scratch_); }

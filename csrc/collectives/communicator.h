@@ -87,6 +87,9 @@ class Communicator {
   void setSegmentBytes(size_t bytes);
   // Allreduces of at most this many bytes use the one-round latency path.
   size_t smallAllreduceBytes() const { return smallAllreduceBytes_; }
+  // RINGDIST_CHECK_RESULTS=1: compare result hashes across ranks after
+  // operations whose results must be identical.
+  bool checkResults() const { return checkResults_; }
 
   // Starts an operation: names it in errors and arms its deadline.
   void beginOp(OpType type, std::chrono::milliseconds timeout);
@@ -144,6 +147,7 @@ class Communicator {
   int ringPos_ = 0;
   size_t segmentBytes_;
   size_t smallAllreduceBytes_;
+  bool checkResults_;
   uint64_t seq_ = 0;
   OpType opType_ = OpType::kBarrier;
   std::chrono::milliseconds opTimeout_{0};
