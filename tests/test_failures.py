@@ -21,6 +21,7 @@ import json
 import hashlib
 import hmac
 import os
+import pickle
 import re
 import secrets
 import signal
@@ -886,6 +887,16 @@ def _probe(addr, payload, *, shut_wr=False, wait=3.0):
         s.close()
 
 
+class _CreatesFileWhenUnpickled:
+    """Unpickling this object creates a file: proof that untrusted bytes were unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
 def _hello(secret, rank, size, acceptor, magic=HELLO_MAGIC, version=PROTOCOL_VERSION):
     """A hello for the challenge's nonce: authentic if `secret` is the group's."""
     def build(nonce):
@@ -940,6 +951,12 @@ def handshake_run(tmp_path_factory):
         p["own rank 0"] = _probe(addrs[0], _hello(token, 0, ws, 0))
         # ... and on rank 1's listener: a lower rank never dials a higher one.
         p["rank 1: claims rank 0"] = _probe(addrs[1], _hello(token, 0, ws, 1))
+        # 12: pickled payloads that would create a file if any rank unpickled them.
+        marker = tmp / "unpickled-by-a-rank"
+        evil = pickle.dumps(_CreatesFileWhenUnpickled(str(marker)))
+        p["pickle payload as hello"] = _probe(addrs[0], evil.ljust(HELLO.size, b"\0"))
+        p["rank 1: pickle payload"] = _probe(addrs[1], evil)
+        obs["marker"] = marker
         obs["ranks_alive_after_probes"] = [w.alive(r) for r in range(ws)]
 
         # A silent client holds rank 0's accept loop (hello timeout) while rank 2 joins.
@@ -985,6 +1002,10 @@ def test_handshake_drops_foreign_clients(handshake_run, record_property):
     _report(record_property, "init_s_per_rank", [obs["results"][r]["init_s"] for r in range(3)])
     _report(record_property, "after_init_probe", obs["after_init_probe"])
     problems = [f"{name}: {r}" for name, r in obs["probes"].items() if r["outcome"] != "dropped"]
+    # 12: object collectives ran after the probes (ranks.py held_init) and nothing
+    # a foreign client sent was ever unpickled.
+    if obs["marker"].exists():
+        problems.append("a rank unpickled bytes sent by a foreign client")
     if obs["silent_client_answered"]:
         problems.append(f"silent client got an answer: {obs['silent_client_answered']}")
     if not all(obs["ranks_alive_after_probes"]):

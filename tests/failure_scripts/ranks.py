@@ -175,6 +175,20 @@ def held_init(rank, ws, store, dist, torch):
     dist.broadcast(b, src=ws - 1)
     if not bool((b == 42.0).all()):
         errors.append(f"broadcast: {b.tolist()}")
+    # Object collectives (pickle on the wire) after foreign clients tried to talk to us:
+    # only authenticated peers' bytes may ever reach the unpickler.
+    objs = [None] * ws
+    dist.all_gather_object(objs, {"rank": rank, "payload": list(range(rank + 3))})
+    if objs != [{"rank": r, "payload": list(range(r + 3))} for r in range(ws)]:
+        errors.append(f"all_gather_object: {objs}")
+    lst = [f"from {ws - 1}", ws - 1] if rank == ws - 1 else [None, None]
+    dist.broadcast_object_list(lst, src=ws - 1)
+    if lst != [f"from {ws - 1}", ws - 1]:
+        errors.append(f"broadcast_object_list: {lst}")
+    gathered = [None] * ws if rank == 0 else None
+    dist.gather_object(("g", rank), gathered, dst=0)
+    if rank == 0 and gathered != [("g", r) for r in range(ws)]:
+        errors.append(f"gather_object: {gathered}")
     dist.barrier()
     out["errors"] = errors
     dist.destroy_process_group()

@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""DDP step benchmark on emulated hosts: gloo vs ringdist hooks, alternating A B A B ...
+
+    python benchmarks/ddp_compare.py --hosts 2 --rate 1gbit --rounds 2 \
+        --out benchmarks/results/ddp_1g_n2.json
+
+Checks the link first (netns_hosts.sh verify), then runs benchmarks/ddp_step.py once per
+config and round, each as its own `netns_hosts.sh run` (one torchrun per emulated host,
+one rank per host by default), bounded by --timeout with its process group killed on
+expiry. Configs alternate within every round so load drift on the shared 2 cores spreads
+over all of them. Per config, the step time is the median over all measured steps of all
+rounds (each step: the slowest rank); speedup = gloo median / config median.
+
+Configs are LABEL=BACKEND:HOOK[:KEY=VAL,KEY=VAL]; the default set is gloo (plain DDP),
+ringdist without a hook, and the bf16, int8 and top-k 1% (error feedback) hooks. Ends by
+checking that no network namespace of the run is left (`ip netns list`).
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+STEP = os.path.join(HERE, "ddp_step.py")
+NETNS = os.path.join(HERE, "netns_hosts.sh")
+
+DEFAULT_CONFIGS = (
+    "gloo=gloo:none",
+    "ringdist=ringdist:none",
+    "bf16=ringdist:bf16",
+    "int8=ringdist:int8",
+    "topk1%=ringdist:topk:ratio=0.01,error_feedback=true",
+)
+
+
+def parse_config(spec):
+    label, sep, rest = spec.partition("=")
+    if not sep:
+        sys.exit(f"config {spec!r}: want LABEL=BACKEND:HOOK[:KEY=VAL,...]")
+    backend, _, rest = rest.partition(":")
+    hook, _, opts = rest.partition(":")
+    options = [o for o in opts.split(",") if o]
+    return {"label": label, "backend": backend, "hook": hook or "none", "options": options}
+
+
+def run_bounded(cmd, env, timeout, log_path):
+    """Run cmd in its own process group, output to log_path; kill the group on timeout."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # TERM first: netns_hosts.sh's trap removes its namespaces; KILL if it hangs.
+            for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            return 124
+
+
+def hooks_pythonpath(env):
+    """PYTHONPATH under which `import torch_ringdist.hooks` works, or exit.
+
+    An installed torch_ringdist may lack the hooks subpackage (packaging lists only the
+    top-level package); then a checkout built in place (its _C next to the sources) is
+    put first on the path, and the run says so.
+    """
+    probe = [sys.executable, "-c", "import torch_ringdist, torch_ringdist.hooks as h; "
+             "print(torch_ringdist.__file__)"]
+    for path in (env.get("PYTHONPATH"), REPO + os.pathsep + env.get("PYTHONPATH", "")):
+        e = dict(env)
+        if path is not None:
+            e["PYTHONPATH"] = path.rstrip(os.pathsep)
+        try:
+            r = subprocess.run(probe, env=e, cwd="/", capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            sys.exit("importing torch_ringdist took over 120 s")
+        if r.returncode == 0:
+            where = r.stdout.strip()
+            if path is not None and REPO in path.split(os.pathsep):
+                print(f"note: the installed torch_ringdist has no hooks subpackage; "
+                      f"using the checkout {where}")
+            return e.get("PYTHONPATH"), where
+    sys.exit("torch_ringdist.hooks is importable neither from the installed package nor "
+             f"from {REPO} (build it in place first): {r.stderr.strip().splitlines()[-1:]}")
+
+
+def our_namespaces():
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    return [ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith("rdbench-")]
+
+
+def verify_link(args, env):
+    cmd = ["bash", NETNS, "verify", "--hosts", str(args.hosts), "--rate", args.rate]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    lines = [ln for ln in r.stderr.splitlines() if "verify:" in ln or "WARNING" in ln]
+    for ln in lines:
+        print(ln)
+    # The figure is only in the report on stderr ("... one TCP stream: 0.955 Gbit/s ...").
+    m = re.search(r"one TCP stream: ([0-9.]+) Gbit/s", r.stderr)
+    if r.returncode != 0 or not m:
+        sys.exit(f"netns_hosts.sh verify failed (rc {r.returncode}):\n{r.stderr[-2000:]}")
+    return float(m.group(1)), lines
+
+
+def step_cmd(args, cfg, json_path):
+    cmd = ["bash", NETNS, "run", "--hosts", str(args.hosts), "--rate", args.rate,
+           "--procs-per-host", str(args.nproc), "--verify-seconds", "1",
+           "--timeout", str(max(30, int(args.timeout - 30))), "--",
+           STEP, "--backend", cfg["backend"], "--hook", cfg["hook"], "--label", cfg["label"],
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--ifname", "eth0",
+           "--json", json_path]
+    for opt in cfg["options"]:
+        cmd += ["--hook-option", opt]
+    return cmd + args.step_arg
+
+
+def summarise(configs, runs, baseline):
+    base = statistics.median(t for r in runs[baseline] for t in r["step_times_s"])
+    rows = []
+    for cfg in configs:
+        rs = runs[cfg["label"]]
+        med = statistics.median(t for r in rs for t in r["step_times_s"])
+        finals = [r["final_loss"] for r in rs]
+        rows.append({
+            "label": cfg["label"], "backend": cfg["backend"], "hook": cfg["hook"],
+            "options": cfg["options"], "step_time_median_s": med,
+            "round_medians_s": [r["step_time_median_s"] for r in rs],
+            "speedup_vs_" + baseline: base / med,
+            "wire_bytes_per_step": statistics.fmean(r["wire_bytes_per_step"] for r in rs),
+            "wire_bytes_kind": rs[0]["wire_bytes_kind"],
+            "final_loss": finals[0], "final_loss_rounds": finals,
+            "eval_loss_final": rs[0]["eval_loss_final"],
+            "link_verified_gbitps": [r["env"].get("RDBENCH_VERIFIED_GBITPS") for r in rs],
+        })
+    return rows
+
+
+def table(rows, baseline, hosts, rate):
+    out = [f"| config | median step (ms) | speedup vs {baseline} | bytes/step/rank | final loss |",
+           "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        est = " (est.)" if r["backend"] != "ringdist" else ""
+        spread = "/".join(f"{t * 1e3:.0f}" for t in r["round_medians_s"])
+        loss = f"{r['final_loss']:.5f}"
+        if len(set(r["final_loss_rounds"])) > 1:  # should be deterministic: show if not
+            loss += " (" + "/".join(f"{x:.5f}" for x in r["final_loss_rounds"]) + ")"
+        out.append(f"| {r['label']} | {r['step_time_median_s'] * 1e3:.0f} (rounds {spread}) | "
+                   f"x{r['speedup_vs_' + baseline]:.2f} | "
+                   f"{r['wire_bytes_per_step'] / 1e6:.2f} MB{est} | {loss} |")
+    return "\n".join(out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS),
+                   help="LABEL=BACKEND:HOOK[:KEY=VAL,...] in alternation order")
+    p.add_argument("--baseline", default="gloo", help="label speedups are relative to")
+    p.add_argument("--hosts", type=int, default=2, help="emulated hosts (network namespaces)")
+    p.add_argument("--nproc", type=int, default=1, help="ranks per emulated host")
+    p.add_argument("--rate", default="1gbit", help="link rate per host and direction (tc tbf)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=15, help="measured steps per run")
+    p.add_argument("--warmup", type=int, default=8, help="warm-up steps per run")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per run")
+    p.add_argument("--step-arg", action="append", default=[],
+                   help="extra argument passed verbatim to ddp_step.py (repeatable)")
+    p.add_argument("--out", default="ddp_compare.json")
+    p.add_argument("--md", help="also write the table (markdown) here")
+    args = p.parse_args()
+
+    configs = [parse_config(c) for c in args.configs]
+    labels = [c["label"] for c in configs]
+    if len(set(labels)) != len(labels) or args.baseline not in labels:
+        sys.exit(f"labels must be unique and include --baseline {args.baseline!r}: {labels}")
+    if os.geteuid() != 0:
+        sys.exit("needs root (netns_hosts.sh: network namespaces, tc)")
+    t_start = time.monotonic()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable)
+    pythonpath, rd_from = hooks_pythonpath(env)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    workdir = os.path.splitext(os.path.abspath(args.out))[0] + ".runs"
+    os.makedirs(workdir, exist_ok=True)
+
+    gbits, verify_lines = verify_link(args, env)
+    runs = {lbl: [] for lbl in labels}
+    try:
+        for rnd in range(1, args.rounds + 1):
+            for cfg in configs:
+                label = cfg["label"]
+                stem = os.path.join(workdir, f"r{rnd}_{label.replace('%', 'pct')}")
+                json_path, log_path = stem + ".json", stem + ".log"
+                if os.path.exists(json_path):
+                    os.remove(json_path)  # never merge a stale result
+                load = os.getloadavg()[0]
+                t0 = time.monotonic()
+                rc = run_bounded(step_cmd(args, cfg, json_path), env, args.timeout, log_path)
+                took = time.monotonic() - t0
+                if rc != 0 or not os.path.exists(json_path):
+                    with open(log_path) as f:
+                        lines = f.readlines()
+                    cause = [ln for ln in lines if any(k in ln for k in (
+                        "Error", "error:", "needs", "Exception", "timeout"))][:10]
+                    sys.exit(f"round {rnd} {label}: FAILED rc={rc} after {took:.0f}s, see "
+                             f"{log_path}\n" + "".join(cause) + "---- log tail\n"
+                             + "".join(lines[-8:]))
+                with open(json_path) as f:
+                    res = json.load(f)
+                res["loadavg_1min_at_start"] = load
+                runs[label].append(res)
+                print(f"round {rnd} {label:<10} {took:5.0f}s  median step "
+                      f"{res['step_time_median_s'] * 1e3:7.1f} ms  "
+                      f"{res['wire_bytes_per_step'] / 1e6:7.2f} MB/step  loss "
+                      f"{res['final_loss']:.4f}  link {res['env'].get('RDBENCH_VERIFIED_GBITPS')}"
+                      f" Gbit/s  (load avg {load:.2f})", flush=True)
+    finally:
+        left = our_namespaces()
+        if left:  # a killed run may leave some: the script's clean removes only its own
+            print(f"leftover namespaces {left}: running netns_hosts.sh clean")
+            subprocess.run(["bash", NETNS, "clean"], env=env, timeout=120)
+            left = our_namespaces()
+        print(f"ip netns list after the run: {left or 'no rdbench-* namespaces'}")
+
+    rows = summarise(configs, runs, args.baseline)
+    first = runs[labels[0]][0]
+    md = table(rows, args.baseline, args.hosts, args.rate)
+    combined = {
+        "machine": first["machine"], "hosts": args.hosts, "ranks_per_host": args.nproc,
+        "world_size": first["world_size"], "rate": args.rate, "rounds": args.rounds,
+        "steps": args.steps, "warmup": args.warmup, "model": first["model"],
+        "link_verified_gbitps": gbits, "verify": verify_lines,
+        "torch_ringdist": rd_from, "command": sys.argv,
+        "wall_s": time.monotonic() - t_start, "baseline": args.baseline,
+        "summary": rows, "runs": runs,
+    }
+    with open(args.out, "w") as f:
+        json.dump(combined, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(md + "\n")
+    print(f"\n== DDP step, {first['model']['params'] / 1e6:.1f}M params fp32, N="
+          f"{first['world_size']} ({args.hosts} emulated hosts x {args.nproc}), {args.rate}, "
+          f"{args.rounds} rounds x {args.steps} steps (+{args.warmup} warm-up); median of all "
+          f"measured steps (slowest rank); per-round medians in parentheses")
+    print(md)
+    print(f"\nwrote {args.out} (runs in {workdir}); {combined['wall_s'] / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""DDP step benchmark: a communication-bound model trained for a fixed number of steps.
+
+Run under torchrun, one process per rank:
+
+    torchrun --nproc-per-node 2 benchmarks/ddp_step.py --backend ringdist --hook int8 \
+        --hook-option error_feedback=true --steps 15 --warmup 8 --json out.json
+
+The model is an MLP of three large float32 nn.Linear layers (1024 -> 4096 -> 4096 -> 1024,
+25.2M parameters, 100.7 MB of gradients) on a small batch, so each step is dominated by
+the gradient allreduce on a slow link. Data: a fixed random regression task (targets from
+a fixed random "teacher" network), identical for every backend and hook.
+
+Per step: a barrier, then forward + backward (DDP's communication included) + optimizer
+step timed on every rank; the step's time is the slowest rank's (all_reduce MAX). The
+report is the median over the measured steps. Bookkeeping (barriers, time exchange, loss
+and byte tallies) runs on a separate gloo group, never on the backend under test.
+
+Bytes on the wire per step: for ringdist, measured (bytes sent per rank, from
+torch_ringdist.stats() before/after the measured steps, every op counted); for other
+backends, the uncompressed ring estimate 2(N-1)/N x gradient bytes per rank.
+
+--hook: for ringdist, any name in torch_ringdist.hooks.available(), registered with
+torch_ringdist.hooks.register; "none" keeps DDP's own allreduce. Other backends: "none".
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+
+# Before torch is imported: intra-op threads would compete with the backend's threads for
+# the 2 cores and make runs incomparable.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+
+def parse_option(text):
+    """KEY=VALUE -> (key, int | float | bool | str)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--hook-option wants KEY=VALUE, got {text!r}")
+    for conv in (int, float):
+        try:
+            return key, conv(value)
+        except ValueError:
+            pass
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
+    return key, value
+
+
+def make_model(d_in, hidden, d_out):
+    return nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(),
+                         nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, d_out))
+
+
+def make_data(args, rank):
+    """This rank's training batches and a held-out set shared by all ranks.
+
+    Inputs and the teacher come from fixed seeds, so every backend and hook sees the same
+    task; each rank draws its own inputs (seed + rank), as with a sharded data set.
+    """
+    g = torch.Generator().manual_seed(args.seed)
+    teacher = torch.randn(args.d_in, args.d_out, generator=g) / args.d_in ** 0.5
+
+    def targets(x):
+        return torch.tanh(x @ teacher) + 0.01 * torch.randn(x.shape[0], args.d_out, generator=g)
+
+    x_eval = torch.randn(args.eval_size, args.d_in, generator=g)
+    y_eval = targets(x_eval)
+    g.manual_seed(args.seed + 1 + rank)
+    x = torch.randn(args.batches, args.batch, args.d_in, generator=g)
+    y = targets(x.view(-1, args.d_in)).view(args.batches, args.batch, args.d_out)
+    return x, y, x_eval, y_eval
+
+
+def wire_bytes_sent(stats):
+    """Bytes this rank sent, summed over every op in a torch_ringdist.stats() dict."""
+    return sum(entry["bytes_sent"] for entry in stats.values())
+
+
+def machine_info():
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f
+                        if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu_model": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
+            "hostname": socket.gethostname(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "loadavg_1min": os.getloadavg()[0]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", default="ringdist", help="ringdist or gloo")
+    p.add_argument("--hook", default="none",
+                   help="ringdist hook name (torch_ringdist.hooks.available()) or none")
+    p.add_argument("--hook-option", dest="hook_options", action="append", default=[],
+                   type=parse_option, metavar="KEY=VALUE", help="hook option (repeatable)")
+    p.add_argument("--steps", type=int, default=15, help="measured steps")
+    p.add_argument("--warmup", type=int, default=8,
+                   help="unmeasured steps first (DDP rebuilds its buckets after step 1)")
+    p.add_argument("--batch", type=int, default=8, help="samples per rank and step")
+    p.add_argument("--batches", type=int, default=16, help="distinct batches per rank (cycled)")
+    p.add_argument("--d-in", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--d-out", type=int, default=1024)
+    p.add_argument("--eval-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1.0,
+                   help="SGD learning rate (MSE over 1024 outputs has small gradients)")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ifname", default=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                   help="GLOO_SOCKET_IFNAME (gloo under test and the bookkeeping group)")
+    p.add_argument("--timeout", type=float, default=300, help="process group timeout, seconds")
+    p.add_argument("--label", help="name in the summary line (default backend/hook)")
+    p.add_argument("--json", help="write results here (rank 0)")
+    args = p.parse_args()
+    args.hook_options = dict(args.hook_options)
+    if args.steps < 1 or args.warmup < 1:
+        p.error("--steps and --warmup must be >= 1 (warm-up covers DDP's bucket rebuild)")
+
+    os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
+    torch.set_num_threads(1)
+    if args.backend == "ringdist":
+        try:
+            import torch_ringdist
+            import torch_ringdist.hooks as rd_hooks
+        except ImportError as e:
+            sys.exit(f"--backend ringdist needs torch_ringdist with its hooks subpackage: {e} "
+                     "(an install without torch_ringdist/hooks: put a built checkout first on "
+                     "PYTHONPATH; ddp_compare.py does that by itself)")
+        if args.hook != "none" and args.hook not in rd_hooks.available():
+            p.error(f"--hook {args.hook!r}: not one of none, {', '.join(rd_hooks.available())}")
+    elif args.hook != "none":
+        p.error(f"--hook {args.hook} needs --backend ringdist (other backends: plain DDP)")
+
+    timeout = datetime.timedelta(seconds=args.timeout)
+    dist.init_process_group(backend=args.backend, timeout=timeout)
+    book = dist.new_group(backend="gloo", timeout=timeout)
+    rank, n = dist.get_rank(), dist.get_world_size()
+
+    torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts anyway)
+    model = make_model(args.d_in, args.hidden, args.d_out)
+    params = sum(t.numel() for t in model.parameters())
+    grad_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
+    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
+    if args.hook != "none":
+        rd_hooks.register(ddp, args.hook, **args.hook_options)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
+    x, y, x_eval, y_eval = make_data(args, rank)
+    loss_fn = nn.MSELoss()
+
+    def eval_loss():
+        with torch.no_grad():
+            return loss_fn(ddp.module(x_eval), y_eval).item()
+
+    initial_eval = eval_loss()
+    times, losses = [], []
+    measured_bytes = None
+    t_all = time.monotonic()
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup and args.backend == "ringdist":
+            before = wire_bytes_sent(torch_ringdist.stats())
+        xb, yb = x[step % args.batches], y[step % args.batches]
+        dist.barrier(group=book)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(ddp(xb), yb)
+        loss.backward()  # returns once DDP's bucket allreduces (or hooks) have finished
+        opt.step()
+        dt = time.perf_counter() - t0
+        # Slowest rank's time and the mean loss, on the bookkeeping group.
+        tally = torch.tensor([dt, loss.item() / n], dtype=torch.float64)
+        dist.all_reduce(tally[:1], op=dist.ReduceOp.MAX, group=book)
+        dist.all_reduce(tally[1:], op=dist.ReduceOp.SUM, group=book)
+        losses.append(tally[1].item())
+        if step >= args.warmup:
+            times.append(tally[0].item())
+    wall = time.monotonic() - t_all
+
+    if args.backend == "ringdist":
+        sent = torch.tensor([(wire_bytes_sent(torch_ringdist.stats()) - before) / args.steps],
+                            dtype=torch.float64)
+        dist.all_reduce(sent, op=dist.ReduceOp.MAX, group=book)  # busiest rank
+        measured_bytes, bytes_kind = sent.item(), "measured (torch_ringdist.stats, max over ranks)"
+        per_op = {k: v["bytes_sent"] for k, v in torch_ringdist.stats().items() if v["bytes_sent"]}
+    else:
+        measured_bytes = 2 * (n - 1) / n * grad_bytes
+        bytes_kind = "estimate 2(N-1)/N x gradient bytes (uncompressed ring)"
+        per_op = None
+    ev = torch.tensor([eval_loss()], dtype=torch.float64)
+    dist.all_reduce(ev, op=dist.ReduceOp.MAX, group=book)  # replicas should agree; MAX shows drift
+    final_eval = ev.item()
+
+    label = args.label or (args.backend if args.hook == "none" else f"{args.backend}/{args.hook}")
+    median = statistics.median(times)
+    if rank == 0:
+        print(f"ddp_step {label}: N={n} params={params / 1e6:.1f}M median step "
+              f"{median * 1e3:.1f} ms (min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f}; "
+              f"{args.steps} steps after {args.warmup} warm-up) wire {measured_bytes / 1e6:.2f} "
+              f"MB/step/rank{' (est.)' if args.backend != 'ringdist' else ''} "
+              f"loss {losses[-1]:.5f} eval {initial_eval:.5f} -> {final_eval:.5f}", flush=True)
+        if args.json:
+            out = {
+                "machine": machine_info(),
+                "label": label, "backend": args.backend, "hook": args.hook,
+                "hook_options": args.hook_options, "world_size": n,
+                "model": {"params": params, "grad_bytes": grad_bytes,
+                          "layers": [args.d_in, args.hidden, args.hidden, args.d_out],
+                          "batch_per_rank": args.batch, "optimizer": f"SGD lr={args.lr}",
+                          "bucket_cap_mb": args.bucket_cap_mb},
+                "steps": args.steps, "warmup": args.warmup,
+                "step_time_median_s": median, "step_times_s": times,
+                "wire_bytes_per_step": measured_bytes, "wire_bytes_kind": bytes_kind,
+                "wire_bytes_by_op_total": per_op,
+                "final_loss": losses[-1], "losses": losses,
+                "eval_loss_initial": initial_eval, "eval_loss_final": final_eval,
+                "wall_s": wall,
+                "env": {k: v for k, v in sorted(os.environ.items())
+                        if k.startswith(("RINGDIST_", "RDBENCH_"))
+                        or k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")},
+            }
+            tmp = args.json + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(out, f, indent=1)
+            os.replace(tmp, args.json)
+    dist.barrier(group=book)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
