@@ -69,7 +69,7 @@ def run_bounded(cmd, env, timeout, log_path):
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             # TERM first so torchrun and netns_hosts.sh can clean up, then KILL.
-            for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
                 try:
                     os.killpg(proc.pid, sig)
                 except ProcessLookupError:

@@ -17,6 +17,7 @@ checking that no network namespace of the run is left (`ip netns list`).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -25,6 +26,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from compare import run_bounded  # same folder: one bounded, process-group-killing runner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -48,55 +51,6 @@ def parse_config(spec):
     hook, _, opts = rest.partition(":")
     options = [o for o in opts.split(",") if o]
     return {"label": label, "backend": backend, "hook": hook or "none", "options": options}
-
-
-def run_bounded(cmd, env, timeout, log_path):
-    """Run cmd in its own process group, output to log_path; kill the group on timeout."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            # TERM first: netns_hosts.sh's trap removes its namespaces; KILL if it hangs.
-            for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            return 124
-
-
-def hooks_pythonpath(env):
-    """PYTHONPATH under which `import torch_ringdist.hooks` works, or exit.
-
-    An installed torch_ringdist may lack the hooks subpackage (packaging lists only the
-    top-level package); then a checkout built in place (its _C next to the sources) is
-    put first on the path, and the run says so.
-    """
-    probe = [sys.executable, "-c", "import torch_ringdist, torch_ringdist.hooks as h; "
-             "print(torch_ringdist.__file__)"]
-    for path in (env.get("PYTHONPATH"), REPO + os.pathsep + env.get("PYTHONPATH", "")):
-        e = dict(env)
-        if path is not None:
-            e["PYTHONPATH"] = path.rstrip(os.pathsep)
-        try:
-            r = subprocess.run(probe, env=e, cwd="/", capture_output=True, text=True, timeout=120)
-        except subprocess.TimeoutExpired:
-            sys.exit("importing torch_ringdist took over 120 s")
-        if r.returncode == 0:
-            where = r.stdout.strip()
-            if path is not None and REPO in path.split(os.pathsep):
-                print(f"note: the installed torch_ringdist has no hooks subpackage; "
-                      f"using the checkout {where}")
-            return e.get("PYTHONPATH"), where
-    sys.exit("torch_ringdist.hooks is importable neither from the installed package nor "
-             f"from {REPO} (build it in place first): {r.stderr.strip().splitlines()[-1:]}")
 
 
 def our_namespaces():
@@ -191,9 +145,6 @@ def main():
         sys.exit("needs root (netns_hosts.sh: network namespaces, tc)")
     t_start = time.monotonic()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable)
-    pythonpath, rd_from = hooks_pythonpath(env)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
     workdir = os.path.splitext(os.path.abspath(args.out))[0] + ".runs"
     os.makedirs(workdir, exist_ok=True)
 
@@ -244,7 +195,8 @@ def main():
         "world_size": first["world_size"], "rate": args.rate, "rounds": args.rounds,
         "steps": args.steps, "warmup": args.warmup, "model": first["model"],
         "link_verified_gbitps": gbits, "verify": verify_lines,
-        "torch_ringdist": rd_from, "command": sys.argv,
+        "torch_ringdist": getattr(importlib.util.find_spec("torch_ringdist"), "origin", None),
+        "command": sys.argv,
         "wall_s": time.monotonic() - t_start, "baseline": args.baseline,
         "summary": rows, "runs": runs,
     }
