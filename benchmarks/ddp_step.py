@@ -26,10 +26,7 @@ torch_ringdist.hooks.register; "none" keeps DDP's own allreduce. Other backends:
 
 import argparse
 import datetime
-import json
 import os
-import platform
-import socket
 import statistics
 import sys
 import time
@@ -40,6 +37,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from bench_common import machine_info, write_json  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
@@ -89,20 +87,6 @@ def wire_bytes_sent(stats):
     """Bytes this rank sent, summed over every op in a torch_ringdist.stats() dict."""
     return sum(entry["bytes_sent"] for entry in stats.values())
 
-
-def machine_info():
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f
-                        if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu_model": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
-            "hostname": socket.gethostname(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "python": platform.python_version(),
-            "loadavg_1min": os.getloadavg()[0]}
 
 
 def main():
@@ -236,10 +220,7 @@ def main():
                         if k.startswith(("RINGDIST_", "RDBENCH_"))
                         or k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")},
             }
-            tmp = args.json + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(out, f, indent=1)
-            os.replace(tmp, args.json)
+            write_json(args.json, out)
     dist.barrier(group=book)
     dist.destroy_process_group()
 

@@ -154,7 +154,7 @@ def main():
         print(f"{key:<24} {v['GBps']:7.2f} GB/s   {v['what']}")
     if args.json:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from sweep import machine_info  # same machine record as the sweeps
+        from bench_common import machine_info  # same machine record as the sweeps
         with open(args.json, "w") as f:
             json.dump({"machine": machine_info(), "ceilings": c}, f, indent=1)
         print(f"wrote {args.json}")

@@ -23,10 +23,7 @@ on (or warms, or queues behind) the backend being measured.
 
 import argparse
 import datetime
-import json
 import os
-import platform
-import socket
 import statistics
 import sys
 import time
@@ -37,6 +34,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from bench_common import machine_info, write_json  # noqa: E402
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -183,27 +181,6 @@ def measure(coll, book, args, nbytes):
     return statistics.median(samples), samples
 
 
-def machine_info():
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu_model": cpu,
-        "cores": os.cpu_count(),
-        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "kernel": platform.release(),
-        "hostname": socket.gethostname(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -312,10 +289,7 @@ def main():
                 "avg_busbw_GBps": avg,
                 "rows": rows,
             }
-            tmp = args.json + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(out, f, indent=1)
-            os.replace(tmp, args.json)
+            write_json(args.json, out)
     dist.barrier(group=book)
     dist.destroy_process_group()
 
