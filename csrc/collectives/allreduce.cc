@@ -34,7 +34,7 @@ void oneShotAllreduce(Communicator& comm, void* data, size_t count, DataType dty
   const size_t stride = (bytes + 63) / 64 * 64;
   char* scratch = comm.scratch(stride * static_cast<size_t>(n));
   std::vector<OpHeader> theirs(static_cast<size_t>(n));
-  std::vector<std::pair<Channel*, uint64_t>> sends, recvs;
+  Communicator::Transfers sends, recvs;
   for (int k = 1; k < n; ++k) {
     Channel& out = comm.channel((rank + k) % n);
     out.postSend(&header, sizeof(OpHeader));
@@ -44,15 +44,7 @@ void oneShotAllreduce(Communicator& comm, void* data, size_t count, DataType dty
     in.postRecv(&theirs[static_cast<size_t>(from)], sizeof(OpHeader));
     recvs.emplace_back(&in, in.postRecv(scratch + static_cast<size_t>(from) * stride, bytes));
   }
-  comm.waitUntil([&] {
-    for (auto& s : sends) {
-      if (!s.first->sendDone(s.second)) return false;
-    }
-    for (auto& r : recvs) {
-      if (!r.first->recvDone(r.second)) return false;
-    }
-    return true;
-  });
+  comm.waitAll(sends, recvs);
   for (int peer = 0; peer < n; ++peer) {
     if (peer != rank) {
       comm.checkHeader(header, theirs[static_cast<size_t>(peer)], peer);

@@ -126,26 +126,19 @@ void Communicator::exchangeHeaders(const OpHeader& mine, const std::vector<int>&
                                    const std::vector<uint64_t>* expectCount) {
   std::vector<OpHeader> out(sendTo.size(), mine);
   std::vector<OpHeader> in(recvFrom.size());
-  std::vector<uint64_t> sendTickets(sendTo.size());
-  std::vector<uint64_t> recvTickets(recvFrom.size());
+  Transfers sends, recvs;
   for (size_t i = 0; i < sendTo.size(); ++i) {
     if (sendCount != nullptr) {
       out[i].count = (*sendCount)[static_cast<size_t>(sendTo[i])];
     }
-    sendTickets[i] = channel(sendTo[i]).postSend(&out[i], sizeof(OpHeader));
+    Channel& ch = channel(sendTo[i]);
+    sends.emplace_back(&ch, ch.postSend(&out[i], sizeof(OpHeader)));
   }
   for (size_t i = 0; i < recvFrom.size(); ++i) {
-    recvTickets[i] = channel(recvFrom[i]).postRecv(&in[i], sizeof(OpHeader));
+    Channel& ch = channel(recvFrom[i]);
+    recvs.emplace_back(&ch, ch.postRecv(&in[i], sizeof(OpHeader)));
   }
-  waitUntil([&] {
-    for (size_t i = 0; i < sendTo.size(); ++i) {
-      if (!channel(sendTo[i]).sendDone(sendTickets[i])) return false;
-    }
-    for (size_t i = 0; i < recvFrom.size(); ++i) {
-      if (!channel(recvFrom[i]).recvDone(recvTickets[i])) return false;
-    }
-    return true;
-  });
+  waitAll(sends, recvs);
   for (size_t i = 0; i < recvFrom.size(); ++i) {
     const int peer = recvFrom[i];
     OpHeader expected = mine;
@@ -298,6 +291,18 @@ void Communicator::waitUntil(const std::function<bool()>& done) {
       waitForActivity();
     }
   }
+}
+
+void Communicator::waitAll(const Transfers& sends, const Transfers& recvs) {
+  waitUntil([&] {
+    for (const auto& s : sends) {
+      if (!s.first->sendDone(s.second)) return false;
+    }
+    for (const auto& r : recvs) {
+      if (!r.first->recvDone(r.second)) return false;
+    }
+    return true;
+  });
 }
 
 void Communicator::progressIdle(std::chrono::milliseconds maxWait) {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "csrc/common/rendezvous.h"
@@ -112,6 +113,9 @@ class Communicator {
   // Blocks (poll) until some channel can progress or the deadline passes.
   void waitForActivity();
   void waitUntil(const std::function<bool()>& done);
+  // Posted transfers as (channel, ticket); waitAll returns once all are done.
+  using Transfers = std::vector<std::pair<Channel*, uint64_t>>;
+  void waitAll(const Transfers& sends, const Transfers& recvs);
   // Progress pending point-to-point traffic between operations.
   void progressIdle(std::chrono::milliseconds maxWait);
   bool hasPending() const;

@@ -151,7 +151,7 @@ void reduce(Communicator& comm, void* data, size_t count, DataType dtype, Reduce
     comm.waitUntil([&] { return toRoot.sendDone(ticket); });
     return;
   }
-  std::vector<std::pair<Channel*, uint64_t>> pending;
+  Communicator::Transfers pending;
   for (int c = 0; c < n; ++c) {
     int peer = comm.ringRank(c);
     if (peer == rank) {
@@ -162,12 +162,7 @@ void reduce(Communicator& comm, void* data, size_t count, DataType dtype, Reduce
     pending.emplace_back(&ch, ch.postRecv(base + layout.chunkOffset(chunk) * elem,
                                           layout.chunkLength(chunk) * elem));
   }
-  comm.waitUntil([&] {
-    for (auto& p : pending) {
-      if (!p.first->recvDone(p.second)) return false;
-    }
-    return true;
-  });
+  comm.waitAll({}, pending);
 }
 
 }  // namespace ringdist

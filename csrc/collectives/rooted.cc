@@ -11,20 +11,6 @@ namespace ringdist {
 
 namespace {
 
-using Pending = std::vector<std::pair<Channel*, uint64_t>>;
-
-void waitAll(Communicator& comm, const Pending& sends, const Pending& recvs) {
-  comm.waitUntil([&] {
-    for (const auto& s : sends) {
-      if (!s.first->sendDone(s.second)) return false;
-    }
-    for (const auto& r : recvs) {
-      if (!r.first->recvDone(r.second)) return false;
-    }
-    return true;
-  });
-}
-
 std::vector<int> othersThan(int rank, int size) {
   std::vector<int> peers;
   for (int r = 0; r < size; ++r) {
@@ -42,7 +28,7 @@ void gather(Communicator& comm, const void* input, void* const* outputs, size_t 
   OpHeader header = comm.makeHeader(OpType::kGather, count, dtype, ReduceOp::kSum, root);
   std::vector<int> peers = rank == root ? othersThan(rank, comm.size()) : std::vector<int>{root};
   comm.exchangeHeaders(header, peers, peers);
-  Pending sends, recvs;
+  Communicator::Transfers sends, recvs;
   if (rank == root) {
     if (bytes > 0 && outputs[rank] != input) {
       std::memmove(outputs[rank], input, bytes);
@@ -55,7 +41,7 @@ void gather(Communicator& comm, const void* input, void* const* outputs, size_t 
     Channel& ch = comm.channel(root);
     sends.emplace_back(&ch, ch.postSend(input, bytes));
   }
-  waitAll(comm, sends, recvs);
+  comm.waitAll(sends, recvs);
 }
 
 void scatter(Communicator& comm, const void* const* inputs, void* output, size_t count,
@@ -65,7 +51,7 @@ void scatter(Communicator& comm, const void* const* inputs, void* output, size_t
   OpHeader header = comm.makeHeader(OpType::kScatter, count, dtype, ReduceOp::kSum, root);
   std::vector<int> peers = rank == root ? othersThan(rank, comm.size()) : std::vector<int>{root};
   comm.exchangeHeaders(header, peers, peers);
-  Pending sends, recvs;
+  Communicator::Transfers sends, recvs;
   if (rank == root) {
     if (bytes > 0 && inputs[rank] != output) {
       std::memmove(output, inputs[rank], bytes);
@@ -78,7 +64,7 @@ void scatter(Communicator& comm, const void* const* inputs, void* output, size_t
     Channel& ch = comm.channel(root);
     recvs.emplace_back(&ch, ch.postRecv(output, bytes));
   }
-  waitAll(comm, sends, recvs);
+  comm.waitAll(sends, recvs);
 }
 
 void alltoall(Communicator& comm, const void* const* inputs, const std::vector<uint64_t>& sendCounts,
@@ -97,7 +83,7 @@ void alltoall(Communicator& comm, const void* const* inputs, const std::vector<u
     std::memmove(outputs[rank], inputs[rank], selfBytes);
   }
   // Start with the peer after us so not every rank hits rank 0 first.
-  Pending sends, recvs;
+  Communicator::Transfers sends, recvs;
   for (int k = 1; k < n; ++k) {
     int to = (rank + k) % n;
     int from = (rank - k + n) % n;
@@ -106,7 +92,7 @@ void alltoall(Communicator& comm, const void* const* inputs, const std::vector<u
     Channel& in = comm.channel(from);
     recvs.emplace_back(&in, in.postRecv(outputs[from], recvCounts[static_cast<size_t>(from)] * elem));
   }
-  waitAll(comm, sends, recvs);
+  comm.waitAll(sends, recvs);
 }
 
 // Dissemination barrier: in round k every rank signals rank + 2^k and waits
