@@ -255,6 +255,9 @@ def main():
                           # netns_hosts.sh checks the link before every sweep
                           "link_verified_gbitps": [r["env"].get("RDBENCH_VERIFIED_GBITPS")
                                                    for r in runs[lbl]] if args.hosts else None,
+                          # ... and the ring of concurrent streams: the ring's real ceiling
+                          "ring_verified_gbitps": [r["env"].get("RDBENCH_RING_GBITPS")
+                                                   for r in runs[lbl]] if args.hosts else None,
                           "settings": runs[lbl][0]["settings"],
                           "loadavg_1min_at_start": loads[lbl],
                           "rows": merge(lbl, runs[lbl])}

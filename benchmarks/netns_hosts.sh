@@ -207,6 +207,45 @@ stream_once() {
     tail -n 1 "$out"
 }
 
+# Every host sends to the next one and receives from the previous one at once (a ring
+# step's traffic pattern): prints the per-stream Gbit/s, one per line. This is the ceiling
+# a ring collective can reach here: on 2 cores, N concurrent shaped streams through the
+# bridge cost CPU that one stream does not.
+ring_once() {
+    local i to rpids=() out
+    for (( i = 0; i < HOSTS; i++ )); do
+        ip netns exec "$(ns_host "$i")" timeout $(( VERIFY_SECONDS + 30 )) "$PYTHON" \
+            "$HERE/memcpy_ceiling.py" tcp-recv --bind "$(addr_of "$i")" --port 5202 \
+            --timeout $(( VERIFY_SECONDS + 20 )) >"/tmp/${PREFIX}-tmp/ring$i.out" &
+        rpids+=($!); CHILD_PIDS+=($!)
+    done
+    for (( i = 0; i < HOSTS; i++ )); do
+        to="$(addr_of $(( (i + 1) % HOSTS )))"
+        ip netns exec "$(ns_host "$i")" timeout $(( VERIFY_SECONDS + 30 )) "$PYTHON" \
+            "$HERE/memcpy_ceiling.py" tcp-send --to "$to" --port 5202 \
+            --seconds "$VERIFY_SECONDS" --timeout 20 &
+        CHILD_PIDS+=($!)
+    done
+    wait
+    for (( i = 0; i < HOSTS; i++ )); do tail -n 1 "/tmp/${PREFIX}-tmp/ring$i.out"; done
+}
+
+ring_report() {
+    "$PYTHON" - "$RATE" "$@" <<'EOF2'
+import json, re, sys
+rate, streams = sys.argv[1], [json.loads(a)["Gbitps"] for a in sys.argv[2:]]
+m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.lower())
+want = float(m.group(1)) * {"": 1e-9, "k": 1e-6, "m": 1e-3, "g": 1}[m.group(2)] if m else None
+low, mean = min(streams), sum(streams) / len(streams)
+msg = (f"verify: ring of {len(streams)} concurrent streams (host i -> i+1): "
+       f"slowest {low:.3f}, mean {mean:.3f} Gbit/s per stream")
+if want:
+    msg += f" = {100 * low / want:.1f}% / {100 * mean / want:.1f}% of {rate}"
+print(f"{low:.3f}")
+print(msg, file=sys.stderr)
+EOF2
+}
+
 # Delivered rate on the shaped path, then on the same path with shaping lifted for a moment:
 # if the unshaped path cannot reach the rate either, the shortfall is CPU (a busy 2-core
 # machine), not the shaping. Prints the shaped Gbit/s on stdout, a report on stderr.
@@ -243,14 +282,17 @@ EOF
 
 build
 GBITS=""
+RING_GBITS=""
 if [[ "$CMD" == verify || $NO_VERIFY -eq 0 ]]; then
     GBITS="$(verify_link)"
+    mapfile -t ring_lines < <(ring_once)
+    RING_GBITS="$(ring_report "${ring_lines[@]}")"
 fi
 [[ "$CMD" == verify ]] && exit 0
 
 # run: one torchrun per host, in that host's namespace, hostname and /dev/shm.
 export RDBENCH_HOSTS="$HOSTS" RDBENCH_RATE="$RATE" RDBENCH_PROCS_PER_HOST="$PROCS"
-export RDBENCH_VERIFIED_GBITPS="$GBITS" OMP_NUM_THREADS=1
+export RDBENCH_VERIFIED_GBITPS="$GBITS" RDBENCH_RING_GBITPS="$RING_GBITS" OMP_NUM_THREADS=1
 LAUNCH=()
 for (( i = 0; i < HOSTS; i++ )); do
     ns="$(ns_host "$i")"
