@@ -77,7 +77,10 @@ def counts_for(seg: str, large: bool) -> list[int]:
 
 
 def world_env(seg: str) -> dict:
-    env = {} if segment_of(seg) == "default" else {"RINGDIST_SEGMENT_BYTES": segment_of(seg)}
+    # 64-byte segments: every allreduce takes a ring (no one-round latency path), so small
+    # counts run the multi-segment pipeline and chunks shorter than a segment or empty.
+    env = {} if segment_of(seg) == "default" else {"RINGDIST_SEGMENT_BYTES": segment_of(seg),
+                                                   "RINGDIST_SMALL_ALLREDUCE_BYTES": "0"}
     if transport_of(seg) == "tcp":
         env["RINGDIST_TRANSPORT"] = "tcp"
     return env
@@ -617,14 +620,21 @@ def _case_objects(rank, ws):
 def _case_setup(rank, ws):
     return {"backend": dist.get_backend(), "rank": dist.get_rank(), "world_size": dist.get_world_size(),
             "segment_env": os.environ.get("RINGDIST_SEGMENT_BYTES"), "threads": torch.get_num_threads(),
-            "transports": _transports()}
+            "transports": _transports(), "allreduce_rings": _allreduce_rings()}
+
+
+def _ringdist_backend():
+    return dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
 
 
 def _transports():
     if dist.get_backend() != "ringdist":
         return None
-    kinds = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).transports
-    return sorted(set(kinds) - {"self"})
+    return sorted(set(_ringdist_backend().transports) - {"self"})
+
+
+def _allreduce_rings():
+    return _ringdist_backend().allreduce_rings if dist.get_backend() == "ringdist" else None
 
 
 # ================================================================ parent side
@@ -652,8 +662,13 @@ def test_world_setup(world_factory, ws, seg):
     """The matrix really runs on the backend and segment size it claims to."""
     res = get_world(world_factory, ws, seg).run(_case_setup)
     for rank, info in enumerate(res):
-        expected_transports = None
+        expected_transports = expected_rings = None
         if default_backend() == "ringdist":
+            # Two emulated hosts of two ranks each (ring order 0, 2, 1, 3): large allreduces
+            # go two-level, [our host's ranks, the ranks at our position on each host].
+            uniform_hosts = transport_of(seg) == "hosts" and ws % 2 == 0
+            expected_rings = [[rank % 2, rank % 2 + 2], [rank // 2 * 2, rank // 2 * 2 + 1]] \
+                if uniform_hosts else []
             # Same-host ranks: shared memory unless TCP is forced.
             if transport_of(seg) == "hosts":  # shm to same-host peers (same r % 2), tcp to others
                 expected_transports = sorted({"shm" if p % 2 == rank % 2 else "tcp"
@@ -663,7 +678,7 @@ def test_world_setup(world_factory, ws, seg):
         seg_env = None if segment_of(seg) == "default" else segment_of(seg)
         assert info == {"backend": default_backend(), "rank": rank, "world_size": ws,
                         "segment_env": seg_env, "threads": 1,
-                        "transports": expected_transports}, info
+                        "transports": expected_transports, "allreduce_rings": expected_rings}, info
 
 
 # -------------------------------------------------------------------- reductions

@@ -61,6 +61,9 @@ PYBIND11_MODULE(_C, m) {
                     "Bytes per pipelined segment; every rank of the group must use the same value")
       .def_property_readonly("transports", &ringdist::ProcessGroupRingdist::transports,
                              "Transport used to reach each rank: 'tcp', 'shm' or 'self'")
+      .def_property_readonly("allreduce_rings", &ringdist::ProcessGroupRingdist::allreduceRings,
+                             "Two-level allreduce rings [ranks of this host, one rank per host], "
+                             "or [] when large allreduces take one flat ring")
       .def("allreduce_compressed", &ringdist::ProcessGroupRingdist::allreduceCompressed,
            py::arg("tensor"), py::arg("codec"), py::arg("average") = false,
            py::arg("timeout") = std::chrono::milliseconds(0),

@@ -83,7 +83,7 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
     Mesh mesh = connectMesh(*rendezvous, rank, size, options);
     transports_ = mesh.transportOf;
     comm_ = std::make_unique<Communicator>(rank, size, std::move(mesh.channels),
-                                           std::move(mesh.ring), rendezvous);
+                                           std::move(mesh.ring), mesh.hostOf, rendezvous);
     p2p_ = std::make_unique<PointToPoint>(*comm_);
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, c10::str("ringdist init: rank ", rank, ": ", e.what()));
@@ -95,6 +95,14 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
 }
 
 ProcessGroupRingdist::~ProcessGroupRingdist() { shutdown(); }
+
+std::vector<std::vector<int>> ProcessGroupRingdist::allreduceRings() const {
+  // Fixed at construction: safe to read while the worker runs.
+  if (!comm_->hierarchical()) {
+    return {};
+  }
+  return {comm_->hostRing().members, comm_->crossRing().members};
+}
 
 void ProcessGroupRingdist::shutdown() {
   {

@@ -86,6 +86,9 @@ class ProcessGroupRingdist : public c10d::Backend {
   // Tuning and introspection for tests and benchmarks.
   // Transport used to reach each rank ("tcp", "shm", "self").
   const std::vector<std::string>& transports() const { return transports_; }
+  // Large allreduces on uniform multi-host groups: {ranks of our host, ranks
+  // at our position on every host}, each in ring order; empty for one flat ring.
+  std::vector<std::vector<int>> allreduceRings() const;
   size_t segmentBytes() const { return segmentBytes_; }
   void setSegmentBytes(size_t bytes);
 

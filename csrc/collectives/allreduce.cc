@@ -8,7 +8,9 @@
 // buffer. No full-size temporary exists. Each chunk is
 // reduced once, along the ring, by a fixed order, and then copied, so every
 // rank ends with bitwise identical results. Buffers up to
-// smallAllreduceBytes() take a one-round exchange instead (latency path).
+// smallAllreduceBytes() take a one-round exchange instead (latency path);
+// groups spanning several hosts with the same number of ranks on each take a
+// two-level variant of the ring (hierarchicalAllreduce).
 #include <cstring>
 #include <vector>
 
@@ -61,19 +63,25 @@ void oneShotAllreduce(Communicator& comm, void* data, size_t count, DataType dty
   std::memcpy(data, scratch, bytes);
 }
 
-void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
-  const int n = comm.size();
-  ReduceFn reduceFn = reduceFunction(dtype, op);
+// Steps [firstStep, endStep) of a pipelined ring allreduce over `ring` on
+// `count` elements at `data`: steps 0..n-2 reduce-scatter (position p ends
+// owning chunk p, fully reduced), steps n-1..2n-3 allgather. A partial range
+// starts from data that is final for its first step. divisor > 0: the owner
+// divides its chunk by it after the last reduce step (AVG).
+void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count, DataType dtype,
+               ReduceFn reduceFn, long firstStep, long endStep, int divisor) {
+  const int n = ring.size();
   const size_t elem = elementSize(dtype);
   const size_t segElems = std::max<size_t>(1, comm.segmentBytes() / elem);
   const ChunkLayout layout(count, n, segElems);
   const size_t perStep = layout.segmentsPerChunk;
-  const size_t total = static_cast<size_t>(2 * (n - 1)) * perStep;
+  const size_t first = static_cast<size_t>(firstStep) * perStep;  // transfers [first, end)
+  const size_t end = static_cast<size_t>(endStep) * perStep;
   const size_t reduceScatterTransfers = static_cast<size_t>(n - 1) * perStep;
-  const long pos = comm.ringPos();
+  const long pos = ring.pos;
   char* base = static_cast<char*>(data);
-  Channel& left = comm.channel(comm.left());
-  Channel& right = comm.channel(comm.right());
+  Channel& left = comm.channel(ring.left());
+  Channel& right = comm.channel(ring.right());
 
   auto segmentOf = [&](size_t transfer, bool sending, size_t* offset, size_t* length) {
     long step = static_cast<long>(transfer / perStep);
@@ -81,44 +89,47 @@ void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
     layout.segment(chunk, transfer % perStep, offset, length);
   };
 
-  std::vector<uint64_t> sendTicket(total, 0);
-  std::vector<uint64_t> recvTicket(total, 0);
-  size_t sent = 0;       // transfers whose send is posted
-  size_t posted = 0;     // transfers whose receive is posted
-  size_t processed = 0;  // transfers received and reduced/accepted
-  while (processed < total) {
-    // Send every transfer whose data is final here: step 0 sends our own
-    // data; step s forwards what step s-1 received (transfer - perStep).
-    while (sent < total && (sent < perStep || processed > sent - perStep)) {
+  std::vector<uint64_t> sendTicket(end - first, 0);  // indexed by transfer - first
+  std::vector<uint64_t> recvTicket(end - first, 0);
+  size_t sent = first;       // transfers whose send is posted
+  size_t posted = first;     // transfers whose receive is posted
+  size_t processed = first;  // transfers received and reduced/accepted
+  while (processed < end) {
+    // Send every transfer whose data is final here: the first step sends
+    // what we hold; step s forwards what step s-1 received (transfer - perStep).
+    while (sent < end && (sent < first + perStep || processed > sent - perStep)) {
       size_t offset, length;
       segmentOf(sent, true, &offset, &length);
-      sendTicket[sent] = right.postSend(base + offset * elem, length * elem);
+      sendTicket[sent - first] = right.postSend(base + offset * elem, length * elem);
       ++sent;
     }
     // Keep up to kRecvWindow receives posted. An allgather receive writes
-    // into a region our reduce-scatter sent earlier; that send must be done.
-    while (posted < total && posted - processed < kRecvWindow) {
+    // into a region our reduce-scatter sent earlier; that send must be done
+    // (sends of an earlier call were waited for before it returned).
+    while (posted < end && posted - processed < kRecvWindow) {
       size_t offset, length;
       segmentOf(posted, false, &offset, &length);
       if (posted < reduceScatterTransfers) {
         char* target = base + offset * elem;
-        recvTicket[posted] = left.postRecvReduce(target, target, length * elem, elem, reduceFn);
+        recvTicket[posted - first] =
+            left.postRecvReduce(target, target, length * elem, elem, reduceFn);
       } else {
         size_t earlier = posted - reduceScatterTransfers;
-        if (earlier >= sent || !right.sendDone(sendTicket[earlier])) {
+        if (earlier >= first &&
+            (earlier >= sent || !right.sendDone(sendTicket[earlier - first]))) {
           break;
         }
-        recvTicket[posted] = left.postRecv(base + offset * elem, length * elem);
+        recvTicket[posted - first] = left.postRecv(base + offset * elem, length * elem);
       }
       ++posted;
     }
     bool moved = comm.progress();
-    if (processed < posted && left.recvDone(recvTicket[processed])) {
+    if (processed < posted && left.recvDone(recvTicket[processed - first])) {
       bool lastReduceStep = processed / perStep == static_cast<size_t>(n - 2);
-      if (lastReduceStep && op == ReduceOp::kAvg) {
+      if (lastReduceStep && divisor > 0) {
         size_t offset, length;
         segmentOf(processed, false, &offset, &length);
-        divideInPlace(base + offset * elem, length, dtype, n);  // the owner finalises its chunk
+        divideInPlace(base + offset * elem, length, dtype, divisor);  // the owner finalises its chunk
       }
       ++processed;
       continue;
@@ -127,7 +138,47 @@ void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
       comm.waitForActivity();
     }
   }
-  comm.waitUntil([&] { return right.sendDone(sendTicket[total - 1]); });
+  if (sent > first) {
+    comm.waitUntil([&] { return right.sendDone(sendTicket[sent - 1 - first]); });
+  }
+}
+
+// Flat ring over every rank (its order visits each host's ranks together).
+void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
+  SubRing all;
+  for (int p = 0; p < comm.size(); ++p) all.members.push_back(comm.ringRank(p));
+  all.pos = comm.ringPos();
+  const int n = comm.size();
+  ringSteps(comm, all, data, count, dtype, reduceFunction(dtype, op), 0, 2 * (n - 1),
+            op == ReduceOp::kAvg ? n : 0);
+}
+
+// Two levels, for H hosts of L ranks each: reduce-scatter inside the host
+// (local position p ends owning chunk p of L), allreduce of chunk p across
+// hosts among the ranks at position p (L such rings run side by side), then
+// allgather inside the host. Each host's link carries 2(H-1)/H of the buffer
+// per direction instead of the flat ring's 2(N-1)/N, which is what makes
+// multi-host runs with several ranks per host faster. Every chunk is still
+// reduced in one fixed order and then copied, so results stay bitwise
+// identical on all ranks.
+void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
+                           ReduceOp op) {
+  const SubRing& host = comm.hostRing();
+  const SubRing& cross = comm.crossRing();
+  const long l = host.size();
+  const long h = cross.size();
+  ReduceFn reduceFn = reduceFunction(dtype, op);
+  ringSteps(comm, host, data, count, dtype, reduceFn, 0, l - 1, 0);
+  const size_t elem = elementSize(dtype);
+  const ChunkLayout layout(count, host.size(), std::max<size_t>(1, comm.segmentBytes() / elem));
+  const size_t own = static_cast<size_t>(host.pos);
+  // The same on every rank at this position, so all of a cross ring skip alike.
+  if (layout.chunkLength(own) > 0) {
+    ringSteps(comm, cross, static_cast<char*>(data) + layout.chunkOffset(own) * elem,
+              layout.chunkLength(own), dtype, reduceFn, 0, 2 * (h - 1),
+              op == ReduceOp::kAvg ? comm.size() : 0);
+  }
+  ringSteps(comm, host, data, count, dtype, reduceFn, l - 1, 2 * (l - 1), 0);
 }
 
 }  // namespace
@@ -137,13 +188,19 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
   reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
   const bool small = count * elementSize(dtype) <= comm.smallAllreduceBytes();
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
-  header.reserved = small ? 1 : 0;  // the algorithm: ranks must agree on it
+  // The algorithm travels in the header: ranks must agree on it.
+  enum : uint8_t { kRing = 0, kOneShot = 1, kHierarchical = 2 };
+  header.reserved = small ? kOneShot : comm.hierarchical() ? kHierarchical : kRing;
   if (n > 1 && count > 0 && small) {
     oneShotAllreduce(comm, data, count, dtype, op, header);
   } else {
     comm.exchangeRingHeaders(header);
     if (n > 1 && count > 0) {  // AVG over one rank divides by one
-      ringAllreduce(comm, data, count, dtype, op);
+      if (header.reserved == kHierarchical) {
+        hierarchicalAllreduce(comm, data, count, dtype, op);
+      } else {
+        ringAllreduce(comm, data, count, dtype, op);
+      }
     }
   }
   if (comm.checkResults()) {

@@ -58,7 +58,8 @@ const char* opTypeName(OpType type) {
 }
 
 Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
-                           std::vector<int> ring, std::shared_ptr<Rendezvous> rendezvous)
+                           std::vector<int> ring, const std::vector<int>& hostOf,
+                           std::shared_ptr<Rendezvous> rendezvous)
     : rank_(rank), size_(size), channels_(std::move(channels)), rendezvous_(std::move(rendezvous)),
       ring_(std::move(ring)) {
   RINGDIST_CHECK(static_cast<int>(ring_.size()) == size_, "ringdist: ring order has ", ring_.size(),
@@ -77,6 +78,34 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Chann
   RINGDIST_CHECK(small >= 0, "ringdist: RINGDIST_SMALL_ALLREDUCE_BYTES must be >= 0, got ", small);
   smallAllreduceBytes_ = static_cast<size_t>(small);
   checkResults_ = envInt("RINGDIST_CHECK_RESULTS", 0) != 0;
+  setUpHierarchy(hostOf);
+}
+
+void Communicator::setUpHierarchy(const std::vector<int>& hostOf) {
+  RINGDIST_CHECK(static_cast<int>(hostOf.size()) == size_, "ringdist: host map has ",
+                 hostOf.size(), " ranks, expected ", size_);
+  // Hosts are numbered in ring order, so host h holds ring positions
+  // [h * perHost, (h + 1) * perHost) when every host has perHost ranks.
+  const int hosts = *std::max_element(hostOf.begin(), hostOf.end()) + 1;
+  const int perHost = size_ / hosts;
+  bool uniform = hosts >= 2 && perHost >= 2 && perHost * hosts == size_;
+  for (int pos = 0; uniform && pos < size_; ++pos) {
+    uniform = hostOf[static_cast<size_t>(ring_[static_cast<size_t>(pos)])] == pos / perHost;
+  }
+  if (!uniform || envInt("RINGDIST_HIERARCHICAL", 1) == 0) {
+    return;
+  }
+  hierarchical_ = true;
+  const int host = ringPos_ / perHost;
+  const int local = ringPos_ % perHost;
+  for (int i = 0; i < perHost; ++i) {
+    hostRing_.members.push_back(ring_[static_cast<size_t>(host * perHost + i)]);
+  }
+  hostRing_.pos = local;
+  for (int h = 0; h < hosts; ++h) {
+    crossRing_.members.push_back(ring_[static_cast<size_t>(h * perHost + local)]);
+  }
+  crossRing_.pos = host;
 }
 
 Communicator::~Communicator() { std::free(scratch_); }

@@ -64,14 +64,25 @@ constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
 // Longest single sleep; between sleeps dead peers and deadlines are checked.
 constexpr auto kMaxSleep = std::chrono::milliseconds(50);
 
+// Part of the ranks arranged in a ring (ranks by position; we sit at pos).
+struct SubRing {
+  std::vector<int> members;
+  int pos = 0;
+  int size() const { return static_cast<int>(members.size()); }
+  int left() const { return members[static_cast<size_t>((pos + size() - 1) % size())]; }
+  int right() const { return members[static_cast<size_t>((pos + 1) % size())]; }
+};
+
 // One process group's view of its peers: channels, ring order, progress
 // loop, deadlines and abort state. Single-threaded: only the backend's
 // worker thread calls into it.
 class Communicator {
  public:
-  // ring: ranks in ring order (a permutation of 0..size-1).
+  // ring: ranks in ring order (a permutation of 0..size-1), the ranks of
+  // each host consecutive; hostOf: host index of each rank.
   Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
-               std::vector<int> ring, std::shared_ptr<Rendezvous> rendezvous);
+               std::vector<int> ring, const std::vector<int>& hostOf,
+               std::shared_ptr<Rendezvous> rendezvous);
   ~Communicator();
 
   int rank() const { return rank_; }
@@ -83,6 +94,13 @@ class Communicator {
   int ringRank(int pos) const { return ring_[static_cast<size_t>(((pos % size_) + size_) % size_)]; }
   int left() const { return ringRank(ringPos_ - 1); }
   int right() const { return ringRank(ringPos_ + 1); }
+
+  // Two-level rings, set when there are >= 2 hosts, each with the same number
+  // (>= 2) of ranks, and RINGDIST_HIERARCHICAL is not 0: the ranks of our
+  // host, and one rank per host (ours and those at our position elsewhere).
+  bool hierarchical() const { return hierarchical_; }
+  const SubRing& hostRing() const { return hostRing_; }
+  const SubRing& crossRing() const { return crossRing_; }
 
   size_t segmentBytes() const { return segmentBytes_; }
   void setSegmentBytes(size_t bytes);
@@ -141,6 +159,7 @@ class Communicator {
 
  private:
   std::string pendingPeers() const;
+  void setUpHierarchy(const std::vector<int>& hostOf);
   void sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left);
 
   const int rank_;
@@ -149,6 +168,9 @@ class Communicator {
   std::shared_ptr<Rendezvous> rendezvous_;
   std::vector<int> ring_;
   int ringPos_ = 0;
+  bool hierarchical_ = false;
+  SubRing hostRing_;
+  SubRing crossRing_;
   size_t segmentBytes_;
   size_t smallAllreduceBytes_;
   bool checkResults_;

@@ -427,9 +427,13 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
   for (const auto& h : hosts) {
     if (std::find(hostOrder.begin(), hostOrder.end(), h) == hostOrder.end()) hostOrder.push_back(h);
   }
-  for (const auto& h : hostOrder) {
+  mesh.hostOf.assign(static_cast<size_t>(size), 0);
+  for (size_t h = 0; h < hostOrder.size(); ++h) {
     for (int r = 0; r < size; ++r) {
-      if (hosts[static_cast<size_t>(r)] == h) mesh.ring.push_back(r);
+      if (hosts[static_cast<size_t>(r)] == hostOrder[h]) {
+        mesh.ring.push_back(r);
+        mesh.hostOf[static_cast<size_t>(r)] = static_cast<int>(h);
+      }
     }
   }
   return mesh;

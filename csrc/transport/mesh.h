@@ -18,6 +18,7 @@ struct MeshOptions {
 struct Mesh {
   std::vector<std::unique_ptr<Channel>> channels;  // by rank; null for self
   std::vector<int> ring;                            // ranks in ring order
+  std::vector<int> hostOf;                          // by rank: host index, numbered in ring order
   std::vector<std::string> transportOf;             // by rank: "tcp", "shm" or "self"
 };
 
