@@ -60,9 +60,9 @@ RD_INLINE BlockStats blockStats(const float* x, size_t n) {
   return BlockStats{maxAbs, badSum == 0.0f};
 }
 
-// Full int8 blocks with AVX2: the same arithmetic as the portable kernels
-// (so both families encode identically), written with intrinsics because the
-// compiler does not vectorise the float -> int8 narrowing on its own.
+// Full int8 and fp16 blocks with AVX2/F16C: the same arithmetic as the
+// portable kernels, written with intrinsics because the compiler vectorises
+// neither the float -> int8 narrowing nor the _Float16 loops on its own.
 // Out-of-line (one call per 256 elements): an always-inline function with a
 // target attribute cannot be inlined into the portable templates.
 #define RD_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -90,7 +90,6 @@ RD_AVX2 BlockStats blockStatsAvx2(const float* x) {
 
 RD_AVX2 void int8QuantiseAvx2(const float* x, float inv, int8_t* q) {
   const __m256 vinv = _mm256_set1_ps(inv);
-  const __m256 round = _mm256_set1_ps(kRound);
   const __m256 hi = _mm256_set1_ps(127.0f);
   const __m256 lo = _mm256_set1_ps(-127.0f);
   // packs interleaves 128-bit lanes; this puts the 4-byte groups back in order.
@@ -98,8 +97,10 @@ RD_AVX2 void int8QuantiseAvx2(const float* x, float inv, int8_t* q) {
   for (size_t i = 0; i < kCodecBlock; i += 32) {
     __m256i w[4];
     for (int j = 0; j < 4; ++j) {
-      __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), vinv);
-      v = _mm256_sub_ps(_mm256_add_ps(v, round), round);
+      // vroundps on the rounded product: no fused multiply-add can skip
+      // the product's rounding, so this is exactly round(x * inv).
+      __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), vinv),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       w[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
     }
     __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(w[0], w[1]),
@@ -115,6 +116,26 @@ RD_AVX2 void int8DecodeAvx2(const int8_t* q, float scale, float* out) {
   for (size_t i = 0; i < kCodecBlock; i += 8) {
     __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i));
     __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+    if (kAdd) v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
+    _mm256_storeu_ps(out + i, v);
+  }
+}
+
+RD_AVX2 void fp16ScaleAvx2(const float* x, float up, char* out) {
+  const __m256 vup = _mm256_set1_ps(up);
+  for (size_t i = 0; i < kCodecBlock; i += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(x + i), vup),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
+  }
+}
+
+template <bool kAdd>
+RD_AVX2 void fp16DecodeAvx2(const char* in, float scale, float* out) {
+  const __m256 s = _mm256_set1_ps(scale);
+  for (size_t i = 0; i < kCodecBlock; i += 8) {
+    __m256 v = _mm256_mul_ps(
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i))), s);
     if (kAdd) v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
     _mm256_storeu_ps(out + i, v);
   }
@@ -174,8 +195,15 @@ RD_INLINE void int8DecodeBlock(const char* in, size_t n, float* out) {
 
 // ------------------------------------------------------------------ fp16
 
+template <bool kAvx2>
 RD_INLINE void fp16EncodeBlock(const float* x, size_t n, char* out) {
-  BlockStats st = blockStats(x, n);
+  const bool full = kAvx2 && n == kCodecBlock;
+  BlockStats st;
+  if constexpr (kAvx2) {
+    st = full ? blockStatsAvx2(x) : blockStats(x, n);
+  } else {
+    st = blockStats(x, n);
+  }
   float scale = 1.0f;  // decode multiplier
   float up = 1.0f;     // encode multiplier, 1 / scale (exact: powers of two)
   if (!st.finite) {
@@ -190,14 +218,20 @@ RD_INLINE void fp16EncodeBlock(const float* x, size_t n, char* out) {
     scale = std::ldexp(1.0f, -s);
   }
   std::memcpy(out, &scale, kScaleBytes);
+  if constexpr (kAvx2) {
+    if (full) return fp16ScaleAvx2(x, up, out + kScaleBytes);
+  }
   auto* h = reinterpret_cast<_Float16*>(out + kScaleBytes);
   for (size_t i = 0; i < n; ++i) h[i] = static_cast<_Float16>(x[i] * up);
 }
 
-template <bool kAdd>
+template <bool kAdd, bool kAvx2>
 RD_INLINE void fp16DecodeBlock(const char* in, size_t n, float* out) {
   float scale;
   std::memcpy(&scale, in, kScaleBytes);
+  if constexpr (kAvx2) {
+    if (n == kCodecBlock) return fp16DecodeAvx2<kAdd>(in + kScaleBytes, scale, out);
+  }
   const auto* h = reinterpret_cast<const _Float16*>(in + kScaleBytes);
   for (size_t i = 0; i < n; ++i) {
     float v = static_cast<float>(h[i]) * scale;
@@ -238,7 +272,7 @@ RD_INLINE void encodeImpl(Codec codec, const float* in, size_t count, char* out)
     if (codec == Codec::kInt8) {
       int8EncodeBlock<kAvx2>(in + off, n, out);
     } else {
-      fp16EncodeBlock(in + off, n, out);
+      fp16EncodeBlock<kAvx2>(in + off, n, out);
     }
     out += blockBytes(codec, n);
   }
@@ -254,7 +288,7 @@ RD_INLINE void decodeImpl(Codec codec, const char* in, size_t count, float* out)
     if (codec == Codec::kInt8) {
       int8DecodeBlock<kAdd, kAvx2>(in, n, out + off);
     } else {
-      fp16DecodeBlock<kAdd>(in, n, out + off);
+      fp16DecodeBlock<kAdd, kAvx2>(in, n, out + off);
     }
     in += blockBytes(codec, n);
   }
