@@ -5,6 +5,7 @@
 
 #include "csrc/backend/process_group.h"
 #include "csrc/codec/codec.h"
+#include "csrc/codec/topk.h"
 #include "csrc/reduce/reduce.h"
 #include "csrc/transport/tcp/socket.h"
 
@@ -43,6 +44,47 @@ at::Tensor codecRoundTrip(const at::Tensor& tensor, const std::string& name,
     }
   }
   return result;
+}
+
+void checkFloatVector(const char* what, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat &&
+                  t.is_contiguous(),
+              "ringdist ", what, ": ", name, " must be a contiguous float32 CPU tensor, got ",
+              t.scalar_type(), " on ", t.device());
+}
+
+void topkSelect(const at::Tensor& grad, std::optional<at::Tensor> residual, int64_t k,
+                at::Tensor& packed) {
+  const char* what = "topk_select";
+  checkFloatVector(what, grad, "grad");
+  checkFloatVector(what, packed, "packed");
+  const int64_t n = grad.numel();
+  TORCH_CHECK(k >= 0 && k <= n && packed.numel() == 2 * k, "ringdist topk_select: k = ", k,
+              " of ", n, " entries with packed of ", packed.numel(), " (want 2k)");
+  float* res = nullptr;
+  if (residual.has_value()) {
+    checkFloatVector(what, *residual, "residual");
+    TORCH_CHECK(residual->numel() == n, "ringdist topk_select: residual has ", residual->numel(),
+                " entries, grad ", n);
+    res = residual->data_ptr<float>();
+  }
+  float* values = packed.data_ptr<float>();
+  py::gil_scoped_release release;
+  ringdist::topkSelect(grad.data_ptr<float>(), res, static_cast<size_t>(n),
+                       static_cast<size_t>(k), values, reinterpret_cast<int32_t*>(values + k));
+}
+
+void topkScatter(const at::Tensor& parts, int64_t world, int64_t k, at::Tensor& out) {
+  const char* what = "topk_scatter";
+  checkFloatVector(what, parts, "parts");
+  checkFloatVector(what, out, "out");
+  TORCH_CHECK(world >= 1 && k >= 0 && parts.numel() == 2 * k * world,
+              "ringdist topk_scatter: parts has ", parts.numel(), " entries, want 2 x k (", k,
+              ") x world (", world, ")");
+  py::gil_scoped_release release;
+  ringdist::topkScatter(parts.data_ptr<float>(), static_cast<size_t>(world),
+                        static_cast<size_t>(k), static_cast<size_t>(out.numel()),
+                        out.data_ptr<float>());
 }
 
 }  // namespace
@@ -95,6 +137,16 @@ PYBIND11_MODULE(_C, m) {
           return ringdist::encodedBytes(parseCodec(name), count);
         }, py::arg("codec"), py::arg("count"));
   m.def("codec_kernel_family", &ringdist::codecKernelFamily);
+  m.def("topk_select", &topkSelect, py::arg("grad"), py::arg("residual"), py::arg("k"),
+        py::arg("packed"),
+        "Top-k of x = grad + residual (residual None: x = grad) by magnitude, ties to the lower "
+        "index: packed[:k] = values, packed[k:] = int32 indices (as float32 bits), ascending. "
+        "The residual becomes x with the selected entries zeroed. grad is not modified.");
+  m.def("topk_scatter", &topkScatter, py::arg("parts"), py::arg("world"), py::arg("k"),
+        py::arg("out"),
+        "out = zeros, then out[idx] += value / world for each rank's packed [values | indices] "
+        "block of parts, in rank order (bitwise identical on every rank).");
+  m.def("topk_kernel_family", &ringdist::topkKernelFamily);
   m.def("create_backend", &ringdist::createBackend, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("bind_ip"),
         py::call_guard<py::gil_scoped_release>());

@@ -6,6 +6,8 @@
 // calling a libm function.
 #include "csrc/codec/codec.h"
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -58,10 +60,98 @@ RD_INLINE BlockStats blockStats(const float* x, size_t n) {
   return BlockStats{maxAbs, badSum == 0.0f};
 }
 
+// Full int8 and fp16 blocks with AVX2/F16C: the same arithmetic as the
+// portable kernels, written with intrinsics because the compiler vectorises
+// neither the float -> int8 narrowing nor the _Float16 loops on its own.
+// Out-of-line (one call per 256 elements): an always-inline function with a
+// target attribute cannot be inlined into the portable templates.
+#define RD_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+RD_AVX2 BlockStats blockStatsAvx2(const float* x) {
+  const __m256 absMask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 m0 = zero, m1 = zero, bad0 = zero, bad1 = zero;
+  for (size_t i = 0; i < kCodecBlock; i += 16) {
+    __m256 a = _mm256_loadu_ps(x + i);
+    __m256 b = _mm256_loadu_ps(x + i + 8);
+    m0 = _mm256_max_ps(m0, _mm256_and_ps(a, absMask));
+    m1 = _mm256_max_ps(m1, _mm256_and_ps(b, absMask));
+    bad0 = _mm256_add_ps(bad0, _mm256_mul_ps(a, zero));  // NaN iff a NaN or inf was seen
+    bad1 = _mm256_add_ps(bad1, _mm256_mul_ps(b, zero));
+  }
+  __m256 m = _mm256_max_ps(m0, m1);
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  __m256 bad = _mm256_add_ps(bad0, bad1);
+  int finite = _mm256_movemask_ps(_mm256_cmp_ps(bad, zero, _CMP_EQ_OQ));
+  return BlockStats{_mm_cvtss_f32(h), finite == 0xff};
+}
+
+RD_AVX2 void int8QuantiseAvx2(const float* x, float inv, int8_t* q) {
+  const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256 hi = _mm256_set1_ps(127.0f);
+  const __m256 lo = _mm256_set1_ps(-127.0f);
+  // packs interleaves 128-bit lanes; this puts the 4-byte groups back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (size_t i = 0; i < kCodecBlock; i += 32) {
+    __m256i w[4];
+    for (int j = 0; j < 4; ++j) {
+      // vroundps on the rounded product: no fused multiply-add can skip
+      // the product's rounding, so this is exactly round(x * inv).
+      __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), vinv),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      w[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+    }
+    __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(w[0], w[1]),
+                                       _mm256_packs_epi32(w[2], w[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i),
+                        _mm256_permutevar8x32_epi32(bytes, order));
+  }
+}
+
+template <bool kAdd>
+RD_AVX2 void int8DecodeAvx2(const int8_t* q, float scale, float* out) {
+  const __m256 s = _mm256_set1_ps(scale);
+  for (size_t i = 0; i < kCodecBlock; i += 8) {
+    __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i));
+    __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+    if (kAdd) v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
+    _mm256_storeu_ps(out + i, v);
+  }
+}
+
+RD_AVX2 void fp16ScaleAvx2(const float* x, float up, char* out) {
+  const __m256 vup = _mm256_set1_ps(up);
+  for (size_t i = 0; i < kCodecBlock; i += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(x + i), vup),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
+  }
+}
+
+template <bool kAdd>
+RD_AVX2 void fp16DecodeAvx2(const char* in, float scale, float* out) {
+  const __m256 s = _mm256_set1_ps(scale);
+  for (size_t i = 0; i < kCodecBlock; i += 8) {
+    __m256 v = _mm256_mul_ps(
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i))), s);
+    if (kAdd) v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
+    _mm256_storeu_ps(out + i, v);
+  }
+}
+
 // ------------------------------------------------------------------ int8
 
+template <bool kAvx2>
 RD_INLINE void int8EncodeBlock(const float* x, size_t n, char* out) {
-  BlockStats st = blockStats(x, n);
+  const bool full = kAvx2 && n == kCodecBlock;
+  BlockStats st;
+  if constexpr (kAvx2) {
+    st = full ? blockStatsAvx2(x) : blockStats(x, n);
+  } else {
+    st = blockStats(x, n);
+  }
   float scale;
   float inv;
   if (!st.finite) {
@@ -76,6 +166,9 @@ RD_INLINE void int8EncodeBlock(const float* x, size_t n, char* out) {
   }
   std::memcpy(out, &scale, kScaleBytes);
   auto* q = reinterpret_cast<int8_t*>(out + kScaleBytes);
+  if constexpr (kAvx2) {
+    if (full) return int8QuantiseAvx2(x, inv, q);
+  }
   for (size_t i = 0; i < n; ++i) {
     float v = x[i] * inv;
     v = (v + kRound) - kRound;
@@ -86,11 +179,14 @@ RD_INLINE void int8EncodeBlock(const float* x, size_t n, char* out) {
   }
 }
 
-template <bool kAdd>
+template <bool kAdd, bool kAvx2>
 RD_INLINE void int8DecodeBlock(const char* in, size_t n, float* out) {
   float scale;
   std::memcpy(&scale, in, kScaleBytes);
   const auto* q = reinterpret_cast<const int8_t*>(in + kScaleBytes);
+  if constexpr (kAvx2) {
+    if (n == kCodecBlock) return int8DecodeAvx2<kAdd>(q, scale, out);
+  }
   for (size_t i = 0; i < n; ++i) {
     float v = static_cast<float>(q[i]) * scale;
     out[i] = kAdd ? out[i] + v : v;
@@ -99,8 +195,15 @@ RD_INLINE void int8DecodeBlock(const char* in, size_t n, float* out) {
 
 // ------------------------------------------------------------------ fp16
 
+template <bool kAvx2>
 RD_INLINE void fp16EncodeBlock(const float* x, size_t n, char* out) {
-  BlockStats st = blockStats(x, n);
+  const bool full = kAvx2 && n == kCodecBlock;
+  BlockStats st;
+  if constexpr (kAvx2) {
+    st = full ? blockStatsAvx2(x) : blockStats(x, n);
+  } else {
+    st = blockStats(x, n);
+  }
   float scale = 1.0f;  // decode multiplier
   float up = 1.0f;     // encode multiplier, 1 / scale (exact: powers of two)
   if (!st.finite) {
@@ -115,14 +218,20 @@ RD_INLINE void fp16EncodeBlock(const float* x, size_t n, char* out) {
     scale = std::ldexp(1.0f, -s);
   }
   std::memcpy(out, &scale, kScaleBytes);
+  if constexpr (kAvx2) {
+    if (full) return fp16ScaleAvx2(x, up, out + kScaleBytes);
+  }
   auto* h = reinterpret_cast<_Float16*>(out + kScaleBytes);
   for (size_t i = 0; i < n; ++i) h[i] = static_cast<_Float16>(x[i] * up);
 }
 
-template <bool kAdd>
+template <bool kAdd, bool kAvx2>
 RD_INLINE void fp16DecodeBlock(const char* in, size_t n, float* out) {
   float scale;
   std::memcpy(&scale, in, kScaleBytes);
+  if constexpr (kAvx2) {
+    if (n == kCodecBlock) return fp16DecodeAvx2<kAdd>(in + kScaleBytes, scale, out);
+  }
   const auto* h = reinterpret_cast<const _Float16*>(in + kScaleBytes);
   for (size_t i = 0; i < n; ++i) {
     float v = static_cast<float>(h[i]) * scale;
@@ -153,6 +262,7 @@ RD_INLINE size_t blockBytes(Codec codec, size_t n) {
   return (codec == Codec::kBf16 ? 0 : kScaleBytes) + n * payloadBytes(codec);
 }
 
+template <bool kAvx2>
 RD_INLINE void encodeImpl(Codec codec, const float* in, size_t count, char* out) {
   if (codec == Codec::kBf16) {
     return bf16Encode(in, count, out);
@@ -160,15 +270,15 @@ RD_INLINE void encodeImpl(Codec codec, const float* in, size_t count, char* out)
   for (size_t off = 0; off < count; off += kCodecBlock) {
     size_t n = count - off < kCodecBlock ? count - off : kCodecBlock;
     if (codec == Codec::kInt8) {
-      int8EncodeBlock(in + off, n, out);
+      int8EncodeBlock<kAvx2>(in + off, n, out);
     } else {
-      fp16EncodeBlock(in + off, n, out);
+      fp16EncodeBlock<kAvx2>(in + off, n, out);
     }
     out += blockBytes(codec, n);
   }
 }
 
-template <bool kAdd>
+template <bool kAdd, bool kAvx2>
 RD_INLINE void decodeImpl(Codec codec, const char* in, size_t count, float* out) {
   if (codec == Codec::kBf16) {
     return bf16Decode<kAdd>(in, count, out);
@@ -176,46 +286,46 @@ RD_INLINE void decodeImpl(Codec codec, const char* in, size_t count, float* out)
   for (size_t off = 0; off < count; off += kCodecBlock) {
     size_t n = count - off < kCodecBlock ? count - off : kCodecBlock;
     if (codec == Codec::kInt8) {
-      int8DecodeBlock<kAdd>(in, n, out + off);
+      int8DecodeBlock<kAdd, kAvx2>(in, n, out + off);
     } else {
-      fp16DecodeBlock<kAdd>(in, n, out + off);
+      fp16DecodeBlock<kAdd, kAvx2>(in, n, out + off);
     }
     in += blockBytes(codec, n);
   }
 }
 
-template <bool kError>
+template <bool kError, bool kAvx2>
 RD_INLINE void roundTripImpl(Codec codec, const float* in, size_t count, float* out) {
   // One block at a time through a stack buffer: no full-size temporary.
   alignas(64) char buf[kScaleBytes + 2 * kCodecBlock];
   alignas(64) float dec[kCodecBlock];
   for (size_t off = 0; off < count; off += kCodecBlock) {
     size_t n = count - off < kCodecBlock ? count - off : kCodecBlock;
-    encodeImpl(codec, in + off, n, buf);
-    decodeImpl<false>(codec, buf, n, dec);
+    encodeImpl<kAvx2>(codec, in + off, n, buf);
+    decodeImpl<false, kAvx2>(codec, buf, n, dec);
     for (size_t i = 0; i < n; ++i) out[off + i] = kError ? in[off + i] - dec[i] : dec[i];
   }
 }
 
-#define RD_CODEC_FAMILY(FAMILY, ATTR)                                                        \
+#define RD_CODEC_FAMILY(FAMILY, ATTR, AVX2)                                                  \
   ATTR void FAMILY##Encode(Codec c, const float* in, size_t n, void* out) {                  \
-    encodeImpl(c, in, n, static_cast<char*>(out));                                           \
+    encodeImpl<AVX2>(c, in, n, static_cast<char*>(out));                                     \
   }                                                                                          \
   ATTR void FAMILY##Decode(Codec c, const void* in, size_t n, float* out) {                  \
-    decodeImpl<false>(c, static_cast<const char*>(in), n, out);                              \
+    decodeImpl<false, AVX2>(c, static_cast<const char*>(in), n, out);                        \
   }                                                                                          \
   ATTR void FAMILY##DecodeAdd(Codec c, const void* in, size_t n, float* acc) {               \
-    decodeImpl<true>(c, static_cast<const char*>(in), n, acc);                               \
+    decodeImpl<true, AVX2>(c, static_cast<const char*>(in), n, acc);                         \
   }                                                                                          \
   ATTR void FAMILY##RoundTrip(Codec c, const float* in, size_t n, float* out) {              \
-    roundTripImpl<false>(c, in, n, out);                                                     \
+    roundTripImpl<false, AVX2>(c, in, n, out);                                               \
   }                                                                                          \
   ATTR void FAMILY##RoundTripError(Codec c, const float* in, size_t n, float* err) {         \
-    roundTripImpl<true>(c, in, n, err);                                                      \
+    roundTripImpl<true, AVX2>(c, in, n, err);                                                \
   }
 
-RD_CODEC_FAMILY(generic, )
-RD_CODEC_FAMILY(avx2, __attribute__((target("avx2,fma,f16c"))))
+RD_CODEC_FAMILY(generic, , false)
+RD_CODEC_FAMILY(avx2, __attribute__((target("avx2,fma,f16c"))), true)
 
 bool useAvx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&

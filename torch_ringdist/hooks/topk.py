@@ -6,34 +6,10 @@ import math
 import torch
 import torch.distributed as dist
 
+from torch_ringdist._extension import load
 from torch_ringdist.hooks._base import HookState, check_float32, group_size
 
 logger = logging.getLogger(__name__)
-
-# Candidate search: the k-th largest magnitude is estimated from every
-# kSampleStride-th element, lowered by kThresholdSlack so that (almost always)
-# at least k elements pass; an exact top-k then runs on the candidates only.
-# Several times faster than torch.topk on a whole multi-MB bucket, same result.
-_SAMPLE_STRIDE = 64
-_THRESHOLD_SLACK = 0.8
-_MIN_SAMPLED = 1 << 16  # below this many elements plain torch.topk is fast enough
-
-
-def topk_indices(magnitude: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest entries of a 1-D non-negative tensor (exact)."""
-    n = magnitude.numel()
-    if n < _MIN_SAMPLED or k * _SAMPLE_STRIDE > n:
-        return torch.topk(magnitude, k, sorted=False).indices
-    sample = magnitude[::_SAMPLE_STRIDE]
-    ks = max(1, k // _SAMPLE_STRIDE)
-    threshold = torch.topk(sample, ks, sorted=False).values.min() * _THRESHOLD_SLACK
-    candidates = (magnitude >= threshold).nonzero().squeeze(1)
-    if candidates.numel() < k:  # the estimate was too high: exact search
-        return torch.topk(magnitude, k, sorted=False).indices
-    # Every element above the threshold is a candidate and at least k are,
-    # so the k largest candidates are the k largest elements.
-    best = torch.topk(magnitude[candidates], k, sorted=False).indices
-    return candidates[best]
 
 
 class TopKState(HookState):
@@ -86,32 +62,30 @@ class TopKState(HookState):
             raise ValueError(f"torch_ringdist.hooks.topk: rank {dist.get_rank()}: bucket of {n} "
                              "elements; int32 indices need buckets under 2^31 elements")
         use_ef = self.error_feedback and not provisional
-        x = buffer.to(torch.float32)
+        residual = None
         if use_ef:
             check_float32("topk", buffer)
             residual = self.residuals.get(bucket.index())
-            if residual is not None and residual.numel() == n:
-                x = x + residual  # new tensor: buffer stays the plain gradient until the end
+            if residual is None or residual.numel() != n:
+                residual = torch.zeros(n, dtype=torch.float32)
+                self.residuals[bucket.index()] = residual
+        # Selection and scatter are fused C++ passes (csrc/codec/topk.cc); only
+        # non-float32 buckets (no error feedback) go through a float32 copy.
+        x = buffer if buffer.dtype == torch.float32 else buffer.to(torch.float32)
         k = min(n, max(1, math.ceil(self.ratio * n)))
-        indices = topk_indices(x.abs(), k)
-        values = x[indices]
-        if use_ef:
-            residual = x if x is not buffer else x.clone()
-            residual[indices] = 0  # what was sent leaves the residual
-            self.residuals[bucket.index()] = residual
         # Values and int32 indices (as float32 bit patterns) in one all_gather.
-        packed = torch.cat([values, indices.to(torch.int32).view(torch.float32)])
+        packed = torch.empty(2 * k, dtype=torch.float32)
+        ext = load()
+        ext.topk_select(x, residual, k, packed)
         gathered = torch.empty(world * 2 * k, dtype=torch.float32)
         work = dist.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
 
         def combine(fut):
             fut.wait()
-            parts = gathered.view(world, 2, k)
-            total = torch.zeros(n, dtype=torch.float32)
-            for r in range(world):  # fixed rank order: identical sums everywhere
-                total.index_add_(0, parts[r, 1].view(torch.int32).to(torch.int64), parts[r, 0])
-            total.div_(world)
-            buffer.copy_(total)
+            # Every rank adds all ranks' entries in rank order: identical results.
+            ext.topk_scatter(gathered, world, k, x)
+            if x is not buffer:
+                buffer.copy_(x)
             return buffer
 
         return work.get_future().then(combine)
