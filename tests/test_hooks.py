@@ -443,7 +443,6 @@ def test_hooks_train_digits(world_factory, world_size):
         # Same arithmetic as DDP without a hook (N=2: layout-independent sums): bitwise equal.
         # (accumulate vs no_sync bitwise: test_accumulate_equals_no_sync.)
         assert results[0]["allreduce"][1] == results[0]["none"][1]
-    return accuracies
 
 
 def test_error_feedback_least_squares(world_factory):

@@ -141,17 +141,21 @@ RD_AVX2 void fp16DecodeAvx2(const char* in, float scale, float* out) {
   }
 }
 
+// Max |x| and finiteness of one block; full blocks take the AVX2 kernel.
+template <bool kAvx2>
+RD_INLINE BlockStats statsOf(const float* x, size_t n) {
+  if constexpr (kAvx2) {
+    if (n == kCodecBlock) return blockStatsAvx2(x);
+  }
+  return blockStats(x, n);
+}
+
 // ------------------------------------------------------------------ int8
 
 template <bool kAvx2>
 RD_INLINE void int8EncodeBlock(const float* x, size_t n, char* out) {
   const bool full = kAvx2 && n == kCodecBlock;
-  BlockStats st;
-  if constexpr (kAvx2) {
-    st = full ? blockStatsAvx2(x) : blockStats(x, n);
-  } else {
-    st = blockStats(x, n);
-  }
+  const BlockStats st = statsOf<kAvx2>(x, n);
   float scale;
   float inv;
   if (!st.finite) {
@@ -198,12 +202,7 @@ RD_INLINE void int8DecodeBlock(const char* in, size_t n, float* out) {
 template <bool kAvx2>
 RD_INLINE void fp16EncodeBlock(const float* x, size_t n, char* out) {
   const bool full = kAvx2 && n == kCodecBlock;
-  BlockStats st;
-  if constexpr (kAvx2) {
-    st = full ? blockStatsAvx2(x) : blockStats(x, n);
-  } else {
-    st = blockStats(x, n);
-  }
+  const BlockStats st = statsOf<kAvx2>(x, n);
   float scale = 1.0f;  // decode multiplier
   float up = 1.0f;     // encode multiplier, 1 / scale (exact: powers of two)
   if (!st.finite) {
