@@ -194,10 +194,14 @@ class Spawned:
 
 
 # ================================================== 1. SIGKILL in a large allreduce
-@transports
+# "hosts": 4 ranks on 2 emulated hosts, so the allreduce runs two-level and some survivors
+# only ever talk to the victim through ranks that are themselves failing.
+@pytest.mark.parametrize("transport", TRANSPORTS + ["hosts"])
 def test_sigkill_mid_allreduce_fails_survivors_fast(tmp_path, record_property, transport):
-    ws, victim = 3, 1
-    with Spawned("kill_mid_allreduce", ws, tmp_path, env={"RINGDIST_TRANSPORT": transport}) as w:
+    ws, victim = (4, 1) if transport == "hosts" else (3, 1)
+    env = ({"RINGDIST_HOST_ID": "h0,h1,h0,h1"} if transport == "hosts"
+           else {"RINGDIST_TRANSPORT": transport})
+    with Spawned("kill_mid_allreduce", ws, tmp_path, env=env) as w:
         w.wait_until("every rank looping over 64 MiB allreduces",
                      lambda: w.store.add("ft/looping", 0) >= ws, timeout=90)
         time.sleep(0.4)  # well inside an allreduce (each takes ~0.1-1 s here)
