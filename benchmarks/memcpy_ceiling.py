@@ -5,6 +5,11 @@
 
   memcpy_64MiB          one core, torch copy_ of 64 MiB (DRAM-bound): median GB/s
   memcpy_4MiB           same, 4 MiB (fits in L3)
+  memcpy_64MiB_2procs   two processes copying 64 MiB at once (each on its own core): per-process
+                        and summed GB/s. The sum x 2 is the DRAM traffic (read + write) the
+                        machine sustains with both cores busy; an N=2 allreduce must read both
+                        inputs and write both outputs once (>= 4 buffer-sizes of traffic), so
+                        its busbw cannot exceed (summed GB/s x 2) / 4
   tcp_loopback_1stream  one TCP stream over 127.0.0.1, python sendall/recv_into
   tcp_loopback_2streams two streams at once, each stream's rate (what a ring step with
                         send and receive in flight together can expect)
@@ -93,6 +98,18 @@ def tcp_send(to, port, seconds, timeout_s):
     sock.close()
 
 
+def memcpy_parallel(procs, nbytes, repeats, budget_s):
+    """`procs` processes copy for the same `budget_s` seconds (repeats large, so the time
+    budget ends both); per-process and summed GB/s."""
+    me = [sys.executable, os.path.abspath(__file__), "memcpy", "--bytes", str(nbytes),
+          "--repeats", str(repeats), "--budget", str(budget_s)]
+    runs = [subprocess.Popen(me, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    rates = [json.loads(r.communicate(timeout=budget_s + 60)[0].strip().splitlines()[-1])["GBps"]
+             for r in runs]
+    return {"GBps": sum(rates), "per_process_GBps": rates, "bytes": nbytes,
+            "allreduce_n2_busbw_bound_GBps": sum(rates) * 2 / 4}
+
+
 def tcp_loopback(streams, seconds):
     """Run `streams` receiver/sender process pairs on 127.0.0.1; per-stream GB/s."""
     me = [sys.executable, os.path.abspath(__file__)]
@@ -132,6 +149,10 @@ def main():
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--seconds", type=float, default=2.0)
     s.add_argument("--timeout", type=float, default=30)
+    m = sub.add_parser("memcpy", help="one process: memcpy GB/s as JSON (memcpy_64MiB_2procs)")
+    m.add_argument("--bytes", type=int, default=64 << 20)
+    m.add_argument("--repeats", type=int, default=30)
+    m.add_argument("--budget", type=float, default=5.0)
     p.add_argument("--repeats", type=int, default=30, help="memcpy repeats (median taken)")
     p.add_argument("--seconds", type=float, default=2.0, help="TCP: seconds per stream")
     p.add_argument("--json", help="write the ceilings here")
@@ -141,12 +162,16 @@ def main():
         return tcp_recv(args.bind, args.port, args.timeout)
     if args.cmd == "tcp-send":
         return tcp_send(args.to, args.port, args.seconds, args.timeout)
+    if args.cmd == "memcpy":
+        return print(json.dumps(memcpy_gbps(args.bytes, args.repeats, args.budget)))
 
     c = {}
     c["memcpy_64MiB"] = dict(memcpy_gbps(64 << 20, args.repeats, 5.0),
                              what="memcpy 64 MiB, 1 core")
     c["memcpy_4MiB"] = dict(memcpy_gbps(4 << 20, args.repeats * 10, 2.0),
                             what="memcpy 4 MiB (L3), 1 core")
+    c["memcpy_64MiB_2procs"] = dict(memcpy_parallel(2, 64 << 20, 1 << 30, 5.0),
+                                    what="memcpy 64 MiB, 2 processes at once (summed)")
     c["tcp_loopback_1stream"] = dict(tcp_loopback(1, args.seconds), what="TCP loopback, 1 stream")
     c["tcp_loopback_2streams"] = dict(tcp_loopback(2, args.seconds),
                                       what="TCP loopback, 2 streams at once (per stream)")
