@@ -145,11 +145,8 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
 
 // Flat ring over every rank (its order visits each host's ranks together).
 void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
-  SubRing all;
-  for (int p = 0; p < comm.size(); ++p) all.members.push_back(comm.ringRank(p));
-  all.pos = comm.ringPos();
   const int n = comm.size();
-  ringSteps(comm, all, data, count, dtype, reduceFunction(dtype, op), 0, 2 * (n - 1),
+  ringSteps(comm, comm.ring(), data, count, dtype, reduceFunction(dtype, op), 0, 2 * (n - 1),
             op == ReduceOp::kAvg ? n : 0);
 }
 

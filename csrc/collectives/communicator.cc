@@ -61,10 +61,11 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Chann
                            std::vector<int> ring, const std::vector<int>& hostOf,
                            std::shared_ptr<Rendezvous> rendezvous)
     : rank_(rank), size_(size), channels_(std::move(channels)), rendezvous_(std::move(rendezvous)),
-      ring_(std::move(ring)) {
-  RINGDIST_CHECK(static_cast<int>(ring_.size()) == size_, "ringdist: ring order has ", ring_.size(),
+      ring_{std::move(ring)} {
+  RINGDIST_CHECK(ring_.size() == size_, "ringdist: ring order has ", ring_.size(),
                  " ranks, expected ", size_);
-  ringPos_ = static_cast<int>(std::find(ring_.begin(), ring_.end(), rank_) - ring_.begin());
+  const auto& order = ring_.members;
+  ring_.pos = static_cast<int>(std::find(order.begin(), order.end(), rank_) - order.begin());
   int sharing = 1;  // ranks of this group sharing this host's cores
   for (const auto& ch : channels_) {
     sharing += (ch && ch->doorbell() != nullptr) ? 1 : 0;
@@ -90,20 +91,20 @@ void Communicator::setUpHierarchy(const std::vector<int>& hostOf) {
   const int perHost = size_ / hosts;
   bool uniform = hosts >= 2 && perHost >= 2 && perHost * hosts == size_;
   for (int pos = 0; uniform && pos < size_; ++pos) {
-    uniform = hostOf[static_cast<size_t>(ring_[static_cast<size_t>(pos)])] == pos / perHost;
+    uniform = hostOf[static_cast<size_t>(ringRank(pos))] == pos / perHost;
   }
   if (!uniform || envInt("RINGDIST_HIERARCHICAL", 1) == 0) {
     return;
   }
   hierarchical_ = true;
-  const int host = ringPos_ / perHost;
-  const int local = ringPos_ % perHost;
+  const int host = ring_.pos / perHost;
+  const int local = ring_.pos % perHost;
   for (int i = 0; i < perHost; ++i) {
-    hostRing_.members.push_back(ring_[static_cast<size_t>(host * perHost + i)]);
+    hostRing_.members.push_back(ringRank(host * perHost + i));
   }
   hostRing_.pos = local;
   for (int h = 0; h < hosts; ++h) {
-    crossRing_.members.push_back(ring_[static_cast<size_t>(h * perHost + local)]);
+    crossRing_.members.push_back(ringRank(h * perHost + local));
   }
   crossRing_.pos = host;
 }

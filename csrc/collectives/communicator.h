@@ -64,7 +64,8 @@ constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
 // Longest single sleep; between sleeps dead peers and deadlines are checked.
 constexpr auto kMaxSleep = std::chrono::milliseconds(50);
 
-// Part of the ranks arranged in a ring (ranks by position; we sit at pos).
+// Ranks arranged in a ring (members by position; we sit at pos): all of a
+// group, or part of it for the two-level allreduce.
 struct SubRing {
   std::vector<int> members;
   int pos = 0;
@@ -90,10 +91,13 @@ class Communicator {
   Channel& channel(int peer);
 
   // Ring order: ring()[pos] is the rank at position pos; left sends to us.
-  int ringPos() const { return ringPos_; }
-  int ringRank(int pos) const { return ring_[static_cast<size_t>(((pos % size_) + size_) % size_)]; }
-  int left() const { return ringRank(ringPos_ - 1); }
-  int right() const { return ringRank(ringPos_ + 1); }
+  const SubRing& ring() const { return ring_; }
+  int ringPos() const { return ring_.pos; }
+  int ringRank(int pos) const {
+    return ring_.members[static_cast<size_t>(((pos % size_) + size_) % size_)];
+  }
+  int left() const { return ring_.left(); }
+  int right() const { return ring_.right(); }
 
   // Two-level rings, set when there are >= 2 hosts, each with the same number
   // (>= 2) of ranks, and RINGDIST_HIERARCHICAL is not 0: the ranks of our
@@ -166,8 +170,7 @@ class Communicator {
   const int size_;
   std::vector<std::unique_ptr<Channel>> channels_;
   std::shared_ptr<Rendezvous> rendezvous_;
-  std::vector<int> ring_;
-  int ringPos_ = 0;
+  SubRing ring_;  // every rank, host by host
   bool hierarchical_ = false;
   SubRing hostRing_;
   SubRing crossRing_;
