@@ -133,6 +133,10 @@ def main():
     p.add_argument("--timeout", type=float, default=300, help="seconds per run")
     p.add_argument("--step-arg", action="append", default=[],
                    help="extra argument passed verbatim to ddp_step.py (repeatable)")
+    p.add_argument("--thp", type=int, choices=(0, 1), default=1,
+                   help="THP_MEM_ALLOC_ENABLE for every config (torch's huge-page CPU "
+                        "allocator; 0: glibc pages, each step then page-faults its fresh "
+                        "67 MB weight gradient)")
     p.add_argument("--out", default="ddp_compare.json")
     p.add_argument("--md", help="also write the table (markdown) here")
     args = p.parse_args()
@@ -144,7 +148,8 @@ def main():
     if os.geteuid() != 0:
         sys.exit("needs root (netns_hosts.sh: network namespaces, tc)")
     t_start = time.monotonic()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable,
+               THP_MEM_ALLOC_ENABLE=str(args.thp))
     workdir = os.path.splitext(os.path.abspath(args.out))[0] + ".runs"
     os.makedirs(workdir, exist_ok=True)
 
@@ -194,7 +199,7 @@ def main():
         "machine": first["machine"], "hosts": args.hosts, "ranks_per_host": args.nproc,
         "world_size": first["world_size"], "rate": args.rate, "rounds": args.rounds,
         "steps": args.steps, "warmup": args.warmup, "model": first["model"],
-        "link_verified_gbitps": gbits, "verify": verify_lines,
+        "link_verified_gbitps": gbits, "verify": verify_lines, "thp_mem_alloc": args.thp,
         "torch_ringdist": getattr(importlib.util.find_spec("torch_ringdist"), "origin", None),
         "command": sys.argv,
         "wall_s": time.monotonic() - t_start, "baseline": args.baseline,
@@ -208,7 +213,8 @@ def main():
     print(f"\n== DDP step, {first['model']['params'] / 1e6:.1f}M params fp32, N="
           f"{first['world_size']} ({args.hosts} emulated hosts x {args.nproc}), {args.rate}, "
           f"{args.rounds} rounds x {args.steps} steps (+{args.warmup} warm-up); median of all "
-          f"measured steps (slowest rank); per-round medians in parentheses")
+          f"measured steps (slowest rank); per-round medians in parentheses; "
+          f"THP_MEM_ALLOC_ENABLE={args.thp}")
     print(md)
     print(f"\nwrote {args.out} (runs in {workdir}); {combined['wall_s'] / 60:.1f} min")
 

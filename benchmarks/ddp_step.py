@@ -107,7 +107,9 @@ def main():
     p.add_argument("--eval-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=1.0,
                    help="SGD learning rate (MSE over 1024 outputs has small gradients)")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="DDP bucket_cap_mb (default: DDP's own, 25 MiB buckets with a 1 MiB "
+                        "first bucket; any value given also caps the first bucket, as in DDP)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ifname", default=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
                    help="GLOO_SOCKET_IFNAME (gloo under test and the bookkeeping group)")
@@ -208,7 +210,7 @@ def main():
                 "model": {"params": params, "grad_bytes": grad_bytes,
                           "layers": [args.d_in, args.hidden, args.hidden, args.d_out],
                           "batch_per_rank": args.batch, "optimizer": f"SGD lr={args.lr}",
-                          "bucket_cap_mb": args.bucket_cap_mb},
+                          "bucket_cap_mb": args.bucket_cap_mb or "DDP default (25, first 1 MiB)"},
                 "steps": args.steps, "warmup": args.warmup,
                 "step_time_median_s": median, "step_times_s": times,
                 "wire_bytes_per_step": measured_bytes, "wire_bytes_kind": bytes_kind,
@@ -218,7 +220,8 @@ def main():
                 "wall_s": wall,
                 "env": {k: v for k, v in sorted(os.environ.items())
                         if k.startswith(("RINGDIST_", "RDBENCH_"))
-                        or k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")},
+                        or k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME",
+                                 "THP_MEM_ALLOC_ENABLE")},
             }
             write_json(args.json, out)
     dist.barrier(group=book)

@@ -1,6 +1,6 @@
-// Compressed allreduce: a quantised reduce-scatter over the mesh, then a ring
-// allgather of the encoded results. Codec terms (block, aligned piece) are in
-// csrc/codec/codec.h.
+// Compressed allreduce: a quantised reduce-scatter over the mesh, then every
+// owner sends its encoded result straight to every peer. Codec terms (block,
+// aligned piece) are in csrc/codec/codec.h.
 //
 //   chunk    one of N parts of the buffer made of whole codec blocks (block
 //            counts differ by at most one); chunk c is owned by rank c.
@@ -16,9 +16,11 @@
 // chunk (its own from its own encoding, so every rank's contribution goes
 // through the same quantisation) and sums them in float32 in rank order
 // 0..N-1, then divides for AVG.
-// Phase 2 (allgather): the owner encodes its reduced chunk once; a ring
-// allgather of the encoded bytes gives every rank every chunk, and every
-// rank, the owner included, decodes every chunk from those same bytes.
+// Phase 2 (gather): as soon as a segment of its chunk is reduced, the owner
+// encodes it once and sends those bytes to every peer; every rank, the owner
+// included, decodes the chunk from those same bytes, segment by segment as
+// they arrive. Phase 2 of early segments overlaps phase 1 of later ones, and
+// no decoding waits for the end of the transfer.
 //
 // So each element is quantised twice in total, for any N (a ring that
 // requantises per hop would compound N-1 times), and all ranks end with
@@ -29,7 +31,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "csrc/collectives/collectives.h"
 #include "csrc/collectives/ring.h"
 #include "csrc/common/error.h"
 
@@ -80,7 +81,7 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   const size_t me = static_cast<size_t>(rank);
 
   // Scratch: [whole-buffer encoding | N slots for contributions to our chunk
-  // | N slots of the allgather]; slot sizes are the largest chunk's encoding.
+  // | N slots of reduced chunks]; slot sizes are the largest chunk's encoding.
   size_t maxChunkEnc = 0;
   for (size_t c = 0; c < static_cast<size_t>(n); ++c) {
     maxChunkEnc = std::max(maxChunkEnc, encodedBytes(codec, chunkElems(c)));
@@ -91,26 +92,39 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   char* sendArea = scratch;
   char* recvArea = scratch + sendBytes;
   char* gatherArea = recvArea + static_cast<size_t>(n) * slotBytes;
+  // Where segment j of chunk c sits inside a slot (encoded bytes from the chunk's start).
+  auto slotOffset = [&](size_t c, size_t j) {
+    size_t begin, length;
+    segment(c, j, &begin, &length);
+    return encodedBytes(codec, begin - chunkBegin(c));
+  };
 
-  // Receives first, so no peer's segment waits for a posted buffer.
-  const size_t ownBegin = chunkBegin(me);
-  std::vector<std::vector<uint64_t>> recvTicket(static_cast<size_t>(n),
-                                                std::vector<uint64_t>(segments, 0));
+  // Every receive is posted first, in the order each peer sends: its phase 1
+  // segments of our chunk, then its phase 2 segments of its own chunk.
+  using Tickets = std::vector<std::vector<uint64_t>>;  // [peer][segment]
+  Tickets contribTicket(static_cast<size_t>(n), std::vector<uint64_t>(segments, 0));
+  Tickets gatherTicket(static_cast<size_t>(n), std::vector<uint64_t>(segments, 0));
   for (int p : peers) {
+    const size_t pu = static_cast<size_t>(p);
     Channel& ch = comm.channel(p);
     for (size_t j = 0; j < segments; ++j) {
       size_t begin, length;
       segment(me, j, &begin, &length);
       if (length == 0) continue;
-      char* dst = recvArea + static_cast<size_t>(p) * slotBytes +
-          encodedBytes(codec, begin - ownBegin);
-      recvTicket[static_cast<size_t>(p)][j] = ch.postRecv(dst, encodedBytes(codec, length));
+      contribTicket[pu][j] = ch.postRecv(recvArea + pu * slotBytes + slotOffset(me, j),
+                                         encodedBytes(codec, length));
+    }
+    for (size_t j = 0; j < segments; ++j) {
+      size_t begin, length;
+      segment(pu, j, &begin, &length);
+      if (length == 0) continue;
+      gatherTicket[pu][j] = ch.postRecv(gatherArea + pu * slotBytes + slotOffset(pu, j),
+                                        encodedBytes(codec, length));
     }
   }
 
-  // Encode segment j of every chunk (ours first), send each to its owner.
-  std::vector<std::pair<Channel*, uint64_t>> lastSend;
-  std::vector<uint64_t> sendTicket(static_cast<size_t>(n), 0);
+  // Phase 1: encode segment j of every chunk (ours first), send each to its owner.
+  std::vector<uint64_t> lastSend(static_cast<size_t>(n), 0);
   for (size_t j = 0; j < segments; ++j) {
     for (int k = 0; k < n; ++k) {
       size_t c = static_cast<size_t>((rank + k) % n);
@@ -120,13 +134,14 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
       char* enc = sendArea + encodedBytes(codec, begin);
       encode(codec, data + begin, length, enc);
       if (c != me) {
-        sendTicket[c] = comm.channel(static_cast<int>(c)).postSend(enc, encodedBytes(codec, length));
+        lastSend[c] = comm.channel(static_cast<int>(c)).postSend(enc, encodedBytes(codec, length));
       }
     }
     comm.progress();  // start moving this segment while the next one is encoded
   }
 
-  // Reduce our chunk segment by segment as contributions arrive.
+  // Reduce our chunk segment by segment as contributions arrive; each reduced
+  // segment is encoded, sent to every peer and decoded back in place at once.
   char* ownGathered = gatherArea + me * slotBytes;
   for (size_t j = 0; j < segments; ++j) {
     size_t begin, length;
@@ -134,11 +149,11 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
     if (length == 0) continue;
     comm.waitUntil([&] {
       for (int p : peers) {
-        if (!comm.channel(p).recvDone(recvTicket[static_cast<size_t>(p)][j])) return false;
+        if (!comm.channel(p).recvDone(contribTicket[static_cast<size_t>(p)][j])) return false;
       }
       return true;
     });
-    const size_t encOffset = encodedBytes(codec, begin - ownBegin);
+    const size_t encOffset = slotOffset(me, j);
     float* out = data + begin;
     for (int p = 0; p < n; ++p) {
       const char* src = p == rank ? sendArea + encodedBytes(codec, begin)
@@ -153,32 +168,34 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
       const float divisor = static_cast<float>(n);
       for (size_t i = 0; i < length; ++i) out[i] /= divisor;
     }
-    encode(codec, out, length, ownGathered + encOffset);
+    char* enc = ownGathered + encOffset;
+    encode(codec, out, length, enc);
+    for (int p : peers) {
+      lastSend[static_cast<size_t>(p)] = comm.channel(p).postSend(enc, encodedBytes(codec, length));
+    }
+    comm.progress();
+    decode(codec, enc, length, out);
   }
-  // Our encodings must stay untouched until the peers have them.
+
+  // Phase 2 arrivals: decode every peer's reduced chunk segment by segment.
+  for (size_t j = 0; j < segments; ++j) {
+    for (int p : peers) {
+      const size_t pu = static_cast<size_t>(p);
+      size_t begin, length;
+      segment(pu, j, &begin, &length);
+      if (length == 0) continue;
+      comm.waitUntil([&] { return comm.channel(p).recvDone(gatherTicket[pu][j]); });
+      decode(codec, gatherArea + pu * slotBytes + slotOffset(pu, j), length, data + begin);
+    }
+  }
+  // The encodings we sent must stay untouched until the peers have them.
   comm.waitUntil([&] {
     for (int p : peers) {
-      uint64_t t = sendTicket[static_cast<size_t>(p)];
+      uint64_t t = lastSend[static_cast<size_t>(p)];
       if (t != 0 && !comm.channel(p).sendDone(t)) return false;
     }
     return true;
   });
-
-  // Phase 2: every rank gets every owner's encoded chunk (padded to one slot
-  // size so the allgather sees equal blocks), then decodes all of them.
-  if (n > 1) {
-    std::vector<void*> outputs;
-    for (int r = 0; r < n; ++r) {
-      outputs.push_back(gatherArea + static_cast<size_t>(r) * slotBytes);
-    }
-    allgather(comm, ownGathered, outputs.data(), maxChunkEnc, DataType::kUInt8);
-  }
-  for (size_t c = 0; c < static_cast<size_t>(n); ++c) {
-    size_t length = chunkElems(c);
-    if (length > 0) {
-      decode(codec, gatherArea + c * slotBytes, length, data + chunkBegin(c));
-    }
-  }
 }
 
 }  // namespace ringdist
