@@ -195,12 +195,15 @@ class Spawned:
 
 # ================================================== 1. SIGKILL in a large allreduce
 # "hosts": 4 ranks on 2 emulated hosts, so the allreduce runs two-level and some survivors
-# only ever talk to the victim through ranks that are themselves failing.
-@pytest.mark.parametrize("transport", TRANSPORTS + ["hosts"])
+# only ever talk to the victim through ranks that are themselves failing. "hosts-int8": the
+# same world looping compressed (int8) allreduces, whose two phases talk to every peer.
+@pytest.mark.parametrize("transport", TRANSPORTS + ["hosts", "hosts-int8"])
 def test_sigkill_mid_allreduce_fails_survivors_fast(tmp_path, record_property, transport):
-    ws, victim = (4, 1) if transport == "hosts" else (3, 1)
-    env = ({"RINGDIST_HOST_ID": "h0,h1,h0,h1"} if transport == "hosts"
+    ws, victim = (4, 1) if transport.startswith("hosts") else (3, 1)
+    env = ({"RINGDIST_HOST_ID": "h0,h1,h0,h1"} if transport.startswith("hosts")
            else {"RINGDIST_TRANSPORT": transport})
+    if transport.endswith("-int8"):
+        env["FT_CODEC"] = "int8"
     with Spawned("kill_mid_allreduce", ws, tmp_path, env=env) as w:
         w.wait_until("every rank looping over 64 MiB allreduces",
                      lambda: w.store.add("ft/looping", 0) >= ws, timeout=90)

@@ -78,10 +78,16 @@ def kill_mid_allreduce(rank, ws, store, dist, torch):
     iters, op_times = 0, []
     result = {"init_s": init_s, "resources_before_init": before, "resources_after_init": after_init}
     stop_at = time.monotonic() + float(os.environ.get("FT_LOOP_MAX_S", 60))
+    codec = os.environ.get("FT_CODEC")  # loop compressed allreduces (AVG keeps ones at one)
+    if codec:
+        import torch_ringdist
     while True:
         t0 = time.monotonic()
         try:
-            w = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+            if codec:
+                w = torch_ringdist.all_reduce(t, codec=codec, op=dist.ReduceOp.AVG, async_op=True)
+            else:
+                w = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
             w.wait()
         except Exception as e:  # noqa: BLE001  (what we are here for)
             result["error_wall_time"] = time.time()
