@@ -39,6 +39,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from ddp_step import make_data, make_model, parse_option, wire_bytes_sent  # noqa: E402
 
 
+def tcp_retransmits():
+    """TCP segments retransmitted in this network namespace so far (/proc/net/snmp)."""
+    with open("/proc/self/net/snmp") as f:
+        rows = [line.split() for line in f if line.startswith("Tcp:")]
+    return int(rows[1][rows[0].index("RetransSegs")])
+
+
 def timed(hook, events, clock):
     """hook wrapped to log its call, its return and its future's completion."""
     def wrapper(state, bucket):
@@ -106,8 +113,10 @@ def main():
 
     rows = []
     for step in range(args.warmup + args.steps):
-        if step == args.warmup and args.backend == "ringdist":
-            before = wire_bytes_sent(torch_ringdist.stats())
+        if step == args.warmup:
+            retrans_before = tcp_retransmits()
+            if args.backend == "ringdist":
+                before = wire_bytes_sent(torch_ringdist.stats())
         xb, yb = x[step % args.batches], y[step % args.batches]
         dist.barrier(group=book)
         events.clear()
@@ -122,6 +131,8 @@ def main():
                      "first_hook": min(e[2] for e in events if e[0] == "hook"),
                      "events": list(events)})
     rows = rows[args.warmup:]
+    retrans = torch.tensor([tcp_retransmits() - retrans_before], dtype=torch.float64)
+    dist.all_reduce(retrans, group=book)  # every host's namespace (bookkeeping traffic included)
     if args.backend == "ringdist":
         wire = (wire_bytes_sent(torch_ringdist.stats()) - before) / args.steps
     else:
@@ -144,7 +155,8 @@ def main():
         print(f"timeline {label}: median step {step:.1f} ms = forward {med['forward']:.1f}, "
               f"first hook at {med['first_hook']:.1f}, backward returns {med['backward_end']:.1f}, "
               f"optimizer {med['optimizer']:.1f}; wire {wire / 1e6:.2f} MB/step at {gbitps:.3f} "
-              f"Gbit/s = {wire_ms:.1f} ms; floor {floor:.1f} ms (step/floor {step / floor:.3f})",
+              f"Gbit/s = {wire_ms:.1f} ms; floor {floor:.1f} ms (step/floor {step / floor:.3f}); "
+              f"TCP retransmits {retrans.item() / args.steps:.0f}/step (all hosts)",
               flush=True)
     dist.barrier(group=book)
     dist.destroy_process_group()

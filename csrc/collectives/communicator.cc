@@ -268,7 +268,7 @@ void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds lef
   }
 }
 
-void Communicator::waitForActivity() {
+void Communicator::waitForActivity(std::chrono::microseconds maxSleep) {
   std::vector<pollfd> fds;
   std::vector<Channel*> owners;
   Doorbell* bell = nullptr;
@@ -285,17 +285,27 @@ void Communicator::waitForActivity() {
     throw TimeoutError(strCat("ringdist ", opName(), ": rank ", rank_, ": Timed out after ",
                               opTimeout_.count(), " ms waiting for rank(s) ", pendingPeers()));
   }
+  const auto cap = std::min<std::chrono::microseconds>(maxSleep, left);
   if (bell != nullptr && fds.empty()) {
-    sleepOnDoorbell(bell, left);
+    sleepOnDoorbell(bell, std::max<std::chrono::milliseconds>(
+                              std::chrono::milliseconds(1),
+                              std::chrono::duration_cast<std::chrono::milliseconds>(cap)));
     return;
   }
   if (fds.empty()) {
+    if (maxSleep < std::chrono::seconds(1)) {
+      std::this_thread::sleep_for(cap);  // the caller polls a condition with no fd
+    }
     return;  // nothing pending: the caller's condition decides
   }
   // With shared-memory links pending too, poll the sockets in short slices
   // so the shared-memory side is looked at again soon.
-  int timeoutMs = static_cast<int>(std::min<int64_t>(left.count(), bell != nullptr ? 1 : 1000));
-  int ready = ::poll(fds.data(), fds.size(), timeoutMs);
+  const auto slice = bell != nullptr ? std::min<std::chrono::microseconds>(
+                                           cap, std::chrono::milliseconds(1))
+                                     : cap;
+  timespec ts{static_cast<time_t>(slice.count() / 1000000),
+              static_cast<long>(slice.count() % 1000000) * 1000};
+  int ready = ::ppoll(fds.data(), fds.size(), &ts, nullptr);
   if (ready <= 0) {
     return;
   }
@@ -311,14 +321,15 @@ void Communicator::waitForActivity() {
   }
 }
 
-void Communicator::waitUntil(const std::function<bool()>& done) {
+void Communicator::waitUntil(const std::function<bool()>& done,
+                             std::chrono::microseconds maxSleep) {
   for (;;) {
     bool moved = progress();
     if (done()) {
       return;
     }
     if (!moved) {
-      waitForActivity();
+      waitForActivity(maxSleep);
     }
   }
 }

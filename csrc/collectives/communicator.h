@@ -132,9 +132,12 @@ class Communicator {
 
   // Progress every channel once without blocking; true if a byte moved.
   bool progress();
-  // Blocks (poll) until some channel can progress or the deadline passes.
-  void waitForActivity();
-  void waitUntil(const std::function<bool()>& done);
+  // Blocks (poll) until some channel can progress, the deadline passes or
+  // maxSleep elapsed (for conditions no file descriptor signals, such as a
+  // send queue draining).
+  void waitForActivity(std::chrono::microseconds maxSleep = std::chrono::seconds(1));
+  void waitUntil(const std::function<bool()>& done,
+                 std::chrono::microseconds maxSleep = std::chrono::seconds(1));
   // Posted transfers as (channel, ticket); waitAll returns once all are done.
   using Transfers = std::vector<std::pair<Channel*, uint64_t>>;
   void waitAll(const Transfers& sends, const Transfers& recvs);

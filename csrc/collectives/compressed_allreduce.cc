@@ -1,6 +1,6 @@
-// Compressed allreduce: a quantised reduce-scatter over the mesh, then every
-// owner sends its encoded result straight to every peer. Codec terms (block,
-// aligned piece) are in csrc/codec/codec.h.
+// Compressed allreduce: a quantised reduce-scatter in pairwise rounds, then a
+// ring allgather of the encoded results. Codec terms (block, aligned piece)
+// are in csrc/codec/codec.h.
 //
 //   chunk    one of N parts of the buffer made of whole codec blocks (block
 //            counts differ by at most one); chunk c is owned by rank c.
@@ -10,17 +10,20 @@
 //            to whole blocks; the unit that is encoded, sent, received and
 //            decoded, so encoding, transfer and decoding overlap.
 //
-// Phase 1 (reduce-scatter): every rank encodes every chunk, segment by
-// segment, and sends chunk c straight to its owner c (all pairs at once over
-// the mesh, like alltoall). The owner decodes all N contributions to its
-// chunk (its own from its own encoding, so every rank's contribution goes
-// through the same quantisation) and sums them in float32 in rank order
-// 0..N-1, then divides for AVG.
-// Phase 2 (gather): as soon as a segment of its chunk is reduced, the owner
-// encodes it once and sends those bytes to every peer; every rank, the owner
-// included, decodes the chunk from those same bytes, segment by segment as
-// they arrive. Phase 2 of early segments overlaps phase 1 of later ones, and
-// no decoding waits for the end of the transfer.
+// Phase 1 (reduce-scatter): every rank encodes every chunk and sends chunk c
+// straight to its owner c, in N-1 rounds: in round k the rank at ring
+// position p sends to position p+k and receives from p-k, and it starts
+// round k+1 only once round k has left and arrived. Every rank then sends to
+// one peer and receives from one at a time: all pairs at once made three or
+// more TCP streams converge on each host's link and lost thousands of
+// segments per step to the switch queue (measured on 4 emulated hosts).
+// The owner decodes all N contributions to its chunk (its own from its own
+// encoding, so every contribution goes through the same quantisation), sums
+// them in float32 in rank order 0..N-1, then divides for AVG.
+// Phase 2 (allgather): the owner encodes its reduced chunk once and the
+// encoded bytes travel around the ring, forwarded segment by segment; every
+// rank, the owner included, decodes each chunk from those same bytes as its
+// segments arrive.
 //
 // So each element is quantised twice in total, for any N (a ring that
 // requantises per hop would compound N-1 times), and all ranks end with
@@ -29,6 +32,7 @@
 #include "csrc/collectives/compressed.h"
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "csrc/collectives/ring.h"
@@ -39,6 +43,13 @@ namespace ringdist {
 namespace {
 
 size_t roundUp64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// A round starts once the previous round's bytes have (nearly) reached their
+// receiver: "sent" only means the kernel took them, and a TCP send queue can
+// hold megabytes, tens of ms of a slow link. Two rounds in flight put two
+// streams on one host's downlink, which a shallow switch queue drops.
+constexpr size_t kRoundOverlapBytes = 64 * 1024;
+constexpr std::chrono::microseconds kDrainPoll{200};
 
 }  // namespace
 
@@ -98,50 +109,130 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
     segment(c, j, &begin, &length);
     return encodedBytes(codec, begin - chunkBegin(c));
   };
+  // The rank `offset` ring positions after us (negative: before us).
+  auto rankAt = [&](int offset) { return comm.ringRank(comm.ringPos() + offset); };
+  const int right = comm.right();
+  const int left = comm.left();
 
-  // Every receive is posted first, in the order each peer sends: its phase 1
-  // segments of our chunk, then its phase 2 segments of its own chunk.
-  using Tickets = std::vector<std::vector<uint64_t>>;  // [peer][segment]
+  // Pacing (N > 2): a rank sends its round-k chunk only after the receiver
+  // said "go" (it has all of round k-1) and our own previous round has
+  // drained, and it starts the allgather only after its right neighbour said
+  // "go" (it has all of phase 1). So each host link carries one transfer at
+  // a time. With two ranks there is only one peer and nothing to pace.
+  const bool paced = n > 2;
+  std::vector<uint64_t> goOut(static_cast<size_t>(n) + 1), goIn(static_cast<size_t>(n) + 1);
+  std::vector<uint64_t> goTicket(static_cast<size_t>(n) + 1, 0);  // by round; round N: allgather
+  for (int k = 0; k <= n; ++k) goOut[static_cast<size_t>(k)] = static_cast<uint64_t>(k);
+  auto postGo = [&](int peer, int round) {
+    goTicket[static_cast<size_t>(round)] = comm.channel(peer).postRecv(
+        &goIn[static_cast<size_t>(round)], sizeof(uint64_t));
+  };
+  auto goArrived = [&](int peer, int round) {
+    if (!comm.channel(peer).recvDone(goTicket[static_cast<size_t>(round)])) return false;
+    RINGDIST_CHECK(goIn[static_cast<size_t>(round)] == static_cast<uint64_t>(round), "ringdist ",
+                   comm.opName(), ": rank ", rank, ": rank ", peer, " sent go for round ",
+                   goIn[static_cast<size_t>(round)], " where round ", round, " was due");
+    return true;
+  };
+  std::vector<uint64_t> lastSend(static_cast<size_t>(n), 0);
+  auto sendGo = [&](int peer, int round) {
+    lastSend[static_cast<size_t>(peer)] =
+        comm.channel(peer).postSend(&goOut[static_cast<size_t>(round)], sizeof(uint64_t));
+    comm.progress();
+  };
+
+  // Every receive is posted first, in the order each peer sends. The rank k
+  // positions after us sends us its go for round k (in its step k) and its
+  // round N-k contribution to our chunk (in its step N-k), so the go comes
+  // first when k <= N-k; our right neighbour (k = 1) then sends the go for
+  // the allgather, and our left neighbour (k = N-1) the allgather itself:
+  // the chunk of the rank s positions before us, s = 1..N-1.
+  using Tickets = std::vector<std::vector<uint64_t>>;  // [peer or step][segment]
   Tickets contribTicket(static_cast<size_t>(n), std::vector<uint64_t>(segments, 0));
   Tickets gatherTicket(static_cast<size_t>(n), std::vector<uint64_t>(segments, 0));
-  for (int p : peers) {
-    const size_t pu = static_cast<size_t>(p);
-    Channel& ch = comm.channel(p);
+  for (int k = 1; k < n; ++k) {
+    const int q = rankAt(k);
+    if (paced && k <= n - k) postGo(q, k);
     for (size_t j = 0; j < segments; ++j) {
       size_t begin, length;
       segment(me, j, &begin, &length);
       if (length == 0) continue;
-      contribTicket[pu][j] = ch.postRecv(recvArea + pu * slotBytes + slotOffset(me, j),
-                                         encodedBytes(codec, length));
+      contribTicket[static_cast<size_t>(q)][j] = comm.channel(q).postRecv(
+          recvArea + static_cast<size_t>(q) * slotBytes + slotOffset(me, j),
+          encodedBytes(codec, length));
     }
+    if (paced && k > n - k) postGo(q, k);
+    if (paced && k == 1) postGo(q, n);
+  }
+  for (int s = 1; s < n; ++s) {
+    const size_t owner = static_cast<size_t>(rankAt(-s));
     for (size_t j = 0; j < segments; ++j) {
       size_t begin, length;
-      segment(pu, j, &begin, &length);
+      segment(owner, j, &begin, &length);
       if (length == 0) continue;
-      gatherTicket[pu][j] = ch.postRecv(gatherArea + pu * slotBytes + slotOffset(pu, j),
-                                        encodedBytes(codec, length));
+      gatherTicket[static_cast<size_t>(s)][j] = comm.channel(left).postRecv(
+          gatherArea + owner * slotBytes + slotOffset(owner, j), encodedBytes(codec, length));
     }
   }
+  auto segmentsArrived = [&](int peer) {
+    for (uint64_t t : contribTicket[static_cast<size_t>(peer)]) {
+      if (t != 0 && !comm.channel(peer).recvDone(t)) return false;
+    }
+    return true;
+  };
+  auto drained = [&](int peer) {
+    const uint64_t t = lastSend[static_cast<size_t>(peer)];
+    Channel& ch = comm.channel(peer);
+    return (t == 0 || ch.sendDone(t)) && ch.unacknowledgedBytes() <= kRoundOverlapBytes;
+  };
 
-  // Phase 1: encode segment j of every chunk (ours first), send each to its owner.
-  std::vector<uint64_t> lastSend(static_cast<size_t>(n), 0);
-  for (size_t j = 0; j < segments; ++j) {
-    for (int k = 0; k < n; ++k) {
-      size_t c = static_cast<size_t>((rank + k) % n);
+  // Phase 1, step k: send our encoding of chunk rankAt(k) to its owner and
+  // receive rankAt(-k)'s encoding of ours. A round's chunk is encoded while
+  // the previous round is on the wire (unpaced: segment by segment as it is
+  // sent); our own chunk is encoded first, for the reduction.
+  auto encodeChunk = [&](size_t c, bool sendNow) {
+    for (size_t j = 0; j < segments; ++j) {
       size_t begin, length;
       segment(c, j, &begin, &length);
       if (length == 0) continue;
       char* enc = sendArea + encodedBytes(codec, begin);
       encode(codec, data + begin, length, enc);
-      if (c != me) {
+      if (sendNow) {
         lastSend[c] = comm.channel(static_cast<int>(c)).postSend(enc, encodedBytes(codec, length));
+        comm.progress();
       }
     }
-    comm.progress();  // start moving this segment while the next one is encoded
+  };
+  encodeChunk(me, false);
+  for (int k = 1; k < n; ++k) {
+    const int to = rankAt(k);
+    const size_t c = static_cast<size_t>(to);
+    if (!paced) {
+      encodeChunk(c, true);
+      continue;
+    }
+    encodeChunk(c, false);
+    const int from = rankAt(-k);
+    if (k > 1) {
+      const int prevFrom = rankAt(-(k - 1));
+      comm.waitUntil([&] { return segmentsArrived(prevFrom); });
+    }
+    sendGo(from, k);
+    const int prevTo = rankAt(k - 1);
+    comm.waitUntil([&] { return goArrived(to, k) && (k == 1 || drained(prevTo)); }, kDrainPoll);
+    for (size_t j = 0; j < segments; ++j) {
+      size_t begin, length;
+      segment(c, j, &begin, &length);
+      if (length == 0) continue;
+      lastSend[c] = comm.channel(to).postSend(sendArea + encodedBytes(codec, begin),
+                                              encodedBytes(codec, length));
+    }
+    comm.progress();
   }
 
-  // Reduce our chunk segment by segment as contributions arrive; each reduced
-  // segment is encoded, sent to every peer and decoded back in place at once.
+  // Reduce our chunk segment by segment as the last round's contributions
+  // arrive; encode each reduced segment once and decode it back in place.
+  // Unpaced, each reduced segment leaves for the allgather at once.
   char* ownGathered = gatherArea + me * slotBytes;
   for (size_t j = 0; j < segments; ++j) {
     size_t begin, length;
@@ -149,7 +240,8 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
     if (length == 0) continue;
     comm.waitUntil([&] {
       for (int p : peers) {
-        if (!comm.channel(p).recvDone(contribTicket[static_cast<size_t>(p)][j])) return false;
+        uint64_t t = contribTicket[static_cast<size_t>(p)][j];
+        if (t != 0 && !comm.channel(p).recvDone(t)) return false;
       }
       return true;
     });
@@ -170,22 +262,42 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
     }
     char* enc = ownGathered + encOffset;
     encode(codec, out, length, enc);
-    for (int p : peers) {
-      lastSend[static_cast<size_t>(p)] = comm.channel(p).postSend(enc, encodedBytes(codec, length));
+    if (!paced && n > 1) {
+      lastSend[static_cast<size_t>(right)] =
+          comm.channel(right).postSend(enc, encodedBytes(codec, length));
+      comm.progress();
     }
-    comm.progress();
     decode(codec, enc, length, out);
   }
 
-  // Phase 2 arrivals: decode every peer's reduced chunk segment by segment.
-  for (size_t j = 0; j < segments; ++j) {
-    for (int p : peers) {
-      const size_t pu = static_cast<size_t>(p);
+  // Phase 2: step s forwards to the right the chunk received at step s-1
+  // (step 0: our own), segment by segment; each arrival is decoded.
+  if (paced) {
+    sendGo(left, n);  // all of phase 1 is here: our left neighbour may start
+    const int lastTo = rankAt(n - 1);
+    comm.waitUntil([&] { return goArrived(right, n) && drained(lastTo); }, kDrainPoll);
+    for (size_t j = 0; j < segments; ++j) {
       size_t begin, length;
-      segment(pu, j, &begin, &length);
+      segment(me, j, &begin, &length);
       if (length == 0) continue;
-      comm.waitUntil([&] { return comm.channel(p).recvDone(gatherTicket[pu][j]); });
-      decode(codec, gatherArea + pu * slotBytes + slotOffset(pu, j), length, data + begin);
+      lastSend[static_cast<size_t>(right)] = comm.channel(right).postSend(
+          ownGathered + slotOffset(me, j), encodedBytes(codec, length));
+    }
+    comm.progress();
+  }
+  for (int s = 1; s < n; ++s) {
+    const size_t owner = static_cast<size_t>(rankAt(-s));
+    for (size_t j = 0; j < segments; ++j) {
+      size_t begin, length;
+      segment(owner, j, &begin, &length);
+      if (length == 0) continue;
+      comm.waitUntil([&] { return comm.channel(left).recvDone(gatherTicket[static_cast<size_t>(s)][j]); });
+      const char* enc = gatherArea + owner * slotBytes + slotOffset(owner, j);
+      if (s < n - 1) {
+        lastSend[static_cast<size_t>(right)] =
+            comm.channel(right).postSend(enc, encodedBytes(codec, length));
+      }
+      decode(codec, enc, length, data + begin);
     }
   }
   // The encodings we sent must stay untouched until the peers have them.

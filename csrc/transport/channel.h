@@ -69,6 +69,11 @@ class Channel {
   virtual int pollFd() const = 0;
   virtual short pollEvents() const = 0;
 
+  // Bytes handed to the transport that the peer has not acknowledged yet
+  // (TCP: the socket's send queue, SIOCOUTQ). A done send may still be on
+  // the wire; collectives that must not overlap two transfers on one link
+  // wait for this to drain. 0 where a done send is already readable.
+  virtual size_t unacknowledgedBytes() const { return 0; }
   // Channels without a pollable fd return their Doorbell instead.
   virtual Doorbell* doorbell() const { return nullptr; }
   // Throws when the peer is known to be gone (for transports that cannot

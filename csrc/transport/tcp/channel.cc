@@ -1,6 +1,8 @@
 #include "csrc/transport/tcp/channel.h"
 
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -177,6 +179,14 @@ bool TcpChannel::progress() {
 }
 
 int TcpChannel::pollFd() const { return hasPending() ? socket_.fd() : -1; }
+
+size_t TcpChannel::unacknowledgedBytes() const {
+  int queued = 0;
+  if (socket_.fd() < 0 || ::ioctl(socket_.fd(), SIOCOUTQ, &queued) != 0 || queued < 0) {
+    return 0;  // closed or unknown: nothing left to wait for (errors surface in progress())
+  }
+  return static_cast<size_t>(queued);
+}
 
 short TcpChannel::pollEvents() const {
   short events = POLLRDHUP;

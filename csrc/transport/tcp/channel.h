@@ -19,6 +19,7 @@ class TcpChannel final : public QueuedChannel {
   bool progress() override;
   int pollFd() const override;
   short pollEvents() const override;
+  size_t unacknowledgedBytes() const override;
   void close() override;
 
  private:
