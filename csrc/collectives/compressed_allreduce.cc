@@ -90,6 +90,14 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   };
   const size_t segments = layout.segmentsPerChunk;
   const size_t me = static_cast<size_t>(rank);
+  // Calls fn(j, begin, length) for each non-empty segment j of chunk c.
+  auto forSegments = [&](size_t c, auto&& fn) {
+    for (size_t j = 0; j < segments; ++j) {
+      size_t begin, length;
+      segment(c, j, &begin, &length);
+      if (length > 0) fn(j, begin, length);
+    }
+  };
 
   // Scratch: [whole-buffer encoding | N slots for contributions to our chunk
   // | N slots of reduced chunks]; slot sizes are the largest chunk's encoding.
@@ -153,26 +161,20 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   for (int k = 1; k < n; ++k) {
     const int q = rankAt(k);
     if (paced && k <= n - k) postGo(q, k);
-    for (size_t j = 0; j < segments; ++j) {
-      size_t begin, length;
-      segment(me, j, &begin, &length);
-      if (length == 0) continue;
+    forSegments(me, [&](size_t j, size_t begin, size_t length) {
       contribTicket[static_cast<size_t>(q)][j] = comm.channel(q).postRecv(
           recvArea + static_cast<size_t>(q) * slotBytes + slotOffset(me, j),
           encodedBytes(codec, length));
-    }
+    });
     if (paced && k > n - k) postGo(q, k);
     if (paced && k == 1) postGo(q, n);
   }
   for (int s = 1; s < n; ++s) {
     const size_t owner = static_cast<size_t>(rankAt(-s));
-    for (size_t j = 0; j < segments; ++j) {
-      size_t begin, length;
-      segment(owner, j, &begin, &length);
-      if (length == 0) continue;
+    forSegments(owner, [&](size_t j, size_t begin, size_t length) {
       gatherTicket[static_cast<size_t>(s)][j] = comm.channel(left).postRecv(
           gatherArea + owner * slotBytes + slotOffset(owner, j), encodedBytes(codec, length));
-    }
+    });
   }
   auto segmentsArrived = [&](int peer) {
     for (uint64_t t : contribTicket[static_cast<size_t>(peer)]) {
@@ -191,17 +193,14 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   // the previous round is on the wire (unpaced: segment by segment as it is
   // sent); our own chunk is encoded first, for the reduction.
   auto encodeChunk = [&](size_t c, bool sendNow) {
-    for (size_t j = 0; j < segments; ++j) {
-      size_t begin, length;
-      segment(c, j, &begin, &length);
-      if (length == 0) continue;
+    forSegments(c, [&](size_t j, size_t begin, size_t length) {
       char* enc = sendArea + encodedBytes(codec, begin);
       encode(codec, data + begin, length, enc);
       if (sendNow) {
         lastSend[c] = comm.channel(static_cast<int>(c)).postSend(enc, encodedBytes(codec, length));
         comm.progress();
       }
-    }
+    });
   };
   encodeChunk(me, false);
   for (int k = 1; k < n; ++k) {
@@ -220,13 +219,10 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
     sendGo(from, k);
     const int prevTo = rankAt(k - 1);
     comm.waitUntil([&] { return goArrived(to, k) && (k == 1 || drained(prevTo)); }, kDrainPoll);
-    for (size_t j = 0; j < segments; ++j) {
-      size_t begin, length;
-      segment(c, j, &begin, &length);
-      if (length == 0) continue;
+    forSegments(c, [&](size_t j, size_t begin, size_t length) {
       lastSend[c] = comm.channel(to).postSend(sendArea + encodedBytes(codec, begin),
                                               encodedBytes(codec, length));
-    }
+    });
     comm.progress();
   }
 
@@ -234,10 +230,7 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   // arrive; encode each reduced segment once and decode it back in place.
   // Unpaced, each reduced segment leaves for the allgather at once.
   char* ownGathered = gatherArea + me * slotBytes;
-  for (size_t j = 0; j < segments; ++j) {
-    size_t begin, length;
-    segment(me, j, &begin, &length);
-    if (length == 0) continue;
+  forSegments(me, [&](size_t j, size_t begin, size_t length) {
     comm.waitUntil([&] {
       for (int p : peers) {
         uint64_t t = contribTicket[static_cast<size_t>(p)][j];
@@ -268,7 +261,7 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
       comm.progress();
     }
     decode(codec, enc, length, out);
-  }
+  });
 
   // Phase 2: step s forwards to the right the chunk received at step s-1
   // (step 0: our own), segment by segment; each arrival is decoded.
@@ -276,21 +269,15 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
     sendGo(left, n);  // all of phase 1 is here: our left neighbour may start
     const int lastTo = rankAt(n - 1);
     comm.waitUntil([&] { return goArrived(right, n) && drained(lastTo); }, kDrainPoll);
-    for (size_t j = 0; j < segments; ++j) {
-      size_t begin, length;
-      segment(me, j, &begin, &length);
-      if (length == 0) continue;
+    forSegments(me, [&](size_t j, size_t begin, size_t length) {
       lastSend[static_cast<size_t>(right)] = comm.channel(right).postSend(
           ownGathered + slotOffset(me, j), encodedBytes(codec, length));
-    }
+    });
     comm.progress();
   }
   for (int s = 1; s < n; ++s) {
     const size_t owner = static_cast<size_t>(rankAt(-s));
-    for (size_t j = 0; j < segments; ++j) {
-      size_t begin, length;
-      segment(owner, j, &begin, &length);
-      if (length == 0) continue;
+    forSegments(owner, [&](size_t j, size_t begin, size_t length) {
       comm.waitUntil([&] { return comm.channel(left).recvDone(gatherTicket[static_cast<size_t>(s)][j]); });
       const char* enc = gatherArea + owner * slotBytes + slotOffset(owner, j);
       if (s < n - 1) {
@@ -298,7 +285,7 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
             comm.channel(right).postSend(enc, encodedBytes(codec, length));
       }
       decode(codec, enc, length, data + begin);
-    }
+    });
   }
   // The encodings we sent must stay untouched until the peers have them.
   comm.waitUntil([&] {
