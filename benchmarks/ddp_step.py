@@ -88,9 +88,8 @@ def wire_bytes_sent(stats):
     return sum(entry["bytes_sent"] for entry in stats.values())
 
 
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_workload_args(p):
+    """The backend, hook, model, data and DDP options (shared with ddp_timeline.py)."""
     p.add_argument("--backend", default="ringdist", help="ringdist or gloo")
     p.add_argument("--hook", default="none",
                    help="ringdist hook name (torch_ringdist.hooks.available()) or none")
@@ -113,6 +112,11 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ifname", default=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
                    help="GLOO_SOCKET_IFNAME (gloo under test and the bookkeeping group)")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_workload_args(p)
     p.add_argument("--timeout", type=float, default=300, help="process group timeout, seconds")
     p.add_argument("--label", help="name in the summary line (default backend/hook)")
     p.add_argument("--json", help="write results here (rank 0)")

@@ -36,7 +36,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from ddp_step import make_data, make_model, parse_option, wire_bytes_sent  # noqa: E402
+from ddp_step import add_workload_args, make_data, make_model, wire_bytes_sent  # noqa: E402
 
 
 def tcp_retransmits():
@@ -62,25 +62,14 @@ def timed(hook, events, clock):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", default="ringdist")
-    p.add_argument("--hook", default="allreduce", help="ringdist hook name (gloo: ignored)")
-    p.add_argument("--hook-option", dest="hook_options", action="append", default=[],
-                   type=parse_option, metavar="KEY=VALUE")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=6)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--batches", type=int, default=16)
-    p.add_argument("--d-in", type=int, default=1024)
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--d-out", type=int, default=1024)
-    p.add_argument("--eval-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1.0)
-    p.add_argument("--bucket-cap-mb", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    add_workload_args(p)
+    # Fewer steps, a small held-out set (unused here) and a hook to time by default.
+    p.set_defaults(hook="allreduce", steps=10, warmup=6, eval_size=16)
     p.add_argument("--gbitps", type=float, help="link rate for the floor (default: measured)")
-    p.add_argument("--ifname", default=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
     args = p.parse_args()
     args.hook_options = dict(args.hook_options)
+    if args.hook == "none":
+        args.hook = "allreduce"  # DDP's own arithmetic, through a hook that can be timed
 
     os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
     torch.set_num_threads(1)

@@ -293,7 +293,7 @@ void Communicator::waitForActivity(std::chrono::microseconds maxSleep) {
     return;
   }
   if (fds.empty()) {
-    if (maxSleep < std::chrono::seconds(1)) {
+    if (maxSleep < kUncappedSleep) {
       std::this_thread::sleep_for(cap);  // the caller polls a condition with no fd
     }
     return;  // nothing pending: the caller's condition decides

@@ -135,9 +135,11 @@ class Communicator {
   // Blocks (poll) until some channel can progress, the deadline passes or
   // maxSleep elapsed (for conditions no file descriptor signals, such as a
   // send queue draining).
-  void waitForActivity(std::chrono::microseconds maxSleep = std::chrono::seconds(1));
+  // kUncappedSleep: sleep until activity (poll slices of at most 1 s).
+  static constexpr std::chrono::microseconds kUncappedSleep = std::chrono::seconds(1);
+  void waitForActivity(std::chrono::microseconds maxSleep = kUncappedSleep);
   void waitUntil(const std::function<bool()>& done,
-                 std::chrono::microseconds maxSleep = std::chrono::seconds(1));
+                 std::chrono::microseconds maxSleep = kUncappedSleep);
   // Posted transfers as (channel, ticket); waitAll returns once all are done.
   using Transfers = std::vector<std::pair<Channel*, uint64_t>>;
   void waitAll(const Transfers& sends, const Transfers& recvs);
