@@ -367,12 +367,13 @@ def _w_resume(rank, world_size, names, steps_before, steps_after):
 
 def test_codecs_error_identity_and_stats(world_factory):
     int8_err = {}
-    # Default segments at N=2,3,4 (shared memory), then many tiny segments (multi-segment
-    # paths, phase 2 of early segments overlapping phase 1 of later ones) over shared
-    # memory and over TCP, and 2 emulated hosts x 2 ranks (both transports in one op).
+    # Default segments at N=2,3,4 (shared memory, one host: unpaced), then many tiny
+    # segments (multi-segment paths, phase 2 of early segments overlapping phase 1 of later
+    # ones) over shared memory and over TCP between 3 emulated hosts (paced rounds, odd N),
+    # and 2 emulated hosts x 2 ranks (paced, both transports in one op).
     for world_size, env in ((2, None), (3, None), (4, None),
                             (3, {"RINGDIST_SEGMENT_BYTES": "2048"}),
-                            (3, {"RINGDIST_SEGMENT_BYTES": "2048", "RINGDIST_TRANSPORT": "tcp"}),
+                            (3, {"RINGDIST_SEGMENT_BYTES": "2048", "RINGDIST_HOST_ID": "a,b,c"}),
                             (4, {"RINGDIST_HOST_ID": "h0,h1,h0,h1"})):
         results = world_factory(world_size, env).run(_w_codecs, timeout=180)
         for key in results[0]["cases"]:

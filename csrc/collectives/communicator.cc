@@ -88,6 +88,7 @@ void Communicator::setUpHierarchy(const std::vector<int>& hostOf) {
   // Hosts are numbered in ring order, so host h holds ring positions
   // [h * perHost, (h + 1) * perHost) when every host has perHost ranks.
   const int hosts = *std::max_element(hostOf.begin(), hostOf.end()) + 1;
+  hostCount_ = hosts;
   const int perHost = size_ / hosts;
   bool uniform = hosts >= 2 && perHost >= 2 && perHost * hosts == size_;
   for (int pos = 0; uniform && pos < size_; ++pos) {

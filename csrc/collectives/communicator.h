@@ -103,6 +103,8 @@ class Communicator {
   // (>= 2) of ranks, and RINGDIST_HIERARCHICAL is not 0: the ranks of our
   // host, and one rank per host (ours and those at our position elsewhere).
   bool hierarchical() const { return hierarchical_; }
+  // Number of distinct hosts in the group (1: every peer shares our machine).
+  int hostCount() const { return hostCount_; }
   const SubRing& hostRing() const { return hostRing_; }
   const SubRing& crossRing() const { return crossRing_; }
 
@@ -178,6 +180,7 @@ class Communicator {
   SubRing ring_;  // every rank, host by host
   bool hierarchical_ = false;
   SubRing hostRing_;
+  int hostCount_ = 1;
   SubRing crossRing_;
   size_t segmentBytes_;
   size_t smallAllreduceBytes_;

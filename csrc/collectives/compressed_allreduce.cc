@@ -12,8 +12,8 @@
 //
 // Phase 1 (reduce-scatter): every rank encodes every chunk and sends chunk c
 // straight to its owner c, in N-1 rounds: in round k the rank at ring
-// position p sends to position p+k and receives from p-k, and it starts
-// round k+1 only once round k has left and arrived. Every rank then sends to
+// position p sends to position p+k and receives from p-k. When the group
+// spans hosts, it starts round k+1 only once round k has left and arrived. Every rank then sends to
 // one peer and receives from one at a time: all pairs at once made three or
 // more TCP streams converge on each host's link and lost thousands of
 // segments per step to the switch queue (measured on 4 emulated hosts).
@@ -126,8 +126,9 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   // said "go" (it has all of round k-1) and our own previous round has
   // drained, and it starts the allgather only after its right neighbour said
   // "go" (it has all of phase 1). So each host link carries one transfer at
-  // a time. With two ranks there is only one peer and nothing to pace.
-  const bool paced = n > 2;
+  // a time. With two ranks there is only one peer and nothing to pace; on
+  // one host there is no shared link, and the hand-offs would only add latency.
+  const bool paced = n > 2 && comm.hostCount() > 1;
   std::vector<uint64_t> goOut(static_cast<size_t>(n) + 1), goIn(static_cast<size_t>(n) + 1);
   std::vector<uint64_t> goTicket(static_cast<size_t>(n) + 1, 0);  // by round; round N: allgather
   for (int k = 0; k <= n; ++k) goOut[static_cast<size_t>(k)] = static_cast<uint64_t>(k);
