@@ -50,6 +50,13 @@ size_t roundUp64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 // streams on one host's downlink, which a shallow switch queue drops.
 constexpr size_t kRoundOverlapBytes = 64 * 1024;
 constexpr std::chrono::microseconds kDrainPoll{200};
+// A receiver says "go" for the next round once all but this much of the
+// current round has arrived: the go crosses the reverse link's queue (up to
+// ~2 ms behind data), so the next stream then starts about when this one
+// ends. 4 emulated hosts at 1 Gbit/s, DDP step / wire-bound floor: go on
+// full arrival 1.31, 64 KiB early 1.27, 128 KiB 1.18-1.29, 256 KiB
+// 1.24-1.26; 512 KiB overlapped the streams and lost 372 segments per step.
+constexpr size_t kEarlyGoBytes = 128 * 1024;
 
 }  // namespace
 
@@ -177,11 +184,16 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
           gatherArea + owner * slotBytes + slotOffset(owner, j), encodedBytes(codec, length));
     });
   }
+  // Gos need only what precedes the last kEarlyGoBytes of our chunk's encoding.
+  const size_t ownEncBytes = encodedBytes(codec, chunkElems(me));
+  auto inTail = [&](size_t encOffset) { return encOffset + kEarlyGoBytes > ownEncBytes; };
   auto segmentsArrived = [&](int peer) {
-    for (uint64_t t : contribTicket[static_cast<size_t>(peer)]) {
-      if (t != 0 && !comm.channel(peer).recvDone(t)) return false;
-    }
-    return true;
+    bool done = true;
+    forSegments(me, [&](size_t j, size_t begin, size_t length) {
+      const uint64_t t = contribTicket[static_cast<size_t>(peer)][j];
+      if (!inTail(slotOffset(me, j)) && !comm.channel(peer).recvDone(t)) done = false;
+    });
+    return done;
   };
   auto drained = [&](int peer) {
     const uint64_t t = lastSend[static_cast<size_t>(peer)];
@@ -231,6 +243,7 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   // arrive; encode each reduced segment once and decode it back in place.
   // Unpaced, each reduced segment leaves for the allgather at once.
   char* ownGathered = gatherArea + me * slotBytes;
+  bool allgatherGoSent = false;
   forSegments(me, [&](size_t j, size_t begin, size_t length) {
     comm.waitUntil([&] {
       for (int p : peers) {
@@ -254,6 +267,10 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
       const float divisor = static_cast<float>(n);
       for (size_t i = 0; i < length; ++i) out[i] /= divisor;
     }
+    if (paced && !allgatherGoSent && inTail(encOffset + encodedBytes(codec, length))) {
+      sendGo(left, n);  // (nearly) all of phase 1 is here: our left neighbour may start
+      allgatherGoSent = true;
+    }
     char* enc = ownGathered + encOffset;
     encode(codec, out, length, enc);
     if (!paced && n > 1) {
@@ -267,7 +284,7 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   // Phase 2: step s forwards to the right the chunk received at step s-1
   // (step 0: our own), segment by segment; each arrival is decoded.
   if (paced) {
-    sendGo(left, n);  // all of phase 1 is here: our left neighbour may start
+    if (!allgatherGoSent) sendGo(left, n);  // an empty chunk has no segments
     const int lastTo = rankAt(n - 1);
     comm.waitUntil([&] { return goArrived(right, n) && drained(lastTo); }, kDrainPoll);
     forSegments(me, [&](size_t j, size_t begin, size_t length) {
