@@ -130,9 +130,9 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   const int left = comm.left();
 
   // Pacing (N > 2): a rank sends its round-k chunk only after the receiver
-  // said "go" (it has all of round k-1) and our own previous round has
-  // drained, and it starts the allgather only after its right neighbour said
-  // "go" (it has all of phase 1). So each host link carries one transfer at
+  // said "go" (it has all of round k-1 but its last kEarlyGoBytes) and our
+  // own previous round has drained, and it starts the allgather only after
+  // its right neighbour said "go" (the same for phase 1). So each host link carries one transfer at
   // a time. With two ranks there is only one peer and nothing to pace; on
   // one host there is no shared link, and the hand-offs would only add latency.
   const bool paced = n > 2 && comm.hostCount() > 1;
