@@ -564,6 +564,57 @@ def _case_send_recv(rank, ws, dtypes, counts):
     return out
 
 
+def _case_recv_any(rank, ws, n):
+    """Receives from any source (src=None): the sender each returns, and its bytes."""
+    out = {}
+    for root in range(ws):
+        others = [r for r in range(ws) if r != root]
+        # Every other rank sends to root at once; root takes them in whatever order they come.
+        if rank == root:
+            got = {}
+            for _ in others:
+                buf = torch.empty(n, dtype=torch.int64)
+                src = dist.recv(buf, tag=21)
+                got.setdefault(src, []).append(buf)
+            ok = sorted(got) == others and all(
+                len(got[s]) == 1 and torch.equal(got[s][0], payload("int64", s, n, salt=21))
+                for s in others)
+            out[f"root={root} gather"] = None if ok else f"senders {sorted(got)}, expected {others}"
+        else:
+            dist.send(payload("int64", rank, n, salt=21), dst=root, tag=21)
+        # Posted before a collective that the sender joins before sending.
+        sender = (root + 1) % ws
+        x = torch.full((5,), float(rank + 1))
+        if rank == root:
+            buf = torch.empty(n, dtype=torch.int64)
+            work = dist.irecv(buf, tag=22)
+            dist.all_reduce(x)
+            work.wait()
+            src = work._source_rank()
+            ok = src == sender and torch.equal(buf, payload("int64", sender, n, salt=22))
+            out[f"root={root} across all_reduce"] = None if ok else f"source {src}, expected {sender}"
+        else:
+            dist.all_reduce(x)
+            if rank == sender:
+                dist.send(payload("int64", rank, n, salt=22), dst=root, tag=22)
+        expect = ws * (ws + 1) / 2
+        out[f"root={root} all_reduce"] = None if bool((x == expect).all()) else f"all_reduce gave {x}"
+        # A message already pulled in by a receive waiting for another tag.
+        if rank == root:
+            later = torch.empty(n, dtype=torch.int64)
+            first = dist.irecv(later, src=sender, tag=31)
+            buf = torch.empty(n, dtype=torch.int64)
+            src = dist.recv(buf, tag=32)
+            first.wait()
+            ok = (src == sender and torch.equal(buf, payload("int64", sender, n, salt=32))
+                  and torch.equal(later, payload("int64", sender, n, salt=31)))
+            out[f"root={root} held message"] = None if ok else f"source {src}, buffers wrong"
+        elif rank == sender:
+            dist.send(payload("int64", rank, n, salt=32), dst=root, tag=32)
+            dist.send(payload("int64", rank, n, salt=31), dst=root, tag=31)
+    return out
+
+
 def _case_barrier(rank, ws, tmpdir, rounds):
     """A rotating late rank; after the barrier every rank must see everyone's marker."""
     out = {}
@@ -819,6 +870,7 @@ P2P_WORLDS = [w for w in WORLDS if w[0] > 1]  # a rank cannot send to itself
 def test_send_recv(world_factory, ws, seg):
     w = get_world(world_factory, ws, seg)
     assert_cases(w.run(_case_send_recv, DTYPES, SMALL_COUNTS), check_digests=False)
+    assert_cases(w.run(_case_recv_any, 1001), check_digests=False)
     if segment_of(seg) == "default":
         assert_cases(w.run(_case_send_recv, ["float32"], [LARGE]), check_digests=False)
 

@@ -449,6 +449,38 @@ def _mismatch(rank, ws, op, kind, bad_rank):
     return out
 
 
+def _recv_any_mismatch(rank, ws):
+    sub = dist.new_group(list(range(ws)), timeout=_sec(10))
+    dist.barrier(group=sub)
+    out = {"error": None}
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            dist.recv(torch.empty(COUNT), group=sub, tag=3)  # from any source
+        elif rank == 1:
+            dist.send(torch.ones(BAD_COUNT), dst=0, group=sub, tag=3)
+            dist.barrier(group=sub)  # fails once rank 0 aborts the group
+    except Exception as e:  # noqa: BLE001
+        out["error"] = _err(e)
+    out["elapsed"] = time.monotonic() - t0
+    dist.destroy_process_group(sub)
+    _check_default_group(ws)
+    return out
+
+
+@transports
+def test_recv_any_source_size_mismatch(world_factory, transport):
+    """A message of the wrong size for a receive from any source fails both ranks fast."""
+    res = _ft_world(world_factory, 2, transport=transport).run(_recv_any_mismatch, timeout=60)
+    for r, out in enumerate(res):
+        err = out["error"]
+        assert err is not None, f"rank {r}: no error although the sizes differ"
+        assert out["elapsed"] < 5, f"rank {r}: took {out['elapsed']:.2f}s to fail"
+        assert "DistBackendError" in err["mro"], err
+    msg = res[0]["error"]["message"]
+    assert re.search(r"recv.*rank 0.*expects 16 bytes.*rank 1 sent 20 bytes", msg), msg
+
+
 def _ring_neighbours(r, ws):
     return {(r - 1) % ws, (r + 1) % ws}
 

@@ -25,6 +25,9 @@ namespace {
 constexpr auto kTeardownWait = std::chrono::seconds(10);
 // Poll interval of the worker while only point-to-point transfers are pending.
 constexpr auto kIdlePoll = std::chrono::milliseconds(5);
+// A receive from any source looks at idle links this often (no link signals
+// bytes that no receive asked for).
+constexpr auto kAnySourcePoll = std::chrono::milliseconds(1);
 
 bool toDataType(at::ScalarType type, DataType* out) {
   switch (type) {
@@ -221,6 +224,9 @@ void ProcessGroupRingdist::reapP2P() {
         if (!done.flat.is_same(done.user)) {
           done.user.copy_(done.flat);
         }
+        if (*done.source >= 0) {
+          done.work->setSourceRank(*done.source);
+        }
         done.work->markSuccess();
       } catch (const std::exception& e) {
         done.work->markError(std::current_exception());
@@ -228,6 +234,19 @@ void ProcessGroupRingdist::reapP2P() {
     } else {
       ++i;
     }
+  }
+}
+
+void ProcessGroupRingdist::pollAnySource() {
+  if (!p2p_->anyPending() || comm_->aborted()) {
+    return;
+  }
+  try {
+    p2p_->pollAny();
+  } catch (const std::exception& e) {
+    std::string message = comm_->describeError(e.what());
+    comm_->abort(message);
+    fail(Error(message));
   }
 }
 
@@ -239,8 +258,16 @@ void ProcessGroupRingdist::workerLoop() {
       std::unique_lock<std::mutex> lock(mutex_);
       if (queue_.empty() && !stop_ && !pendingP2P_.empty()) {
         lock.unlock();
+        pollAnySource();
+        reapP2P();
+        if (p2p_->anyPending() && !comm_->hasPending()) {
+          // Nothing queued on any link: look again soon, or at once for new work.
+          lock.lock();
+          cv_.wait_for(lock, kAnySourcePoll, [&] { return stop_ || !queue_.empty(); });
+          continue;
+        }
         try {
-          comm_->progressIdle(kIdlePoll);
+          comm_->progressIdle(p2p_->anyPending() ? kAnySourcePoll : kIdlePoll);
         } catch (const std::exception& e) {
           std::string message = comm_->describeError(e.what());
           comm_->abort(message);
@@ -258,6 +285,7 @@ void ProcessGroupRingdist::workerLoop() {
     }
     run(task.work, task.type, task.timeout, task.body);
     task = Task{};  // drop captured tensors before waiting again
+    pollAnySource();
     reapP2P();
   }
   comm_->close(std::chrono::duration_cast<std::chrono::milliseconds>(kTeardownWait));
@@ -770,30 +798,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::barrier(const c10d::Barrier
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::sendRecv(bool isSend,
                                                               std::vector<at::Tensor>& tensors,
                                                               int peer, int tag) {
-  const char* op = isSend ? "send" : "recv";
+  const bool anySource = peer < 0;
+  const char* op = isSend ? "send" : anySource ? "recv (any source)" : "recv";
   DataType dtype = checkTensors(op, tensors);
   RD_CHECK_INPUT(tensors.size() == 1, op, "expected one tensor, got ", tensors.size());
-  RD_CHECK_INPUT(peer >= 0 && peer < getSize() && peer != getRank(), op, "peer rank ", peer,
+  RD_CHECK_INPUT(anySource || (peer < getSize() && peer != getRank()), op, "peer rank ", peer,
                  " is invalid (group size ", getSize(), ", own rank ", getRank(), ")");
-  auto work = c10::make_intrusive<RingdistWork>(
-      getRank(), isSend ? c10d::OpType::SEND : c10d::OpType::RECV, op, tensors);
+  RD_CHECK_INPUT(!anySource || getSize() > 1, op, "a group of one rank has no other source");
+  const auto type = isSend ? c10d::OpType::SEND
+                           : anySource ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV;
+  auto work = c10::make_intrusive<RingdistWork>(getRank(), type, op, tensors);
   P2P entry{work, tensors[0], tensors[0].is_contiguous() ? tensors[0] : tensors[0].contiguous(),
-            std::make_shared<bool>(false)};
+            std::make_shared<bool>(false), std::make_shared<int>(isSend ? -1 : peer)};
   size_t bytes = static_cast<size_t>(entry.flat.numel()) * elementSize(dtype);
   // The body only queues the transfer; the worker completes the Work (in
   // reapP2P, between operations) once the bytes moved.
-  auto post = [this, isSend, entry, bytes, dtype, peer, tag] {
+  auto post = [this, isSend, anySource, entry, bytes, dtype, peer, tag] {
     // Registered first: if posting fails, fail() completes this Work too.
     pendingP2P_.push_back(entry);
     auto moved = entry.moved;
     auto done = [moved] { *moved = true; };
     if (isSend) {
       p2p_->send(entry.flat.data_ptr(), bytes, dtype, peer, tag, done);
+    } else if (anySource) {
+      auto source = entry.source;
+      p2p_->recvAny(entry.flat.data_ptr(), bytes, dtype, tag, [moved, source](int from) {
+        *source = from;
+        *moved = true;
+      });
     } else {
       p2p_->recv(entry.flat.data_ptr(), bytes, dtype, peer, tag, done);
     }
   };
-  enqueue(isSend ? c10d::OpType::SEND : c10d::OpType::RECV, OpType::kSend, {}, timeout_, post);
+  enqueue(type, OpType::kSend, {}, timeout_, post);
   return work;
 }
 
@@ -804,7 +841,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::send(std::vector<at::Tensor
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::recv(std::vector<at::Tensor>& tensors,
                                                           int srcRank, int tag) {
+  RD_CHECK_INPUT(srcRank >= 0, "recv", "peer rank ", srcRank, " is invalid (group size ",
+                 getSize(), ", own rank ", getRank(), ")");
   return sendRecv(false, tensors, srcRank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                                   int tag) {
+  return sendRecv(false, tensors, -1, tag);
 }
 
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store,

@@ -82,6 +82,8 @@ class ProcessGroupRingdist : public c10d::Backend {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
                                       int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
 
   // Tuning and introspection for tests and benchmarks.
   // Transport used to reach each rank ("tcp", "shm", "self").
@@ -124,14 +126,18 @@ class ProcessGroupRingdist : public c10d::Backend {
     at::Tensor user;
     at::Tensor flat;
     std::shared_ptr<bool> moved;
+    std::shared_ptr<int> source;  // receives: the sender, once known
   };
 
   DataType checkTensors(const char* op, const std::vector<at::Tensor>& tensors);
   ReduceOp checkReduceOp(const char* op, const c10d::ReduceOp& reduceOp, DataType dtype);
   void checkRoot(const char* op, int64_t root);
+  // peer -1 (receives only): from any source.
   c10::intrusive_ptr<c10d::Work> sendRecv(bool isSend, std::vector<at::Tensor>& tensors, int peer,
                                           int tag);
   void reapP2P();
+  // Looks for messages for receives from any source; errors fail the group.
+  void pollAnySource();
 
   // Queues `body` (run on the worker, over comm_) and returns its Work.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, OpType engineType,

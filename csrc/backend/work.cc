@@ -44,6 +44,18 @@ bool RingdistWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+int RingdistWork::sourceRank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(sourceRank_ >= 0, "ringdist ", c10d::opTypeToString(retrieveOpType()),
+              ": the source rank is known only for a completed receive");
+  return sourceRank_;
+}
+
+void RingdistWork::setSourceRank(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sourceRank_ = rank;
+}
+
 void RingdistWork::markSuccess() {
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -21,11 +21,16 @@ class RingdistWork : public c10d::Work {
   void synchronize() override {}
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
+  // Receives: the rank the message came from (dist.recv returns it).
+  int sourceRank() const override;
+  void setSourceRank(int rank);
+
   void markSuccess();
   void markError(std::exception_ptr error);
 
  private:
   std::vector<at::Tensor> outputs_;
+  int sourceRank_ = -1;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

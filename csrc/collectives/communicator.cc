@@ -17,7 +17,6 @@
 namespace ringdist {
 
 namespace {
-constexpr uint32_t kOpMagic = 0x52444f50;  // "RDOP"
 using Clock = std::chrono::steady_clock;
 
 std::string describeHeader(const OpHeader& h) {

@@ -46,6 +46,7 @@ struct OpHeader {
   int32_t tag;
 };
 static_assert(sizeof(OpHeader) == 32, "OpHeader is a wire format");
+constexpr uint32_t kOpMagic = 0x52444f50;  // "RDOP", first field of every header
 
 // Default segment size: big enough that per-segment syscalls and loop
 // overhead vanish next to the copy cost, small enough that reduce and

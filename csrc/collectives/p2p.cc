@@ -30,10 +30,14 @@ void PointToPoint::send(const void* data, size_t bytes, DataType dtype, int peer
   ch.postSend(data, bytes, std::move(done));
 }
 
-void PointToPoint::recv(void* data, size_t bytes, DataType dtype, int peer, int tag, Done done) {
-  Channel& ch = comm_.channel(peer);
+void PointToPoint::readHeader(int peer) {
   auto header = std::make_shared<OpHeader>();
-  ch.postRecv(header.get(), sizeof(OpHeader), [this, header, peer] { onHeader(peer, *header); });
+  comm_.channel(peer).postRecv(header.get(), sizeof(OpHeader),
+                               [this, header, peer] { onHeader(peer, *header); });
+}
+
+void PointToPoint::recv(void* data, size_t bytes, DataType dtype, int peer, int tag, Done done) {
+  readHeader(peer);
 
   Waiting w{data, bytes, dtype, tag, std::move(done)};
   Mailbox& box = mailboxes_[static_cast<size_t>(peer)];
@@ -54,6 +58,64 @@ void PointToPoint::recv(void* data, size_t bytes, DataType dtype, int peer, int 
   box.waiting.push_back(std::move(w));
 }
 
+void PointToPoint::recvAny(void* data, size_t bytes, DataType dtype, int tag, DoneFrom done) {
+  anyWaiting_.push_back(AnyWaiting{data, bytes, dtype, tag, std::move(done)});
+  pollAny();
+}
+
+bool PointToPoint::pollAny() {
+  bool matched = false;
+  for (auto it = anyWaiting_.begin(); it != anyWaiting_.end();) {
+    if (matchAny(*it)) {
+      it = anyWaiting_.erase(it);
+      matched = true;
+    } else {
+      ++it;
+    }
+  }
+  return matched;
+}
+
+bool PointToPoint::matchAny(AnyWaiting& any) {
+  const int n = comm_.size();
+  for (int i = 0; i < n - 1; ++i) {
+    const int peer = (comm_.rank() + (anyNext_ + i - 1) % (n - 1) + 1) % n;
+    Channel& ch = comm_.channel(peer);
+    Mailbox& box = mailboxes_[static_cast<size_t>(peer)];
+    const bool owed = std::any_of(box.waiting.begin(), box.waiting.end(),
+                                  [&](const Waiting& w) { return w.tag == any.tag; });
+    if (ch.receiving() || owed) {
+      continue;
+    }
+    auto held = std::find_if(box.unexpected.begin(), box.unexpected.end(), [&](const auto& m) {
+      return m->tag == any.tag && m->arrived && !m->claim;
+    });
+    auto done = [&any, peer] { return [fn = std::move(any.done), peer] { fn(peer); }; };
+    OpHeader next;
+    if (held != box.unexpected.end()) {
+      Waiting w{any.data, any.bytes, any.dtype, any.tag, done()};
+      checkMatch(peer, w, (*held)->payload.size(), (*held)->dtype);
+      deliver(**held, w);
+      box.unexpected.erase(held);
+      // The receive whose header read brought that message in still waits
+      // for one of its own: read the next header for it.
+      readHeader(peer);
+    } else if (ch.peek(&next, sizeof(OpHeader)) && isSendHeader(next) && next.tag == any.tag) {
+      box.waiting.push_back(Waiting{any.data, any.bytes, any.dtype, any.tag, done()});
+      readHeader(peer);
+    } else {
+      continue;
+    }
+    anyNext_ = anyNext_ % (n - 1) + 1;
+    return true;
+  }
+  return false;
+}
+
+bool PointToPoint::isSendHeader(const OpHeader& header) {
+  return header.magic == kOpMagic && header.type == static_cast<uint8_t>(OpType::kSend);
+}
+
 void PointToPoint::checkMatch(int peer, const Waiting& w, size_t bytes, DataType dtype) const {
   RINGDIST_CHECK(bytes == w.bytes && dtype == w.dtype, "ringdist recv: rank ", comm_.rank(),
                  " expects ", w.bytes, " bytes of ", dataTypeName(w.dtype), " from rank ", peer,
@@ -71,8 +133,7 @@ void PointToPoint::deliver(Unexpected& message, Waiting& w) {
 // Runs inside the link's progress, right after the header arrived and before
 // anything else is read from that link.
 void PointToPoint::onHeader(int peer, const OpHeader& header) {
-  const OpHeader expected = comm_.makeHeader(OpType::kSend, 0, DataType::kUInt8, ReduceOp::kSum, -1);
-  RINGDIST_CHECK(header.magic == expected.magic && header.type == expected.type,
+  RINGDIST_CHECK(isSendHeader(header),
                  "ringdist recv: rank ", comm_.rank(), " expected a message from rank ", peer,
                  " but the next bytes on that link belong to a collective (",
                  opTypeName(static_cast<OpType>(header.type)),

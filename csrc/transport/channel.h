@@ -59,6 +59,12 @@ class Channel {
   virtual bool sendDone(uint64_t ticket) const = 0;
   virtual bool recvDone(uint64_t ticket) const = 0;
   virtual bool hasPending() const = 0;
+  // True while receives are queued: the next incoming bytes are theirs.
+  virtual bool receiving() const = 0;
+  // With no receive queued: copies the next `bytes` of the incoming stream
+  // into dst without consuming them; false if fewer have arrived. Lets a
+  // receive from any source look at a link without taking anything off it.
+  virtual bool peek(void* dst, size_t bytes) = 0;
 
   // Moves bytes without blocking; returns true if any byte moved. Throws
   // ringdist::Error when the peer is gone or the stream is broken.

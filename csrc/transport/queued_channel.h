@@ -28,6 +28,7 @@ class QueuedChannel : public Channel {
   bool sendDone(uint64_t ticket) const override { return sendsDone_ >= ticket; }
   bool recvDone(uint64_t ticket) const override { return recvsDone_ >= ticket; }
   bool hasPending() const override { return !sends_.empty() || !recvs_.empty(); }
+  bool receiving() const override { return !recvs_.empty(); }
 
  protected:
   explicit QueuedChannel(int peer) : Channel(peer) {}

@@ -163,6 +163,19 @@ bool ShmChannel::progressRecvs() {
   return moved;
 }
 
+bool ShmChannel::peek(void* dst, size_t bytes) {
+  if (receiving()) {
+    return false;
+  }
+  uint64_t tail = in_->tail.load(std::memory_order_relaxed);
+  uint64_t head = in_->head.load(std::memory_order_acquire);
+  if (head - tail < bytes) {
+    return false;
+  }
+  copyOut(static_cast<char*>(dst), inData_, ringBytes_, tail, bytes);
+  return true;
+}
+
 bool ShmChannel::progress() {
   if (closed_) {
     RINGDIST_CHECK(!hasPending(), "shared-memory link to rank ", peer_, " is closed");

@@ -36,6 +36,7 @@ class ShmChannel final : public QueuedChannel {
   ~ShmChannel() override;
 
   bool progress() override;
+  bool peek(void* dst, size_t bytes) override;
   int pollFd() const override { return -1; }
   short pollEvents() const override { return 0; }
   Doorbell* doorbell() const override { return doorbell_.get(); }

@@ -178,6 +178,15 @@ bool TcpChannel::progress() {
   return moved;
 }
 
+bool TcpChannel::peek(void* dst, size_t bytes) {
+  if (receiving() || !socket_.valid()) {
+    return false;
+  }
+  // Nothing is staged between receives, so the socket's next bytes are the stream's.
+  ssize_t n = ::recv(socket_.fd(), dst, bytes, MSG_PEEK | MSG_DONTWAIT);
+  return n == static_cast<ssize_t>(bytes);
+}
+
 int TcpChannel::pollFd() const { return hasPending() ? socket_.fd() : -1; }
 
 size_t TcpChannel::unacknowledgedBytes() const {

@@ -17,6 +17,7 @@ class TcpChannel final : public QueuedChannel {
   ~TcpChannel() override;
 
   bool progress() override;
+  bool peek(void* dst, size_t bytes) override;
   int pollFd() const override;
   short pollEvents() const override;
   size_t unacknowledgedBytes() const override;
