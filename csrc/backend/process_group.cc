@@ -25,9 +25,6 @@ namespace {
 constexpr auto kTeardownWait = std::chrono::seconds(10);
 // Poll interval of the worker while only point-to-point transfers are pending.
 constexpr auto kIdlePoll = std::chrono::milliseconds(5);
-// A receive from any source looks at idle links this often (no link signals
-// bytes that no receive asked for).
-constexpr auto kAnySourcePoll = std::chrono::milliseconds(1);
 
 bool toDataType(at::ScalarType type, DataType* out) {
   switch (type) {
@@ -116,6 +113,7 @@ void ProcessGroupRingdist::shutdown() {
     stop_ = true;
   }
   cv_.notify_all();
+  comm_->wake();
   if (worker_.joinable()) {
     if (std::this_thread::get_id() == worker_.get_id()) {
       worker_.detach();  // destroyed from a callback on the worker itself
@@ -179,6 +177,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
     queue_.push_back(Task{work, engineType, timeout, std::move(body)});
   }
   cv_.notify_one();
+  comm_->wake();  // the worker may be waiting on pending sends and receives
   return work;
 }
 
@@ -257,17 +256,19 @@ void ProcessGroupRingdist::workerLoop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (queue_.empty() && !stop_ && !pendingP2P_.empty()) {
+        const uint64_t wakesSeen = comm_->wakeCount();  // enqueue() wakes after pushing
         lock.unlock();
         pollAnySource();
         reapP2P();
-        if (p2p_->anyPending() && !comm_->hasPending()) {
-          // Nothing queued on any link: look again soon, or at once for new work.
+        if (!comm_->hasPending() && !comm_->watchingAny()) {
+          // Only receives from any source whose links hold others' messages:
+          // nothing can move until a new operation takes those.
           lock.lock();
-          cv_.wait_for(lock, kAnySourcePoll, [&] { return stop_ || !queue_.empty(); });
+          cv_.wait_for(lock, kIdlePoll, [&] { return stop_ || !queue_.empty(); });
           continue;
         }
         try {
-          comm_->progressIdle(p2p_->anyPending() ? kAnySourcePoll : kIdlePoll);
+          comm_->progressIdle(kIdlePoll, wakesSeen);
         } catch (const std::exception& e) {
           std::string message = comm_->describeError(e.what());
           comm_->abort(message);

@@ -1,6 +1,8 @@
 #include "csrc/collectives/communicator.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <sched.h>
 
 #include <cstdlib>
@@ -68,7 +70,11 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Chann
   int sharing = 1;  // ranks of this group sharing this host's cores
   for (const auto& ch : channels_) {
     sharing += (ch && ch->doorbell() != nullptr) ? 1 : 0;
+    if (ch && ch->doorbell() != nullptr) localBell_ = ch->doorbell();
   }
+  watched_.assign(static_cast<size_t>(size_), 0);
+  wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  RINGDIST_CHECK(wakeFd_ >= 0, "ringdist: eventfd failed: ", std::strerror(errno));
   spin_ = sharing <= static_cast<int>(std::thread::hardware_concurrency());
   int64_t segment = envInt("RINGDIST_SEGMENT_BYTES", static_cast<int64_t>(kDefaultSegmentBytes));
   RINGDIST_CHECK(segment > 0, "ringdist: RINGDIST_SEGMENT_BYTES must be positive, got ", segment);
@@ -109,7 +115,41 @@ void Communicator::setUpHierarchy(const std::vector<int>& hostOf) {
   crossRing_.pos = host;
 }
 
-Communicator::~Communicator() { std::free(scratch_); }
+Communicator::~Communicator() {
+  std::free(scratch_);
+  ::close(wakeFd_);
+}
+
+void Communicator::setWatched(int peer, bool on) { watched_[static_cast<size_t>(peer)] = on ? 1 : 0; }
+
+bool Communicator::watchingAny() const {
+  return std::any_of(watched_.begin(), watched_.end(), [](char w) { return w != 0; });
+}
+
+bool Communicator::watchedArrival() {
+  char byte;
+  for (size_t p = 0; p < channels_.size(); ++p) {
+    if (watched_[p] && channels_[p] && channels_[p]->peek(&byte, 1)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void Communicator::wake() {
+  wakes_.fetch_add(1);
+  // The syscalls only when the worker may be asleep (both atomics are
+  // sequentially consistent: it sees our count, or we see its flag).
+  if (!idleWaiting_.load()) {
+    return;
+  }
+  const uint64_t one = 1;
+  ssize_t written = ::write(wakeFd_, &one, sizeof(one));
+  (void)written;  // EAGAIN: the counter is already non-zero, the fd already readable
+  if (localBell_ != nullptr) {
+    localBell_->ring();
+  }
+}
 
 Channel& Communicator::channel(int peer) {
   RINGDIST_CHECK(peer >= 0 && peer < size_ && peer != rank_ && channels_[static_cast<size_t>(peer)],
@@ -235,11 +275,12 @@ std::string Communicator::pendingPeers() const {
   return peers.empty() ? "none" : peers;
 }
 
-void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left) {
+void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left,
+                                   const uint64_t* wakesSeen) {
   if (spin_) {
     auto spinUntil = Clock::now() + kSpinBeforeSleep;
     while (Clock::now() < spinUntil) {
-      if (progress()) {
+      if (progress() || watchedArrival() || wokenSince(wakesSeen)) {
         return;
       }
       // Our own process's other threads (the Python caller that enqueues the
@@ -250,7 +291,7 @@ void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds lef
   uint32_t armed = bell->arm();
   // A final look after arming: a peer that rang before arm() is seen here,
   // one that rings after it bumps the word futex_wait compares against.
-  if (progress()) {
+  if (progress() || watchedArrival() || wokenSince(wakesSeen)) {
     bell->disarm();
     return;
   }
@@ -260,23 +301,30 @@ void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds lef
   bell->disarm();
   if (Clock::now() - before >= sleepFor) {
     // Quiet for a whole sleep: make sure the peers we wait for are alive.
-    for (auto& ch : channels_) {
-      if (ch && ch->hasPending()) {
-        ch->checkAlive();
+    for (size_t p = 0; p < channels_.size(); ++p) {
+      if (channels_[p] && (channels_[p]->hasPending() || watched_[p])) {
+        channels_[p]->checkAlive();
       }
     }
   }
 }
 
-void Communicator::waitForActivity(std::chrono::microseconds maxSleep) {
+void Communicator::waitForActivity(std::chrono::microseconds maxSleep,
+                                   const uint64_t* wakesSeen) {
   std::vector<pollfd> fds;
-  std::vector<Channel*> owners;
+  std::vector<Channel*> owners;  // nullptr: the wake fd
   Doorbell* bell = nullptr;
-  for (auto& ch : channels_) {
-    if (ch && ch->pollFd() >= 0) {
-      fds.push_back(pollfd{ch->pollFd(), ch->pollEvents(), 0});
-      owners.push_back(ch.get());
-    } else if (ch && ch->hasPending() && ch->doorbell() != nullptr) {
+  for (size_t p = 0; p < channels_.size(); ++p) {
+    Channel* ch = channels_[p].get();
+    if (ch == nullptr) continue;
+    const bool watched = watched_[p] && !ch->receiving();
+    if (ch->pollFd() >= 0) {
+      fds.push_back(pollfd{ch->pollFd(), static_cast<short>(ch->pollEvents() | (watched ? POLLIN : 0)), 0});
+      owners.push_back(ch);
+    } else if (watched && ch->incomingFd() >= 0) {
+      fds.push_back(pollfd{ch->incomingFd(), POLLIN | POLLRDHUP, 0});
+      owners.push_back(ch);
+    } else if ((ch->hasPending() || watched) && ch->doorbell() != nullptr) {
       bell = ch->doorbell();
     }
   }
@@ -286,11 +334,20 @@ void Communicator::waitForActivity(std::chrono::microseconds maxSleep) {
                               opTimeout_.count(), " ms waiting for rank(s) ", pendingPeers()));
   }
   const auto cap = std::min<std::chrono::microseconds>(maxSleep, left);
-  if (bell != nullptr && fds.empty()) {
-    sleepOnDoorbell(bell, std::max<std::chrono::milliseconds>(
-                              std::chrono::milliseconds(1),
-                              std::chrono::duration_cast<std::chrono::milliseconds>(cap)));
+  if (wokenSince(wakesSeen)) {
     return;
+  }
+  if (bell != nullptr && fds.empty()) {
+    sleepOnDoorbell(bell,
+                    std::max<std::chrono::milliseconds>(
+                        std::chrono::milliseconds(1),
+                        std::chrono::duration_cast<std::chrono::milliseconds>(cap)),
+                    wakesSeen);
+    return;
+  }
+  if (wakesSeen != nullptr && !fds.empty()) {
+    fds.push_back(pollfd{wakeFd_, POLLIN, 0});
+    owners.push_back(nullptr);
   }
   if (fds.empty()) {
     if (maxSleep < kUncappedSleep) {
@@ -310,6 +367,14 @@ void Communicator::waitForActivity(std::chrono::microseconds maxSleep) {
     return;
   }
   for (size_t i = 0; i < fds.size(); ++i) {
+    if (owners[i] == nullptr) {
+      if ((fds[i].revents & POLLIN) != 0) {
+        uint64_t count = 0;
+        ssize_t got = ::read(wakeFd_, &count, sizeof(count));  // reset the eventfd
+        (void)got;
+      }
+      continue;
+    }
     // A peer that hung up while we only have sends queued for it: the sends
     // can never be consumed. (With receives queued, progress() reads what is
     // left and then reports the close itself.)
@@ -346,18 +411,20 @@ void Communicator::waitAll(const Transfers& sends, const Transfers& recvs) {
   });
 }
 
-void Communicator::progressIdle(std::chrono::milliseconds maxWait) {
-  if (aborted_ || !hasPending()) {
+void Communicator::progressIdle(std::chrono::milliseconds maxWait, uint64_t wakesSeen) {
+  if (aborted_ || (!hasPending() && !watchingAny())) {
     return;
   }
   deadline_ = Clock::now() + maxWait;
   opTimeout_ = maxWait;
   if (!progress()) {
+    idleWaiting_.store(true);
     try {
-      waitForActivity();
+      waitForActivity(kUncappedSleep, &wakesSeen);
     } catch (const TimeoutError&) {
-      return;  // idle polling has no deadline of its own
+      // idle polling has no deadline of its own
     }
+    idleWaiting_.store(false);
     progress();
   }
 }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -140,15 +141,27 @@ class Communicator {
   // send queue draining).
   // kUncappedSleep: sleep until activity (poll slices of at most 1 s).
   static constexpr std::chrono::microseconds kUncappedSleep = std::chrono::seconds(1);
-  void waitForActivity(std::chrono::microseconds maxSleep = kUncappedSleep);
+  // wakesSeen (idle waits only): wakeCount() when the caller last found
+  // nothing to do; a wake() since then ends the wait.
+  void waitForActivity(std::chrono::microseconds maxSleep = kUncappedSleep,
+                       const uint64_t* wakesSeen = nullptr);
   void waitUntil(const std::function<bool()>& done,
                  std::chrono::microseconds maxSleep = kUncappedSleep);
   // Posted transfers as (channel, ticket); waitAll returns once all are done.
   using Transfers = std::vector<std::pair<Channel*, uint64_t>>;
   void waitAll(const Transfers& sends, const Transfers& recvs);
-  // Progress pending point-to-point traffic between operations.
-  void progressIdle(std::chrono::milliseconds maxWait);
+  // Progress pending point-to-point traffic between operations: returns
+  // after some progress, after maxWait, or once wake() was called after the
+  // caller read wakeCount() as wakesSeen.
+  void progressIdle(std::chrono::milliseconds maxWait, uint64_t wakesSeen);
   bool hasPending() const;
+  // Receives from any source watch links with nothing queued on them: bytes
+  // arriving there end an idle wait as well.
+  void setWatched(int peer, bool on);
+  bool watchingAny() const;
+  // Any thread: ends the worker's idle wait (new work was queued).
+  void wake();
+  uint64_t wakeCount() const { return wakes_.load(); }
 
   // Bytes moved over all channels so far (statistics).
   uint64_t bytesSent() const;
@@ -172,7 +185,12 @@ class Communicator {
  private:
   std::string pendingPeers() const;
   void setUpHierarchy(const std::vector<int>& hostOf);
-  void sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left);
+  void sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left, const uint64_t* wakesSeen);
+  // Bytes on a watched link: what progress() reports for queued receives.
+  bool watchedArrival();
+  bool wokenSince(const uint64_t* wakesSeen) const {
+    return wakesSeen != nullptr && wakes_.load() != *wakesSeen;
+  }
 
   const int rank_;
   const int size_;
@@ -195,6 +213,11 @@ class Communicator {
   bool aborted_ = false;
   bool closed_ = false;
   bool spin_ = false;  // busy-poll briefly before sleeping (a core per local rank)
+  std::vector<char> watched_;  // by peer, see setWatched
+  int wakeFd_ = -1;            // eventfd written by wake(), polled by idle waits
+  Doorbell* localBell_ = nullptr;  // rung by wake() when idle waits sleep on it
+  std::atomic<bool> idleWaiting_{false};
+  std::atomic<uint64_t> wakes_{0};
   std::string abortReason_;
 };
 

@@ -18,7 +18,9 @@ int64_t maxUnexpectedBytes() {
 }  // namespace
 
 PointToPoint::PointToPoint(Communicator& comm)
-    : comm_(comm), mailboxes_(static_cast<size_t>(comm.size())) {}
+    : comm_(comm),
+      mailboxes_(static_cast<size_t>(comm.size())),
+      stuckAt_(static_cast<size_t>(comm.size()), UINT64_MAX) {}
 
 void PointToPoint::send(const void* data, size_t bytes, DataType dtype, int peer, int tag,
                         Done done) {
@@ -73,6 +75,14 @@ bool PointToPoint::pollAny() {
       ++it;
     }
   }
+  // Wake the worker for bytes on idle links, except where the next message
+  // was already found to be someone else's (it stays until they take it).
+  for (int peer = 0; peer < comm_.size(); ++peer) {
+    if (peer == comm_.rank()) continue;
+    Channel& ch = comm_.channel(peer);
+    comm_.setWatched(peer, !anyWaiting_.empty() && !ch.receiving() &&
+                               stuckAt_[static_cast<size_t>(peer)] != ch.bytesReceived());
+  }
   return matched;
 }
 
@@ -84,7 +94,11 @@ bool PointToPoint::matchAny(AnyWaiting& any) {
     Mailbox& box = mailboxes_[static_cast<size_t>(peer)];
     const bool owed = std::any_of(box.waiting.begin(), box.waiting.end(),
                                   [&](const Waiting& w) { return w.tag == any.tag; });
-    if (ch.receiving() || owed) {
+    if (ch.receiving()) {
+      continue;
+    }
+    if (owed) {
+      stuckAt_[static_cast<size_t>(peer)] = ch.bytesReceived();
       continue;
     }
     auto held = std::find_if(box.unexpected.begin(), box.unexpected.end(), [&](const auto& m) {
@@ -100,10 +114,13 @@ bool PointToPoint::matchAny(AnyWaiting& any) {
       // The receive whose header read brought that message in still waits
       // for one of its own: read the next header for it.
       readHeader(peer);
-    } else if (ch.peek(&next, sizeof(OpHeader)) && isSendHeader(next) && next.tag == any.tag) {
+    } else if (!ch.peek(&next, sizeof(OpHeader))) {
+      continue;  // not here yet
+    } else if (isSendHeader(next) && next.tag == any.tag) {
       box.waiting.push_back(Waiting{any.data, any.bytes, any.dtype, any.tag, done()});
       readHeader(peer);
     } else {
+      stuckAt_[static_cast<size_t>(peer)] = ch.bytesReceived();
       continue;
     }
     anyNext_ = anyNext_ % (n - 1) + 1;

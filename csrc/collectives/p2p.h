@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -82,6 +83,9 @@ class PointToPoint {
   Communicator& comm_;
   std::vector<Mailbox> mailboxes_;
   std::deque<AnyWaiting> anyWaiting_;
+  // By peer: bytesReceived() of a link whose next message an any-source
+  // receive looked at and left (another tag, a collective, or owed).
+  std::vector<uint64_t> stuckAt_;
   int anyNext_ = 1;  // ring offset of the first peer pollAny() looks at (fairness)
 };
 

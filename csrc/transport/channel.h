@@ -16,6 +16,8 @@ class Doorbell {
   virtual uint32_t arm() = 0;
   virtual void sleep(uint32_t armed, std::chrono::microseconds timeout) = 0;
   virtual void disarm() = 0;
+  // Any thread: ends a current sleep() (or the next, if between arm and sleep).
+  virtual void ring() = 0;
 };
 
 // A Channel is one bidirectional, ordered byte stream to one peer rank.
@@ -74,6 +76,9 @@ class Channel {
   // this channel can progress; -1 when the channel has nothing pending.
   virtual int pollFd() const = 0;
   virtual short pollEvents() const = 0;
+  // A descriptor readable (POLLIN) when bytes arrive that no receive asked
+  // for yet; -1 for transports that ring the doorbell instead.
+  virtual int incomingFd() const { return -1; }
 
   // Bytes handed to the transport that the peer has not acknowledged yet
   // (TCP: the socket's send queue, SIOCOUTQ). A done send may still be on

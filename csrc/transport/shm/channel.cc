@@ -50,6 +50,8 @@ void LocalDoorbell::sleep(uint32_t armed, std::chrono::microseconds timeout) {
 
 void LocalDoorbell::disarm() { bell_->sleeping.store(0, std::memory_order_relaxed); }
 
+void LocalDoorbell::ring() { shm::ring(bell_); }
+
 void ring(Bell* bell) {
   bell->seq.fetch_add(1, std::memory_order_seq_cst);
   if (bell->sleeping.load(std::memory_order_seq_cst) != 0) {

@@ -16,6 +16,7 @@ class LocalDoorbell final : public Doorbell {
   uint32_t arm() override;
   void sleep(uint32_t armed, std::chrono::microseconds timeout) override;
   void disarm() override;
+  void ring() override;
 
  private:
   Bell* bell_;

@@ -18,6 +18,7 @@ class TcpChannel final : public QueuedChannel {
 
   bool progress() override;
   bool peek(void* dst, size_t bytes) override;
+  int incomingFd() const override { return socket_.fd(); }
   int pollFd() const override;
   short pollEvents() const override;
   size_t unacknowledgedBytes() const override;
