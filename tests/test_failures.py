@@ -481,6 +481,40 @@ def test_recv_any_source_size_mismatch(world_factory, transport):
     assert re.search(r"recv.*rank 0.*expects 16 bytes.*rank 1 sent 20 bytes", msg), msg
 
 
+def _recv_before_collective(rank, ws):
+    sub = dist.new_group(list(range(ws)), timeout=_sec(10))
+    dist.barrier(group=sub)
+    out = {"error": None}
+    t0 = time.monotonic()
+    try:
+        x = torch.ones(COUNT)
+        if rank == 0:
+            work = dist.irecv(torch.empty(COUNT), src=1, group=sub)
+            dist.all_reduce(x, group=sub)
+            work.wait()
+        else:
+            dist.all_reduce(x, group=sub)
+            dist.send(torch.ones(COUNT), dst=0, group=sub)
+    except Exception as e:  # noqa: BLE001
+        out["error"] = _err(e)
+    out["elapsed"] = time.monotonic() - t0
+    dist.destroy_process_group(sub)
+    _check_default_group(ws)
+    return out
+
+
+@transports
+def test_receive_and_collective_in_different_orders(world_factory, transport):
+    """recv posted before a collective, the matching send issued after it: an error on both ranks."""
+    res = _ft_world(world_factory, 2, transport=transport).run(_recv_before_collective, timeout=60)
+    for r, out in enumerate(res):
+        err = out["error"]
+        assert err is not None, f"rank {r}: no error although the order differs"
+        assert out["elapsed"] < 5, f"rank {r}: took {out['elapsed']:.2f}s to fail"
+    msg = res[0]["error"]["message"]
+    assert re.search(r"rank 0.*rank 1.*collective.*different orders", msg), msg
+
+
 def _ring_neighbours(r, ws):
     return {(r - 1) % ws, (r + 1) % ws}
 
