@@ -449,17 +449,29 @@ def _mismatch(rank, ws, op, kind, bad_rank):
     return out
 
 
-def _recv_any_mismatch(rank, ws):
+def _p2p_misuse(rank, ws, scenario):
     sub = dist.new_group(list(range(ws)), timeout=_sec(10))
     dist.barrier(group=sub)
     out = {"error": None}
     t0 = time.monotonic()
     try:
-        if rank == 0:
-            dist.recv(torch.empty(COUNT), group=sub, tag=3)  # from any source
-        elif rank == 1:
-            dist.send(torch.ones(BAD_COUNT), dst=0, group=sub, tag=3)
-            dist.barrier(group=sub)  # fails once rank 0 aborts the group
+        if scenario == "recv_any_size":
+            if rank == 0:
+                dist.recv(torch.empty(COUNT), group=sub, tag=3)  # from any source
+            else:
+                dist.send(torch.ones(BAD_COUNT), dst=0, group=sub, tag=3)
+        else:  # recv_before_collective: the matching send comes after the collective
+            x = torch.ones(COUNT)
+            if rank == 0:
+                work = dist.irecv(torch.empty(COUNT), src=1, group=sub)
+                dist.all_reduce(x, group=sub)
+                work.wait()
+            else:
+                dist.all_reduce(x, group=sub)
+                dist.send(torch.ones(COUNT), dst=0, group=sub)
+        # Rank 1's own calls may complete (its bytes were sent, rank 0's had arrived); the
+        # next one on the group must fail once rank 0 aborted it.
+        dist.barrier(group=sub)
     except Exception as e:  # noqa: BLE001
         out["error"] = _err(e)
     out["elapsed"] = time.monotonic() - t0
@@ -468,51 +480,25 @@ def _recv_any_mismatch(rank, ws):
     return out
 
 
+P2P_MISUSE = {
+    "recv_any_size": r"recv.*rank 0.*expects 16 bytes.*rank 1 sent 20 bytes",
+    "recv_before_collective": r"rank 0.*rank 1.*collective.*different orders",
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(P2P_MISUSE))
 @transports
-def test_recv_any_source_size_mismatch(world_factory, transport):
-    """A message of the wrong size for a receive from any source fails both ranks fast."""
-    res = _ft_world(world_factory, 2, transport=transport).run(_recv_any_mismatch, timeout=60)
+def test_p2p_misuse_fails_both_ranks(world_factory, transport, scenario):
+    """A receive from any source meeting a message of another size, or a receive posted before a
+    collective whose matching send comes after it: both ranks fail within seconds, rank 0 says why."""
+    res = _ft_world(world_factory, 2, transport=transport).run(_p2p_misuse, scenario, timeout=60)
     for r, out in enumerate(res):
         err = out["error"]
-        assert err is not None, f"rank {r}: no error although the sizes differ"
+        assert err is not None, f"rank {r}: no error"
         assert out["elapsed"] < 5, f"rank {r}: took {out['elapsed']:.2f}s to fail"
         assert "DistBackendError" in err["mro"], err
     msg = res[0]["error"]["message"]
-    assert re.search(r"recv.*rank 0.*expects 16 bytes.*rank 1 sent 20 bytes", msg), msg
-
-
-def _recv_before_collective(rank, ws):
-    sub = dist.new_group(list(range(ws)), timeout=_sec(10))
-    dist.barrier(group=sub)
-    out = {"error": None}
-    t0 = time.monotonic()
-    try:
-        x = torch.ones(COUNT)
-        if rank == 0:
-            work = dist.irecv(torch.empty(COUNT), src=1, group=sub)
-            dist.all_reduce(x, group=sub)
-            work.wait()
-        else:
-            dist.all_reduce(x, group=sub)
-            dist.send(torch.ones(COUNT), dst=0, group=sub)
-    except Exception as e:  # noqa: BLE001
-        out["error"] = _err(e)
-    out["elapsed"] = time.monotonic() - t0
-    dist.destroy_process_group(sub)
-    _check_default_group(ws)
-    return out
-
-
-@transports
-def test_receive_and_collective_in_different_orders(world_factory, transport):
-    """recv posted before a collective, the matching send issued after it: an error on both ranks."""
-    res = _ft_world(world_factory, 2, transport=transport).run(_recv_before_collective, timeout=60)
-    for r, out in enumerate(res):
-        err = out["error"]
-        assert err is not None, f"rank {r}: no error although the order differs"
-        assert out["elapsed"] < 5, f"rank {r}: took {out['elapsed']:.2f}s to fail"
-    msg = res[0]["error"]["message"]
-    assert re.search(r"rank 0.*rank 1.*collective.*different orders", msg), msg
+    assert re.search(P2P_MISUSE[scenario], msg), msg
 
 
 def _ring_neighbours(r, ws):
