@@ -29,7 +29,9 @@ def main():
         works = []
         try:
             a, b = torch.empty(3, dtype=torch.float32), torch.empty(17, dtype=torch.int64)
-            recvs = [lambda: dist.irecv(a, 1, tag=7), lambda: dist.irecv(b, 1, tag=case % 5)]
+            # Every third case receives from any source (peeks at the raw stream first).
+            src = None if case % 3 == 0 else 1
+            recvs = [lambda: dist.irecv(a, src, tag=7), lambda: dist.irecv(b, 1, tag=case % 5)]
             collectives = [lambda: dist.all_reduce(torch.ones(33), async_op=True),
                            lambda: dist.broadcast(torch.empty(9), src=1, async_op=True)]
             # Odd cases read collective headers first, even ones point-to-point headers.
