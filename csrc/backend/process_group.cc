@@ -236,16 +236,19 @@ void ProcessGroupRingdist::reapP2P() {
   }
 }
 
-void ProcessGroupRingdist::pollAnySource() {
-  if (!p2p_->anyPending() || comm_->aborted()) {
-    return;
-  }
+void ProcessGroupRingdist::betweenOps(const std::function<void()>& step) {
   try {
-    p2p_->pollAny();
+    step();
   } catch (const std::exception& e) {
     std::string message = comm_->describeError(e.what());
     comm_->abort(message);
     fail(Error(message));
+  }
+}
+
+void ProcessGroupRingdist::pollAnySource() {
+  if (p2p_->anyPending() && !comm_->aborted()) {
+    betweenOps([this] { p2p_->pollAny(); });
   }
 }
 
@@ -267,13 +270,7 @@ void ProcessGroupRingdist::workerLoop() {
           cv_.wait_for(lock, kIdlePoll, [&] { return stop_ || !queue_.empty(); });
           continue;
         }
-        try {
-          comm_->progressIdle(kIdlePoll, wakesSeen);
-        } catch (const std::exception& e) {
-          std::string message = comm_->describeError(e.what());
-          comm_->abort(message);
-          fail(Error(message));
-        }
+        betweenOps([&] { comm_->progressIdle(kIdlePoll, wakesSeen); });
         reapP2P();
         continue;
       }

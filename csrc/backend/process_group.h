@@ -136,7 +136,10 @@ class ProcessGroupRingdist : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> sendRecv(bool isSend, std::vector<at::Tensor>& tensors, int peer,
                                           int tag);
   void reapP2P();
-  // Looks for messages for receives from any source; errors fail the group.
+  // Point-to-point progress outside any operation: an error aborts the group
+  // and fails every pending transfer with it.
+  void betweenOps(const std::function<void()>& step);
+  // Looks for messages for receives from any source.
   void pollAnySource();
 
   // Queues `body` (run on the worker, over comm_) and returns its Work.
