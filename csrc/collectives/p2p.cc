@@ -92,11 +92,11 @@ bool PointToPoint::matchAny(AnyWaiting& any) {
     const int peer = (comm_.rank() + (anyNext_ + i - 1) % (n - 1) + 1) % n;
     Channel& ch = comm_.channel(peer);
     Mailbox& box = mailboxes_[static_cast<size_t>(peer)];
-    const bool owed = std::any_of(box.waiting.begin(), box.waiting.end(),
-                                  [&](const Waiting& w) { return w.tag == any.tag; });
     if (ch.receiving()) {
       continue;
     }
+    const bool owed = std::any_of(box.waiting.begin(), box.waiting.end(),
+                                  [&](const Waiting& w) { return w.tag == any.tag; });
     if (owed) {
       stuckAt_[static_cast<size_t>(peer)] = ch.bytesReceived();
       continue;
