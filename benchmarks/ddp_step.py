@@ -88,6 +88,11 @@ def wire_bytes_sent(stats):
     return sum(entry["bytes_sent"] for entry in stats.values())
 
 
+def ring_bytes_estimate(grad_bytes, n):
+    """Bytes one rank sends in an uncompressed ring allreduce of the gradients (gloo's)."""
+    return 2 * (n - 1) / n * grad_bytes
+
+
 def add_workload_args(p):
     """The backend, hook, model, data and DDP options (shared with ddp_timeline.py)."""
     p.add_argument("--backend", default="ringdist", help="ringdist or gloo")
@@ -191,7 +196,7 @@ def main():
         measured_bytes, bytes_kind = sent.item(), "measured (torch_ringdist.stats, max over ranks)"
         per_op = {k: v["bytes_sent"] for k, v in torch_ringdist.stats().items() if v["bytes_sent"]}
     else:
-        measured_bytes = 2 * (n - 1) / n * grad_bytes
+        measured_bytes = ring_bytes_estimate(grad_bytes, n)
         bytes_kind = "estimate 2(N-1)/N x gradient bytes (uncompressed ring)"
         per_op = None
     ev = torch.tensor([eval_loss()], dtype=torch.float64)

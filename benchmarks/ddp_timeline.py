@@ -36,7 +36,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from ddp_step import add_workload_args, make_data, make_model, wire_bytes_sent  # noqa: E402
+from ddp_step import (add_workload_args, make_data, make_model, ring_bytes_estimate,  # noqa: E402
+                      wire_bytes_sent)
 
 
 def tcp_retransmits():
@@ -126,8 +127,7 @@ def main():
         wire = (wire_bytes_sent(torch_ringdist.stats()) - before) / args.steps
     else:
         grad_bytes = sum(t.numel() * t.element_size() for t in ddp.parameters())
-        n = dist.get_world_size()
-        wire = 2 * (n - 1) / n * grad_bytes
+        wire = ring_bytes_estimate(grad_bytes, dist.get_world_size())
     gbitps = args.gbitps or float(os.environ.get("RDBENCH_RING_GBITPS", "nan"))
 
     if rank == 0:
