@@ -23,10 +23,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
 def sources():
-    # The engine (common, transport, reduce, collectives) is torch-free C++;
-    # csrc/backend/ is the only layer that includes torch headers.
-    found = sorted(glob.glob(os.path.join("csrc", "**", "*.cc"), recursive=True))
-    return [path for path in found if os.sep + "cuda" + os.sep not in path]
+    # The engine (common, transport, reduce, codec, collectives, hooks) is
+    # torch-free C++; csrc/backend/ is the only layer that includes torch headers.
+    return sorted(glob.glob(os.path.join("csrc", "**", "*.cc"), recursive=True))
 
 
 cxx_flags = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-sign-compare", "-Wno-unused-parameter"]

@@ -1,5 +1,4 @@
 """Registration of the "ringdist" backend with torch.distributed."""
-import ipaddress
 import logging
 import os
 
@@ -29,20 +28,8 @@ def _bind_address(store):
     the store host (torchrun's MASTER_ADDR), so peers on other hosts can
     reach it; loopback when everything runs on this host.
     """
-    _C = load()
-    ifname = os.environ.get("RINGDIST_SOCKET_IFNAME")
-    if ifname:
-        return _C.interface_address(ifname)
-    host = _store_host(store) or os.environ.get("MASTER_ADDR")
-    if not host:
-        return "127.0.0.1"
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return host
-    except ValueError:
-        if host == "localhost":
-            return "127.0.0.1"
-    return _C.source_address_for(host)
+    host = _store_host(store) or os.environ.get("MASTER_ADDR") or ""
+    return load().listen_address(os.environ.get("RINGDIST_SOCKET_IFNAME", ""), host)
 
 
 def _create_backend(store, rank, world_size, timeout):

@@ -5,9 +5,9 @@
 
 #include "csrc/backend/process_group.h"
 #include "csrc/codec/codec.h"
-#include "csrc/codec/topk.h"
-#include "csrc/reduce/reduce.h"
-#include "csrc/transport/tcp/socket.h"
+#include "csrc/common/cpu.h"
+#include "csrc/hooks/topk.h"
+#include "csrc/transport/mesh.h"
 
 namespace py = pybind11;
 
@@ -136,7 +136,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("codec_encoded_bytes", [](const std::string& name, size_t count) {
           return ringdist::encodedBytes(parseCodec(name), count);
         }, py::arg("codec"), py::arg("count"));
-  m.def("codec_kernel_family", &ringdist::codecKernelFamily);
+  m.def("codec_kernel_family", &ringdist::kernelFamily);
   m.def("topk_select", &topkSelect, py::arg("grad"), py::arg("residual"), py::arg("k"),
         py::arg("packed"),
         "Top-k of x = grad + residual (residual None: x = grad) by magnitude, ties to the lower "
@@ -146,11 +146,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("out"),
         "out = zeros, then out[idx] += value / world for each rank's packed [values | indices] "
         "block of parts, in rank order (bitwise identical on every rank).");
-  m.def("topk_kernel_family", &ringdist::topkKernelFamily);
+  m.def("topk_kernel_family", &ringdist::kernelFamily);
   m.def("create_backend", &ringdist::createBackend, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("bind_ip"),
         py::call_guard<py::gil_scoped_release>());
-  m.def("reduce_kernel_family", &ringdist::reduceKernelFamily);
-  m.def("interface_address", &ringdist::tcp::interfaceAddress, py::arg("ifname"));
-  m.def("source_address_for", &ringdist::tcp::sourceAddressFor, py::arg("host"));
+  m.def("reduce_kernel_family", &ringdist::kernelFamily);
+  m.def("listen_address", &ringdist::chooseListenAddress, py::arg("ifname"), py::arg("store_host"),
+        "The address a rank listens on: interface ifname's if given, else the local address "
+        "that routes to store_host, loopback when the store is local or unknown");
 }

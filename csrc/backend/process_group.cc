@@ -3,11 +3,11 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "csrc/backend/options.h"
 #include "csrc/backend/store_rendezvous.h"
 #include "csrc/codec/codec.h"
 #include "csrc/collectives/collectives.h"
-#include "csrc/collectives/compressed.h"
-#include "csrc/collectives/p2p.h"
+#include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
 #include "csrc/common/logging.h"
 #include "csrc/reduce/reduce.h"
@@ -20,11 +20,6 @@ namespace {
 // Bad input raises in the caller's thread with the op and rank named.
 #define RD_CHECK_INPUT(cond, op, ...) \
   TORCH_CHECK(cond, "ringdist ", op, ": rank ", getRank(), ": ", __VA_ARGS__)
-
-// How long destroy_process_group waits for the other ranks before closing.
-constexpr auto kTeardownWait = std::chrono::seconds(10);
-// Poll interval of the worker while only point-to-point transfers are pending.
-constexpr auto kIdlePoll = std::chrono::milliseconds(5);
 
 bool toDataType(at::ScalarType type, DataType* out) {
   switch (type) {
@@ -64,11 +59,6 @@ std::vector<Flat> flatten(const std::vector<at::Tensor>& tensors) {
   return flats;
 }
 
-std::exception_ptr asDistError(const std::string& message) {
-  return std::make_exception_ptr(
-      c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- set-up
@@ -78,71 +68,31 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
                                            const std::string& bindIp)
     : c10d::Backend(rank, size), timeout_(timeout) {
   auto rendezvous = std::make_shared<StoreRendezvous>(store);
-  MeshOptions options{bindIp, timeout};
   try {
-    Mesh mesh = connectMesh(*rendezvous, rank, size, options);
+    const ringdist::Options options = optionsFromEnvironment(rank, size, timeout, bindIp);
+    setDebugEnabled(options.debug);
+    Mesh mesh = connectMesh(*rendezvous, rank, size, options.mesh);
     transports_ = mesh.transportOf;
-    comm_ = std::make_unique<Communicator>(rank, size, std::move(mesh.channels),
-                                           std::move(mesh.ring), mesh.hostOf, rendezvous);
-    p2p_ = std::make_unique<PointToPoint>(*comm_);
+    auto comm = std::make_unique<Communicator>(rank, size, std::move(mesh.channels),
+                                               std::move(mesh.ring), std::move(mesh.hostOf),
+                                               rendezvous, options.collectives);
+    worker_ = std::make_unique<Worker>(rank, std::move(comm));
+    logDebug(strCat("rank ", rank, "/", size, " ready; kernels: ", kernelFamily(),
+                    "; segment bytes: ", options.collectives.segmentBytes));
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, c10::str("ringdist init: rank ", rank, ": ", e.what()));
   }
-  segmentBytes_ = comm_->segmentBytes();
-  worker_ = std::thread([this] { workerLoop(); });
-  logDebug(strCat("rank ", rank, "/", size, " ready; reduce kernels: ", reduceKernelFamily(),
-                  "; segment bytes: ", segmentBytes_));
 }
 
 ProcessGroupRingdist::~ProcessGroupRingdist() { shutdown(); }
 
-std::vector<std::vector<int>> ProcessGroupRingdist::allreduceRings() const {
-  // Fixed at construction: safe to read while the worker runs.
-  if (!comm_->hierarchical()) {
-    return {};
-  }
-  return {comm_->hostRing().members, comm_->crossRing().members};
-}
+void ProcessGroupRingdist::shutdown() { worker_->stop(); }
 
-void ProcessGroupRingdist::shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stop_) {
-      return;
-    }
-    stop_ = true;
-  }
-  cv_.notify_all();
-  comm_->wake();
-  if (worker_.joinable()) {
-    if (std::this_thread::get_id() == worker_.get_id()) {
-      worker_.detach();  // destroyed from a callback on the worker itself
-    } else {
-      worker_.join();
-    }
-  }
-}
-
-void ProcessGroupRingdist::abort() {
-  std::deque<Task> dropped;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    dropped.swap(queue_);
-  }
-  for (auto& task : dropped) {
-    task.work->markError(asDistError(strCat("ringdist ", opTypeName(task.type), ": rank ",
-                                            getRank(), ": the process group was aborted")));
-  }
-  shutdown();
-}
+void ProcessGroupRingdist::abort() { worker_->abort(); }
 
 void ProcessGroupRingdist::setSegmentBytes(size_t bytes) {
-  TORCH_CHECK(bytes > 0, "ringdist: segment size must be positive");
-  // Applied by the worker so it never changes under a running operation.
-  auto work = enqueue(c10d::OpType::UNKNOWN, OpType::kBarrier, {}, timeout_,
-                      [this, bytes] { comm_->setSegmentBytes(bytes); });
-  work->wait();
-  segmentBytes_ = bytes;
+  TORCH_CHECK(bytes > 0, "ringdist: rank ", getRank(), ": segment size must be positive");
+  worker_->configure([bytes](CollectiveOptions& options) { options.segmentBytes = bytes; });
 }
 
 std::chrono::milliseconds ProcessGroupRingdist::effectiveTimeout(
@@ -150,146 +100,15 @@ std::chrono::milliseconds ProcessGroupRingdist::effectiveTimeout(
   return requested.count() > 0 ? requested : timeout_;
 }
 
-// ---------------------------------------------------------------- worker
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
                                                              OpType engineType,
                                                              std::vector<at::Tensor> outputs,
                                                              std::chrono::milliseconds timeout,
-                                                             Body body) {
-  auto work = c10::make_intrusive<RingdistWork>(getRank(), type, opTypeName(engineType),
-                                                std::move(outputs));
-  if (engineType != OpType::kSend) {
-    ++sequenceNumber_;
-  }
-  // An operation issued from a completion callback (e.g. PowerSGD's second
-  // allreduce, which the callback then waits for) runs right here: every
-  // rank reaches that callback at the same point of its op sequence, so the
-  // order stays the same on all ranks, and waiting cannot deadlock.
-  if (std::this_thread::get_id() == workerId_) {
-    run(work, engineType, timeout, body);
-    return work;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    TORCH_CHECK(!stop_, "ringdist ", opTypeName(engineType), ": rank ", getRank(),
-                ": the process group has been shut down");
-    queue_.push_back(Task{work, engineType, timeout, std::move(body)});
-  }
-  cv_.notify_one();
-  comm_->wake();  // the worker may be waiting on pending sends and receives
-  return work;
-}
-
-void ProcessGroupRingdist::run(const c10::intrusive_ptr<RingdistWork>& work, OpType engineType,
-                               std::chrono::milliseconds timeout, const Body& body) {
-  const auto started = std::chrono::steady_clock::now();
-  const uint64_t sent0 = comm_->bytesSent();
-  const uint64_t recv0 = comm_->bytesReceived();
-  statsKey_ = opTypeName(engineType);
-  try {
-    comm_->beginOp(engineType, timeout);
-    body();
-  } catch (const std::exception& e) {
-    std::string message = comm_->aborted() ? std::string(e.what()) : comm_->describeError(e.what());
-    if (!comm_->aborted()) {
-      comm_->abort(message);
-    }
-    fail(Error(message));
-    recordStats(work, started, sent0, recv0);
-    work->markError(asDistError(message));
-    return;
-  }
-  // Before completion: callbacks may run further (inline) operations.
-  recordStats(work, started, sent0, recv0);
-  work->markSuccess();
-}
-
-// After an error the group is unusable (streams may be out of step): every
-// pending point-to-point transfer fails with the same message.
-void ProcessGroupRingdist::fail(const std::exception& error) {
-  for (auto& p : pendingP2P_) {
-    p.work->markError(asDistError(error.what()));
-  }
-  pendingP2P_.clear();
-}
-
-void ProcessGroupRingdist::reapP2P() {
-  for (size_t i = 0; i < pendingP2P_.size();) {
-    if (*pendingP2P_[i].moved) {
-      P2P done = std::move(pendingP2P_[i]);
-      pendingP2P_.erase(pendingP2P_.begin() + static_cast<long>(i));
-      try {
-        if (!done.flat.is_same(done.user)) {
-          done.user.copy_(done.flat);
-        }
-        if (*done.source >= 0) {
-          done.work->setSourceRank(*done.source);
-        }
-        done.work->markSuccess();
-      } catch (const std::exception& e) {
-        done.work->markError(std::current_exception());
-      }
-    } else {
-      ++i;
-    }
-  }
-}
-
-void ProcessGroupRingdist::betweenOps(const std::function<void()>& step) {
-  try {
-    step();
-  } catch (const std::exception& e) {
-    std::string message = comm_->describeError(e.what());
-    comm_->abort(message);
-    fail(Error(message));
-  }
-}
-
-void ProcessGroupRingdist::pollAnySource() {
-  if (p2p_->anyPending() && !comm_->aborted()) {
-    betweenOps([this] { p2p_->pollAny(); });
-  }
-}
-
-void ProcessGroupRingdist::workerLoop() {
-  workerId_ = std::this_thread::get_id();
-  for (;;) {
-    Task task;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      if (queue_.empty() && !stop_ && !pendingP2P_.empty()) {
-        const uint64_t wakesSeen = comm_->wakeCount();  // enqueue() wakes after pushing
-        lock.unlock();
-        pollAnySource();
-        reapP2P();
-        if (!comm_->hasPending() && !comm_->watchingAny()) {
-          // Only receives from any source whose links hold others' messages:
-          // nothing can move until a new operation takes those.
-          lock.lock();
-          cv_.wait_for(lock, kIdlePoll, [&] { return stop_ || !queue_.empty(); });
-          continue;
-        }
-        betweenOps([&] { comm_->progressIdle(kIdlePoll, wakesSeen); });
-        reapP2P();
-        continue;
-      }
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) {
-        break;  // stopping and drained
-      }
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    run(task.work, task.type, task.timeout, task.body);
-    task = Task{};  // drop captured tensors before waiting again
-    pollAnySource();
-    reapP2P();
-  }
-  comm_->close(std::chrono::duration_cast<std::chrono::milliseconds>(kTeardownWait));
-  reapP2P();
-  fail(Error(strCat("ringdist: rank ", getRank(),
-                    ": the process group was destroyed before this transfer completed")));
+                                                             Worker::Body body,
+                                                             std::string statsKey) {
+  ++sequenceNumber_;
+  return worker_->enqueue(type, engineType, statsKey.empty() ? opTypeName(engineType) : statsKey,
+                          std::move(outputs), timeout, std::move(body));
 }
 
 // ---------------------------------------------------------------- checks
@@ -352,8 +171,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::broadcast(
   int root = static_cast<int>(opts.rootRank);
   size_t count = static_cast<size_t>(flat.flat.numel());
   return enqueue(c10d::OpType::BROADCAST, OpType::kBroadcast, tensors,
-                 effectiveTimeout(opts.timeout), [this, flat, count, dtype, root] {
-                   ringdist::broadcast(*comm_, flat.data(), count, dtype, root);
+                 effectiveTimeout(opts.timeout), [flat, count, dtype, root](Communicator& comm) {
+                   ringdist::broadcast(comm, flat.data(), count, dtype, root);
                    flat.writeBack();
                  });
 }
@@ -368,8 +187,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
   Flat flat(tensors[0]);
   size_t count = static_cast<size_t>(flat.flat.numel());
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
-                 effectiveTimeout(opts.timeout), [this, flat, count, dtype, reduceOp] {
-                   ringdist::allreduce(*comm_, flat.data(), count, dtype, reduceOp);
+                 effectiveTimeout(opts.timeout), [flat, count, dtype, reduceOp](Communicator& comm) {
+                   ringdist::allreduce(comm, flat.data(), count, dtype, reduceOp);
                    flat.writeBack();
                  });
 }
@@ -387,9 +206,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce_coalesced(
   }
   std::vector<at::Tensor> users = tensors;
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, OpType::kAllreduce, tensors,
-                 effectiveTimeout(opts.timeout), [this, parts, users, dtype, reduceOp] {
+                 effectiveTimeout(opts.timeout), [parts, users, dtype, reduceOp](Communicator& comm) {
                    at::Tensor packed = at::cat(parts);
-                   ringdist::allreduce(*comm_, packed.data_ptr(),
+                   ringdist::allreduce(comm, packed.data_ptr(),
                                        static_cast<size_t>(packed.numel()), dtype, reduceOp);
                    int64_t offset = 0;
                    for (const auto& u : users) {
@@ -411,8 +230,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce(std::vector<at::Tens
   size_t count = static_cast<size_t>(flat.flat.numel());
   bool isRoot = root == getRank();
   return enqueue(c10d::OpType::REDUCE, OpType::kReduce, tensors, effectiveTimeout(opts.timeout),
-                 [this, flat, count, dtype, reduceOp, root, isRoot] {
-                   ringdist::reduce(*comm_, flat.data(), count, dtype, reduceOp, root);
+                 [flat, count, dtype, reduceOp, root, isRoot](Communicator& comm) {
+                   ringdist::reduce(comm, flat.data(), count, dtype, reduceOp, root);
                    if (isRoot) {
                      flat.writeBack();
                    }
@@ -439,10 +258,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather(
   auto outs = flatten(outputs[0]);
   size_t count = static_cast<size_t>(in.flat.numel());
   return enqueue(c10d::OpType::ALLGATHER, OpType::kAllgather, outputs[0],
-                 effectiveTimeout(opts.timeout), [this, in, outs, count, dtype] {
+                 effectiveTimeout(opts.timeout), [in, outs, count, dtype](Communicator& comm) {
                    std::vector<void*> ptrs;
                    for (const auto& o : outs) ptrs.push_back(o.data());
-                   ringdist::allgather(*comm_, in.data(), ptrs.data(), count, dtype);
+                   ringdist::allgather(comm, in.data(), ptrs.data(), count, dtype);
                    for (const auto& o : outs) o.writeBack();
                  });
 }
@@ -459,12 +278,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::_allgather_base(
   size_t bytes = count * elementSize(dtype);
   int size = getSize();
   return enqueue(c10d::OpType::_ALLGATHER_BASE, OpType::kAllgather, {output},
-                 effectiveTimeout(opts.timeout), [this, in, out, count, bytes, dtype, size] {
+                 effectiveTimeout(opts.timeout), [in, out, count, bytes, dtype, size](Communicator& comm) {
                    std::vector<void*> ptrs;
                    for (int r = 0; r < size; ++r) {
                      ptrs.push_back(static_cast<char*>(out.data()) + static_cast<size_t>(r) * bytes);
                    }
-                   ringdist::allgather(*comm_, in.data(), ptrs.data(), count, dtype);
+                   ringdist::allgather(comm, in.data(), ptrs.data(), count, dtype);
                    out.writeBack();
                  });
 }
@@ -493,12 +312,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_coalesced(
   auto lists = outputLists;
   int size = getSize();
   return enqueue(c10d::OpType::ALLGATHER_COALESCED, OpType::kAllgather, allOutputs,
-                 effectiveTimeout(opts.timeout), [this, parts, lists, dtype, size] {
+                 effectiveTimeout(opts.timeout), [parts, lists, dtype, size](Communicator& comm) {
                    at::Tensor packed = at::cat(parts);
                    at::Tensor gathered = at::empty({size, packed.numel()}, packed.options());
                    std::vector<void*> ptrs;
                    for (int r = 0; r < size; ++r) ptrs.push_back(gathered[r].data_ptr());
-                   ringdist::allgather(*comm_, packed.data_ptr(), ptrs.data(),
+                   ringdist::allgather(comm, packed.data_ptr(), ptrs.data(),
                                        static_cast<size_t>(packed.numel()), dtype);
                    for (int r = 0; r < size; ++r) {
                      int64_t offset = 0;
@@ -528,7 +347,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_into_tensor_coale
   }
   int size = getSize();
   return enqueue(c10d::OpType::COALESCED, OpType::kAllgather, outputs,
-                 effectiveTimeout(opts.timeout), [this, ins, outs, dtypes, size] {
+                 effectiveTimeout(opts.timeout), [ins, outs, dtypes, size](Communicator& comm) {
                    for (size_t i = 0; i < ins.size(); ++i) {
                      size_t count = static_cast<size_t>(ins[i].flat.numel());
                      size_t bytes = count * elementSize(dtypes[i]);
@@ -537,7 +356,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_into_tensor_coale
                        ptrs.push_back(static_cast<char*>(outs[i].data()) +
                                       static_cast<size_t>(r) * bytes);
                      }
-                     ringdist::allgather(*comm_, ins[i].data(), ptrs.data(), count, dtypes[i]);
+                     ringdist::allgather(comm, ins[i].data(), ptrs.data(), count, dtypes[i]);
                      outs[i].writeBack();
                    }
                  });
@@ -574,10 +393,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::gather(
   size_t count = static_cast<size_t>(inputs[0].numel());
   int size = getSize();
   return enqueue(c10d::OpType::GATHER, OpType::kGather, results, effectiveTimeout(opts.timeout),
-                 [this, in, outs, count, dtype, root, size] {
+                 [in, outs, count, dtype, root, size](Communicator& comm) {
                    std::vector<void*> ptrs(static_cast<size_t>(size), nullptr);
                    for (size_t r = 0; r < outs.size(); ++r) ptrs[r] = outs[r].data();
-                   ringdist::gather(*comm_, in.data(), ptrs.data(), count, dtype, root);
+                   ringdist::gather(comm, in.data(), ptrs.data(), count, dtype, root);
                    for (const auto& o : outs) o.writeBack();
                  });
 }
@@ -610,10 +429,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::scatter(
   size_t count = static_cast<size_t>(outputs[0].numel());
   int size = getSize();
   return enqueue(c10d::OpType::SCATTER, OpType::kScatter, outputs, effectiveTimeout(opts.timeout),
-                 [this, ins, out, count, dtype, root, size] {
+                 [ins, out, count, dtype, root, size](Communicator& comm) {
                    std::vector<const void*> ptrs(static_cast<size_t>(size), nullptr);
                    for (size_t r = 0; r < ins.size(); ++r) ptrs[r] = ins[r].data();
-                   ringdist::scatter(*comm_, ptrs.data(), out.data(), count, dtype, root);
+                   ringdist::scatter(comm, ptrs.data(), out.data(), count, dtype, root);
                    out.writeBack();
                  });
 }
@@ -638,10 +457,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter(
   Flat out(outputs[0]);
   size_t count = static_cast<size_t>(outputs[0].numel());
   return enqueue(c10d::OpType::REDUCE_SCATTER, OpType::kReduceScatter, outputs,
-                 effectiveTimeout(opts.timeout), [this, ins, out, count, dtype, reduceOp] {
+                 effectiveTimeout(opts.timeout), [ins, out, count, dtype, reduceOp](Communicator& comm) {
                    std::vector<const void*> ptrs;
                    for (const auto& i : ins) ptrs.push_back(i.data());
-                   ringdist::reduceScatter(*comm_, ptrs.data(), out.data(), count, dtype, reduceOp);
+                   ringdist::reduceScatter(comm, ptrs.data(), out.data(), count, dtype, reduceOp);
                    out.writeBack();
                  });
 }
@@ -659,12 +478,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::_reduce_scatter_base(
   size_t bytes = count * elementSize(dtype);
   int size = getSize();
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, OpType::kReduceScatter, {output},
-                 effectiveTimeout(opts.timeout), [this, in, out, count, bytes, dtype, reduceOp, size] {
+                 effectiveTimeout(opts.timeout), [in, out, count, bytes, dtype, reduceOp, size](Communicator& comm) {
                    std::vector<const void*> ptrs;
                    for (int r = 0; r < size; ++r) {
                      ptrs.push_back(static_cast<const char*>(in.data()) + static_cast<size_t>(r) * bytes);
                    }
-                   ringdist::reduceScatter(*comm_, ptrs.data(), out.data(), count, dtype, reduceOp);
+                   ringdist::reduceScatter(comm, ptrs.data(), out.data(), count, dtype, reduceOp);
                    out.writeBack();
                  });
 }
@@ -688,7 +507,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter_tensor_coale
   }
   int size = getSize();
   return enqueue(c10d::OpType::COALESCED, OpType::kReduceScatter, outputs,
-                 effectiveTimeout(opts.timeout), [this, ins, outs, dtypes, ops, size] {
+                 effectiveTimeout(opts.timeout), [ins, outs, dtypes, ops, size](Communicator& comm) {
                    for (size_t i = 0; i < ins.size(); ++i) {
                      size_t count = static_cast<size_t>(outs[i].flat.numel());
                      size_t bytes = count * elementSize(dtypes[i]);
@@ -697,7 +516,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter_tensor_coale
                        ptrs.push_back(static_cast<const char*>(ins[i].data()) +
                                       static_cast<size_t>(r) * bytes);
                      }
-                     ringdist::reduceScatter(*comm_, ptrs.data(), outs[i].data(), count,
+                     ringdist::reduceScatter(comm, ptrs.data(), outs[i].data(), count,
                                              dtypes[i], ops[i]);
                      outs[i].writeBack();
                    }
@@ -740,7 +559,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall_base(
   Flat out(output);
   return enqueue(c10d::OpType::ALLTOALL_BASE, OpType::kAlltoall, {output},
                  effectiveTimeout(opts.timeout),
-                 [this, in, out, sendCounts, recvCounts, dtype, size] {
+                 [in, out, sendCounts, recvCounts, dtype, size](Communicator& comm) {
                    size_t elem = elementSize(dtype);
                    std::vector<const void*> ins;
                    std::vector<void*> outs;
@@ -751,7 +570,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall_base(
                      sendOffset += sendCounts[static_cast<size_t>(r)];
                      recvOffset += recvCounts[static_cast<size_t>(r)];
                    }
-                   ringdist::alltoall(*comm_, ins.data(), sendCounts, outs.data(), recvCounts, dtype);
+                   ringdist::alltoall(comm, ins.data(), sendCounts, outs.data(), recvCounts, dtype);
                    out.writeBack();
                  });
 }
@@ -775,12 +594,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall(std::vector<at::Te
   auto ins = flatten(inputs);
   auto outs = flatten(outputs);
   return enqueue(c10d::OpType::ALLTOALL, OpType::kAlltoall, outputs, effectiveTimeout(opts.timeout),
-                 [this, ins, outs, sendCounts, recvCounts, dtype] {
+                 [ins, outs, sendCounts, recvCounts, dtype](Communicator& comm) {
                    std::vector<const void*> inPtrs;
                    std::vector<void*> outPtrs;
                    for (const auto& i : ins) inPtrs.push_back(i.data());
                    for (const auto& o : outs) outPtrs.push_back(o.data());
-                   ringdist::alltoall(*comm_, inPtrs.data(), sendCounts, outPtrs.data(), recvCounts,
+                   ringdist::alltoall(comm, inPtrs.data(), sendCounts, outPtrs.data(), recvCounts,
                                       dtype);
                    for (const auto& o : outs) o.writeBack();
                  });
@@ -788,7 +607,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall(std::vector<at::Te
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::barrier(const c10d::BarrierOptions& opts) {
   return enqueue(c10d::OpType::BARRIER, OpType::kBarrier, {}, effectiveTimeout(opts.timeout),
-                 [this] { ringdist::barrier(*comm_); });
+                 [](Communicator& comm) { ringdist::barrier(comm); });
 }
 
 // ---------------------------------------------------------------- point-to-point
@@ -805,31 +624,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::sendRecv(bool isSend,
   RD_CHECK_INPUT(!anySource || getSize() > 1, op, "a group of one rank has no other source");
   const auto type = isSend ? c10d::OpType::SEND
                            : anySource ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV;
-  auto work = c10::make_intrusive<RingdistWork>(getRank(), type, op, tensors);
-  P2P entry{work, tensors[0], tensors[0].is_contiguous() ? tensors[0] : tensors[0].contiguous(),
-            std::make_shared<bool>(false), std::make_shared<int>(isSend ? -1 : peer)};
-  size_t bytes = static_cast<size_t>(entry.flat.numel()) * elementSize(dtype);
-  // The body only queues the transfer; the worker completes the Work (in
-  // reapP2P, between operations) once the bytes moved.
-  auto post = [this, isSend, anySource, entry, bytes, dtype, peer, tag] {
-    // Registered first: if posting fails, fail() completes this Work too.
-    pendingP2P_.push_back(entry);
-    auto moved = entry.moved;
-    auto done = [moved] { *moved = true; };
-    if (isSend) {
-      p2p_->send(entry.flat.data_ptr(), bytes, dtype, peer, tag, done);
-    } else if (anySource) {
-      auto source = entry.source;
-      p2p_->recvAny(entry.flat.data_ptr(), bytes, dtype, tag, [moved, source](int from) {
-        *source = from;
-        *moved = true;
+  at::Tensor flat = tensors[0].is_contiguous() ? tensors[0] : tensors[0].contiguous();
+  const size_t bytes = static_cast<size_t>(flat.numel()) * elementSize(dtype);
+  void* data = flat.data_ptr();
+  return worker_->enqueueTransfer(
+      type, op, tensors[0], flat, timeout_,
+      [isSend, anySource, data, bytes, dtype, peer, tag](PointToPoint& p2p, Worker::Moved moved) {
+        if (isSend) {
+          p2p.send(data, bytes, dtype, peer, tag, [moved] { moved(-1); });
+        } else if (anySource) {
+          p2p.recvAny(data, bytes, dtype, tag, moved);
+        } else {
+          p2p.recv(data, bytes, dtype, peer, tag, [moved, peer] { moved(peer); });
+        }
       });
-    } else {
-      p2p_->recv(entry.flat.data_ptr(), bytes, dtype, peer, tag, done);
-    }
-  };
-  enqueue(type, OpType::kSend, {}, timeout_, post);
-  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::send(std::vector<at::Tensor>& tensors,
@@ -856,11 +664,8 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   return c10::make_intrusive<ProcessGroupRingdist>(store, rank, size, timeout, bindIp);
 }
 
-}  // namespace ringdist
 
-// ---------------------------------------------------------------- compressed allreduce, statistics
-
-namespace ringdist {
+// ---------------------------------------------------------------- compressed allreduce
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
     at::Tensor& tensor, const std::string& codecName, bool average,
@@ -879,48 +684,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
   size_t count = static_cast<size_t>(flat.flat.numel());
   std::string key = strCat(op, "/", ringdist::codecName(codec));
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kCompressedAllreduce, {tensor},
-                 effectiveTimeout(timeout), [this, flat, widen, count, codec, average, key] {
-                   statsKey_ = key;
+                 effectiveTimeout(timeout), [flat, widen, count, codec, average](Communicator& comm) {
                    // Half inputs are summed in float32 like everything else;
                    // the one rounding back happens here.
                    at::Tensor work = widen ? flat.flat.to(at::kFloat) : flat.flat;
-                   ringdist::compressedAllreduce(*comm_, work.data_ptr<float>(), count, codec,
+                   ringdist::compressedAllreduce(comm, work.data_ptr<float>(), count, codec,
                                                  average);
                    if (widen) {
                      flat.flat.copy_(work);
                    }
                    flat.writeBack();
-                 });
-}
-
-void ProcessGroupRingdist::recordStats(const c10::intrusive_ptr<RingdistWork>& work,
-                                       std::chrono::steady_clock::time_point started,
-                                       uint64_t sent0, uint64_t recv0) {
-  if (work->retrieveOpType() == c10d::OpType::UNKNOWN) {
-    return;  // internal tasks (setSegmentBytes) are not user operations
-  }
-  uint64_t payload = 0;
-  for (const auto& t : work->result()) {
-    payload += t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
-  }
-  std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - started;
-  std::lock_guard<std::mutex> lock(statsMutex_);
-  OpStats& s = stats_[statsKey_];
-  s.calls += 1;
-  s.bytesSent += comm_->bytesSent() - sent0;
-  s.bytesReceived += comm_->bytesReceived() - recv0;
-  s.payloadBytes += payload;
-  s.seconds += elapsed.count();
-}
-
-std::map<std::string, ProcessGroupRingdist::OpStats> ProcessGroupRingdist::stats() const {
-  std::lock_guard<std::mutex> lock(statsMutex_);
-  return stats_;
-}
-
-void ProcessGroupRingdist::resetStats() {
-  std::lock_guard<std::mutex> lock(statsMutex_);
-  stats_.clear();
+                 },
+                 key);
 }
 
 }  // namespace ringdist

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 
+#include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
 #include "csrc/reduce/half.h"
 
@@ -241,7 +242,7 @@ RD_INLINE void fp16DecodeBlock(const char* in, size_t n, float* out) {
 // ------------------------------------------------------------------ bf16
 
 RD_INLINE void bf16Encode(const float* x, size_t n, char* out) {
-  half::Bf16Codec::narrow(out, x, n);
+  half::Bf16::narrow(out, x, n);
 }
 
 template <bool kAdd>
@@ -326,11 +327,7 @@ RD_INLINE void roundTripImpl(Codec codec, const float* in, size_t count, float* 
 RD_CODEC_FAMILY(generic, , false)
 RD_CODEC_FAMILY(avx2, __attribute__((target("avx2,fma,f16c"))), true)
 
-bool useAvx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c");
-  return yes;
-}
+bool useAvx2() { return cpuFeatures().avx2Family; }
 
 void checkCodec(Codec codec) {
   RINGDIST_CHECK(isKnownCodec(static_cast<uint8_t>(codec)), "ringdist codec: unknown codec id ",
@@ -395,6 +392,5 @@ void roundTripError(Codec codec, const float* in, size_t count, float* err) {
             : genericRoundTripError(codec, in, count, err);
 }
 
-const char* codecKernelFamily() { return useAvx2() ? "avx2" : "generic"; }
 
 }  // namespace ringdist

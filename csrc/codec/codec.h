@@ -64,7 +64,4 @@ void roundTrip(Codec codec, const float* in, size_t count, float* out);
 // err[i] = in[i] - decode(encode(in))[i]. err may alias in.
 void roundTripError(Codec codec, const float* in, size_t count, float* err);
 
-// Kernel family picked for this CPU ("avx2" or "generic").
-const char* codecKernelFamily();
-
 }  // namespace ringdist

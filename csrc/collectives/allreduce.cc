@@ -8,7 +8,7 @@
 // buffer. No full-size temporary exists. Each chunk is
 // reduced once, along the ring, by a fixed order, and then copied, so every
 // rank ends with bitwise identical results. Buffers up to
-// smallAllreduceBytes() take a one-round exchange instead (latency path);
+// options().smallAllreduceBytes take a one-round exchange instead (latency path);
 // groups spanning several hosts with the same number of ranks on each take a
 // two-level variant of the ring (hierarchicalAllreduce).
 #include <cstring>
@@ -72,8 +72,7 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
                ReduceFn reduceFn, long firstStep, long endStep, int divisor) {
   const int n = ring.size();
   const size_t elem = elementSize(dtype);
-  const size_t segElems = std::max<size_t>(1, comm.segmentBytes() / elem);
-  const ChunkLayout layout(count, n, segElems);
+  const ChunkLayout layout(count, n, comm.segmentBytes(), elem);
   const size_t perStep = layout.segmentsPerChunk;
   const size_t first = static_cast<size_t>(firstStep) * perStep;  // transfers [first, end)
   const size_t end = static_cast<size_t>(endStep) * perStep;
@@ -167,7 +166,7 @@ void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataTyp
   ReduceFn reduceFn = reduceFunction(dtype, op);
   ringSteps(comm, host, data, count, dtype, reduceFn, 0, l - 1, 0);
   const size_t elem = elementSize(dtype);
-  const ChunkLayout layout(count, host.size(), std::max<size_t>(1, comm.segmentBytes() / elem));
+  const ChunkLayout layout(count, host.size(), comm.segmentBytes(), elem);
   const size_t own = static_cast<size_t>(host.pos);
   // The same on every rank at this position, so all of a cross ring skip alike.
   if (layout.chunkLength(own) > 0) {
@@ -183,24 +182,24 @@ void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataTyp
 void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
   const int n = comm.size();
   reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
-  const bool small = count * elementSize(dtype) <= comm.smallAllreduceBytes();
+  const bool small = count * elementSize(dtype) <= comm.options().smallAllreduceBytes;
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
   // The algorithm travels in the header: ranks must agree on it.
   enum : uint8_t { kRing = 0, kOneShot = 1, kHierarchical = 2 };
-  header.reserved = small ? kOneShot : comm.hierarchical() ? kHierarchical : kRing;
+  header.variant = small ? kOneShot : comm.hierarchical() ? kHierarchical : kRing;
   if (n > 1 && count > 0 && small) {
     oneShotAllreduce(comm, data, count, dtype, op, header);
   } else {
     comm.exchangeRingHeaders(header);
     if (n > 1 && count > 0) {  // AVG over one rank divides by one
-      if (header.reserved == kHierarchical) {
+      if (header.variant == kHierarchical) {
         hierarchicalAllreduce(comm, data, count, dtype, op);
       } else {
         ringAllreduce(comm, data, count, dtype, op);
       }
     }
   }
-  if (comm.checkResults()) {
+  if (comm.options().checkResults) {
     checkIdenticalResults(comm, data, count * elementSize(dtype), "allreduce");
   }
 }

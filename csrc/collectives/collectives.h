@@ -3,13 +3,15 @@
 #include <cstddef>
 #include <vector>
 
+#include "csrc/codec/codec.h"
 #include "csrc/collectives/communicator.h"
 #include "csrc/common/types.h"
 
 namespace ringdist {
 
-// The engine's collectives. They work on raw pointers and element counts,
-// see only the Channel interface, and run on the calling (worker) thread.
+// The engine's collectives, one per file named after it (csrc/collectives/
+// <name>.cc). They work on raw pointers and element counts, see only the
+// Channel interface, and run on the calling (worker) thread.
 // Each first exchanges OpHeaders, so ranks that disagree fail cleanly.
 // Pointer arrays indexed "by rank" have comm.size() entries.
 
@@ -45,6 +47,15 @@ void alltoall(Communicator& comm, const void* const* inputs, const std::vector<u
               void* const* outputs, const std::vector<uint64_t>& recvCounts, DataType dtype);
 
 void barrier(Communicator& comm);
+
+// In place: data (count float32 elements) becomes the sum (or, with
+// average, the mean) over all ranks, sent on the wire in `codec`. Each
+// element is quantised exactly twice (once as a rank's contribution, once as
+// the reduced value), whatever the world size; the sum is taken in float32
+// in rank order; every rank decodes the same bytes, so results are bitwise
+// identical on all ranks. See compressed_allreduce.cc.
+void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec codec,
+                         bool average);
 
 // Debug: every rank's `bytes` at `data` must be identical; all ranks compare
 // CRCs (one small allgather) and fail naming the ranks that differ.

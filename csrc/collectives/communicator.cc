@@ -12,7 +12,6 @@
 #include <thread>
 
 #include "csrc/codec/codec.h"
-#include "csrc/common/env.h"
 #include "csrc/common/error.h"
 #include "csrc/common/logging.h"
 
@@ -31,12 +30,12 @@ std::string describeHeader(const OpHeader& h) {
   }
   if (type == OpType::kCompressedAllreduce) {
     text += strCat(", op=", reduceOpName(static_cast<ReduceOp>(h.op)), ", codec=",
-                   isKnownCodec(h.reserved) ? codecName(static_cast<Codec>(h.reserved)) : "?");
+                   isKnownCodec(h.variant) ? codecName(static_cast<Codec>(h.variant)) : "?");
   }
   if (h.root >= 0) {
     text += strCat(", root=", h.root);
   }
-  text += type == OpType::kSend ? strCat(", tag=", h.tag) : strCat(", segment_bytes=", h.tag);
+  text += type == OpType::kSend ? strCat(", tag=", h.tag) : strCat(", segment_bytes=", h.segmentBytes);
   return text + ")";
 }
 }  // namespace
@@ -59,10 +58,11 @@ const char* opTypeName(OpType type) {
 }
 
 Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
-                           std::vector<int> ring, const std::vector<int>& hostOf,
-                           std::shared_ptr<Rendezvous> rendezvous)
+                           std::vector<int> ring, std::vector<int> hostOf,
+                           std::shared_ptr<Rendezvous> rendezvous,
+                           const CollectiveOptions& options)
     : rank_(rank), size_(size), channels_(std::move(channels)), rendezvous_(std::move(rendezvous)),
-      ring_{std::move(ring)} {
+      ring_{std::move(ring)}, hostOf_(std::move(hostOf)), options_(options) {
   RINGDIST_CHECK(ring_.size() == size_, "ringdist: ring order has ", ring_.size(),
                  " ranks, expected ", size_);
   const auto& order = ring_.members;
@@ -76,20 +76,22 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Chann
   wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RINGDIST_CHECK(wakeFd_ >= 0, "ringdist: eventfd failed: ", std::strerror(errno));
   spin_ = sharing <= static_cast<int>(std::thread::hardware_concurrency());
-  int64_t segment = envInt("RINGDIST_SEGMENT_BYTES", static_cast<int64_t>(kDefaultSegmentBytes));
-  RINGDIST_CHECK(segment > 0, "ringdist: RINGDIST_SEGMENT_BYTES must be positive, got ", segment);
-  segmentBytes_ = static_cast<size_t>(segment);
-  int64_t small = envInt("RINGDIST_SMALL_ALLREDUCE_BYTES",
-                         static_cast<int64_t>(kDefaultSmallAllreduceBytes));
-  RINGDIST_CHECK(small >= 0, "ringdist: RINGDIST_SMALL_ALLREDUCE_BYTES must be >= 0, got ", small);
-  smallAllreduceBytes_ = static_cast<size_t>(small);
-  checkResults_ = envInt("RINGDIST_CHECK_RESULTS", 0) != 0;
-  setUpHierarchy(hostOf);
+  RINGDIST_CHECK(static_cast<int>(hostOf_.size()) == size_, "ringdist: host map has ",
+                 hostOf_.size(), " ranks, expected ", size_);
+  setUpHierarchy();
 }
 
-void Communicator::setUpHierarchy(const std::vector<int>& hostOf) {
-  RINGDIST_CHECK(static_cast<int>(hostOf.size()) == size_, "ringdist: host map has ",
-                 hostOf.size(), " ranks, expected ", size_);
+void Communicator::setOptions(const CollectiveOptions& options) {
+  RINGDIST_CHECK(options.segmentBytes > 0, "ringdist: segment size must be positive");
+  options_ = options;
+  setUpHierarchy();
+}
+
+void Communicator::setUpHierarchy() {
+  const std::vector<int>& hostOf = hostOf_;
+  hierarchical_ = false;
+  hostRing_ = SubRing{};
+  crossRing_ = SubRing{};
   // Hosts are numbered in ring order, so host h holds ring positions
   // [h * perHost, (h + 1) * perHost) when every host has perHost ranks.
   const int hosts = *std::max_element(hostOf.begin(), hostOf.end()) + 1;
@@ -99,7 +101,7 @@ void Communicator::setUpHierarchy(const std::vector<int>& hostOf) {
   for (int pos = 0; uniform && pos < size_; ++pos) {
     uniform = hostOf[static_cast<size_t>(ringRank(pos))] == pos / perHost;
   }
-  if (!uniform || envInt("RINGDIST_HIERARCHICAL", 1) == 0) {
+  if (!uniform || !options_.hierarchical) {
     return;
   }
   hierarchical_ = true;
@@ -151,15 +153,18 @@ void Communicator::wake() {
   }
 }
 
+std::vector<int> Communicator::others() const {
+  std::vector<int> peers;
+  for (int k = 1; k < size_; ++k) {
+    peers.push_back((rank_ + k) % size_);
+  }
+  return peers;
+}
+
 Channel& Communicator::channel(int peer) {
   RINGDIST_CHECK(peer >= 0 && peer < size_ && peer != rank_ && channels_[static_cast<size_t>(peer)],
                  "ringdist ", opName(), ": rank ", rank_, " has no channel to rank ", peer);
   return *channels_[static_cast<size_t>(peer)];
-}
-
-void Communicator::setSegmentBytes(size_t bytes) {
-  RINGDIST_CHECK(bytes > 0, "ringdist: segment size must be positive");
-  segmentBytes_ = bytes;
 }
 
 void Communicator::beginOp(OpType type, std::chrono::milliseconds timeout) {
@@ -186,7 +191,8 @@ OpHeader Communicator::makeHeader(OpType type, uint64_t count, DataType dtype, R
   h.root = root;
   // Collectives carry the segment size: ranks cutting buffers differently
   // would read each other's segments at the wrong lengths.
-  h.tag = type == OpType::kSend ? 0 : static_cast<int32_t>(std::min<size_t>(segmentBytes_, INT32_MAX));
+  h.segmentBytes = type == OpType::kSend
+      ? 0 : static_cast<uint32_t>(std::min<size_t>(options_.segmentBytes, UINT32_MAX));
   return h;
 }
 
@@ -225,8 +231,9 @@ void Communicator::checkHeader(const OpHeader& expected, const OpHeader& theirs,
                  " (the ranks are out of step)");
   bool same = theirs.type == expected.type && theirs.dtype == expected.dtype &&
       theirs.op == expected.op && theirs.seq == expected.seq && theirs.count == expected.count &&
-      theirs.root == expected.root && theirs.tag == expected.tag &&
-      theirs.reserved == expected.reserved;
+      theirs.root == expected.root && theirs.segmentBytes == expected.segmentBytes &&
+      theirs.tag == expected.tag && theirs.variant == expected.variant &&
+      theirs.padding == expected.padding;
   if (same) {
     return;
   }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "csrc/common/options.h"
 #include "csrc/common/rendezvous.h"
 #include "csrc/common/types.h"
 #include "csrc/transport/channel.h"
@@ -27,35 +28,29 @@ enum class OpType : uint8_t {
   kAlltoall,
   kBarrier,
   kSend,
-  kCompressedAllreduce,  // codec in OpHeader::reserved
+  kCompressedAllreduce,
 };
 
 const char* opTypeName(OpType type);
 
 // Sent ahead of every operation's data to each peer it talks to, so ranks
 // that disagree on the operation, its size or dtype fail with a clear error
-// instead of reading each other's bytes as data.
+// instead of reading each other's bytes as data. Every field is compared.
 struct OpHeader {
   uint32_t magic;
-  uint8_t type;
-  uint8_t dtype;
-  uint8_t op;
-  uint8_t reserved;
-  uint64_t seq;    // collective sequence number in this group (0 for p2p)
-  uint64_t count;  // elements (for alltoall and send: bytes to this peer)
-  int32_t root;
-  int32_t tag;
+  uint8_t type;          // OpType
+  uint8_t dtype;         // DataType
+  uint8_t op;            // ReduceOp (reductions; else SUM)
+  uint8_t variant;       // allreduce: its algorithm; compressed allreduce: its codec
+  uint64_t seq;          // collective sequence number in this group (0 for sends)
+  uint64_t count;        // elements (all-to-all: to this peer; send: bytes)
+  int32_t root;          // rooted collectives, else -1
+  uint32_t segmentBytes; // collectives: how buffers are cut into segments
+  int32_t tag;           // send: the message tag
+  uint32_t padding;      // 0: keeps the header a multiple of 8 bytes
 };
-static_assert(sizeof(OpHeader) == 32, "OpHeader is a wire format");
+static_assert(sizeof(OpHeader) == 40, "OpHeader is a wire format");
 constexpr uint32_t kOpMagic = 0x52444f50;  // "RDOP", first field of every header
-
-// Default segment size: big enough that per-segment syscalls and loop
-// overhead vanish next to the copy cost, small enough that reduce and
-// transfer of neighbouring segments overlap and scratch stays in L2/L3.
-constexpr size_t kDefaultSegmentBytes = 256 * 1024;
-// Up to this size an allreduce is latency-bound: one round in which every
-// rank sends its buffer to every peer beats 2(N-1) ring hops.
-constexpr size_t kDefaultSmallAllreduceBytes = 64 * 1024;
 // Receives in flight per channel in the ring pipelines (>= 2 so receiving
 // segment i+1 overlaps reducing segment i).
 constexpr size_t kRecvWindow = 4;
@@ -84,13 +79,16 @@ class Communicator {
   // ring: ranks in ring order (a permutation of 0..size-1), the ranks of
   // each host consecutive; hostOf: host index of each rank.
   Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
-               std::vector<int> ring, const std::vector<int>& hostOf,
-               std::shared_ptr<Rendezvous> rendezvous);
+               std::vector<int> ring, std::vector<int> hostOf,
+               std::shared_ptr<Rendezvous> rendezvous, const CollectiveOptions& options);
   ~Communicator();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   Channel& channel(int peer);
+  // Every other rank, starting with the one after us (so that when all ranks
+  // post to all peers, not every rank hits rank 0 first).
+  std::vector<int> others() const;
 
   // Ring order: ring()[pos] is the rank at position pos; left sends to us.
   const SubRing& ring() const { return ring_; }
@@ -102,21 +100,19 @@ class Communicator {
   int right() const { return ring_.right(); }
 
   // Two-level rings, set when there are >= 2 hosts, each with the same number
-  // (>= 2) of ranks, and RINGDIST_HIERARCHICAL is not 0: the ranks of our
-  // host, and one rank per host (ours and those at our position elsewhere).
+  // (>= 2) of ranks, and options().hierarchical: the ranks of our host, and
+  // one rank per host (ours and those at our position elsewhere).
   bool hierarchical() const { return hierarchical_; }
   // Number of distinct hosts in the group (1: every peer shares our machine).
   int hostCount() const { return hostCount_; }
   const SubRing& hostRing() const { return hostRing_; }
   const SubRing& crossRing() const { return crossRing_; }
 
-  size_t segmentBytes() const { return segmentBytes_; }
-  void setSegmentBytes(size_t bytes);
-  // Allreduces of at most this many bytes use the one-round latency path.
-  size_t smallAllreduceBytes() const { return smallAllreduceBytes_; }
-  // RINGDIST_CHECK_RESULTS=1: compare result hashes across ranks after
-  // operations whose results must be identical.
-  bool checkResults() const { return checkResults_; }
+  // The settings collectives follow (segment size, latency-path threshold,
+  // result checks...). setOptions is for the worker, between operations.
+  const CollectiveOptions& options() const { return options_; }
+  void setOptions(const CollectiveOptions& options);
+  size_t segmentBytes() const { return options_.segmentBytes; }
 
   // Starts an operation: names it in errors and arms its deadline.
   void beginOp(OpType type, std::chrono::milliseconds timeout);
@@ -184,7 +180,7 @@ class Communicator {
 
  private:
   std::string pendingPeers() const;
-  void setUpHierarchy(const std::vector<int>& hostOf);
+  void setUpHierarchy();
   void sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left, const uint64_t* wakesSeen);
   // Bytes on a watched link: what progress() reports for queued receives.
   bool watchedArrival();
@@ -197,13 +193,12 @@ class Communicator {
   std::vector<std::unique_ptr<Channel>> channels_;
   std::shared_ptr<Rendezvous> rendezvous_;
   SubRing ring_;  // every rank, host by host
+  std::vector<int> hostOf_;
+  CollectiveOptions options_;
   bool hierarchical_ = false;
   SubRing hostRing_;
   int hostCount_ = 1;
   SubRing crossRing_;
-  size_t segmentBytes_;
-  size_t smallAllreduceBytes_;
-  bool checkResults_;
   uint64_t seq_ = 0;
   OpType opType_ = OpType::kBarrier;
   std::chrono::milliseconds opTimeout_{0};

@@ -3,19 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "csrc/common/env.h"
 #include "csrc/common/error.h"
 
 namespace ringdist {
-
-namespace {
-// Largest message we buffer before its receive is issued; the size comes
-// from the wire, so it is bounded before anything is allocated.
-int64_t maxUnexpectedBytes() {
-  static const int64_t limit = envInt("RINGDIST_MAX_UNEXPECTED_BYTES", int64_t{1} << 30);
-  return limit;
-}
-}  // namespace
 
 PointToPoint::PointToPoint(Communicator& comm)
     : comm_(comm),
@@ -168,11 +158,13 @@ void PointToPoint::onHeader(int peer, const OpHeader& header) {
     box.waiting.erase(match);
     return;
   }
-  RINGDIST_CHECK(header.count <= static_cast<uint64_t>(maxUnexpectedBytes()), "ringdist recv: rank ",
-                 comm_.rank(), " would have to buffer a ", header.count,
-                 "-byte message (tag ", header.tag, ") from rank ", peer,
+  // The size comes from the wire: bounded before anything is allocated.
+  const size_t limit = comm_.options().maxUnexpectedBytes;
+  RINGDIST_CHECK(header.count <= limit, "ringdist recv: rank ", comm_.rank(),
+                 " would have to buffer a ", header.count, "-byte message (tag ", header.tag,
+                 ") from rank ", peer,
                  " that no receive matches yet; the limit is RINGDIST_MAX_UNEXPECTED_BYTES=",
-                 maxUnexpectedBytes());
+                 limit);
   auto message = std::make_shared<Unexpected>();
   message->tag = header.tag;
   message->dtype = dtype;

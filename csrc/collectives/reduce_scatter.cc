@@ -1,5 +1,4 @@
-// Out-of-place ring reduce-scatter, and reduce (reduce-scatter, then every
-// rank sends its reduced chunk to the root). Terms are defined in ring.h.
+// Out-of-place ring reduce-scatter. Terms are defined in ring.h.
 //
 // Inputs are never written. A segment is reduced with our own input as it
 // arrives (Channel::postRecvReduce) into one of two chunk-sized
@@ -18,11 +17,7 @@
 
 namespace ringdist {
 
-namespace {
-
-// chunks[c] is the input chunk of ring position c (layout gives lengths).
-// The fully reduced chunk of this rank's position is written to `out`, or
-// left in an accumulator when out is null; returns where it is.
+// The fully reduced chunk is left in an accumulator when out is null.
 char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chunks,
                         const ChunkLayout& layout, DataType dtype, ReduceOp op, char* out) {
   const int n = comm.size();
@@ -97,8 +92,6 @@ char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chun
   return result;
 }
 
-}  // namespace
-
 void reduceScatter(Communicator& comm, const void* const* inputs, void* output, size_t count,
                    DataType dtype, ReduceOp op) {
   const int n = comm.size();
@@ -115,54 +108,12 @@ void reduceScatter(Communicator& comm, const void* const* inputs, void* output, 
     return;
   }
   // Chunks are whole per-rank blocks; position c owns rank ringRank(c)'s.
-  const size_t segElems = std::max<size_t>(1, comm.segmentBytes() / elem);
-  const ChunkLayout layout(count * static_cast<size_t>(n), n, segElems);
+  const ChunkLayout layout(count * static_cast<size_t>(n), n, comm.segmentBytes(), elem);
   std::vector<const char*> chunks(static_cast<size_t>(n));
   for (int c = 0; c < n; ++c) {
     chunks[static_cast<size_t>(c)] = static_cast<const char*>(inputs[comm.ringRank(c)]);
   }
   ringReduceScatter(comm, chunks, layout, dtype, op, static_cast<char*>(output));
-}
-
-void reduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op, int root) {
-  const int n = comm.size();
-  const int rank = comm.rank();
-  comm.exchangeRingHeaders(comm.makeHeader(OpType::kReduce, count, dtype, op, root));
-  reduceFunction(dtype, op);
-  if (n == 1 || count == 0) {
-    return;
-  }
-  const size_t elem = elementSize(dtype);
-  const size_t segElems = std::max<size_t>(1, comm.segmentBytes() / elem);
-  const ChunkLayout layout(count, n, segElems);
-  char* base = static_cast<char*>(data);
-  std::vector<const char*> chunks(static_cast<size_t>(n));
-  for (size_t c = 0; c < static_cast<size_t>(n); ++c) {
-    chunks[c] = base + layout.chunkOffset(c) * elem;
-  }
-  const size_t own = static_cast<size_t>(comm.ringPos());
-  // The root reduces its own chunk in place; its other input chunks are
-  // overwritten only after the reduce-scatter finished reading them.
-  char* mine = ringReduceScatter(comm, chunks, layout, dtype, op,
-                                 rank == root ? base + layout.chunkOffset(own) * elem : nullptr);
-  if (rank != root) {
-    Channel& toRoot = comm.channel(root);
-    uint64_t ticket = toRoot.postSend(mine, layout.chunkLength(own) * elem);
-    comm.waitUntil([&] { return toRoot.sendDone(ticket); });
-    return;
-  }
-  Communicator::Transfers pending;
-  for (int c = 0; c < n; ++c) {
-    int peer = comm.ringRank(c);
-    if (peer == rank) {
-      continue;
-    }
-    Channel& ch = comm.channel(peer);
-    size_t chunk = static_cast<size_t>(c);
-    pending.emplace_back(&ch, ch.postRecv(base + layout.chunkOffset(chunk) * elem,
-                                          layout.chunkLength(chunk) * elem));
-  }
-  comm.waitAll({}, pending);
 }
 
 }  // namespace ringdist

@@ -7,23 +7,21 @@
 
 #include "csrc/collectives/collectives.h"
 #include "csrc/common/crc32c.h"
-#include "csrc/common/env.h"
 #include "csrc/common/error.h"
 
 namespace ringdist {
 
 namespace {
-// Test-only: RINGDIST_TEST_CORRUPT_RESULT=k flips one bit of the k-th
-// checked result on this rank, as a silent memory error would.
-bool corruptThisResult() {
-  static const int64_t target = envInt("RINGDIST_TEST_CORRUPT_RESULT", 0);
-  static int64_t count = 0;
+// Testing (CollectiveOptions::corruptResultAt = k): flip one bit of this
+// process's k-th checked result, as a silent memory error would.
+bool corruptThisResult(uint64_t target) {
+  static uint64_t count = 0;
   return target > 0 && ++count == target;
 }
 }  // namespace
 
 void checkIdenticalResults(Communicator& comm, void* data, size_t bytes, const char* opName) {
-  if (corruptThisResult() && bytes > 0) {
+  if (corruptThisResult(comm.options().corruptResultAt) && bytes > 0) {
     static_cast<unsigned char*>(data)[bytes / 2] ^= 1;
   }
   const int n = comm.size();

@@ -1,23 +1,32 @@
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <vector>
+
+#include "csrc/collectives/communicator.h"
+#include "csrc/common/types.h"
 
 namespace ringdist {
 
 // How a ring algorithm cuts a buffer.
 //   chunk    one of N near-equal parts of the buffer (sizes differ by at most
 //            one element); chunk c ends up owned by ring position c.
-//   segment  a piece of a chunk of at most segmentBytes; the unit that is
-//            sent, received and reduced, so consecutive segments pipeline.
+//   segment  a piece of a chunk of at most segmentBytes (at least one
+//            element); the unit that is sent, received and reduced, so
+//            consecutive segments pipeline.
 //   step     one hop around the ring; in step s position p sends chunk
 //            (p - s - 1) mod N to its right and receives chunk (p - s - 2)
 //            mod N from its left. Reduce-scatter is steps 0..N-2, allgather
 //            steps N-1..2N-3; the same formula serves both.
 //   transfer the pair (step, segment), numbered step * segmentsPerChunk +
 //            segment; every rank sends and receives transfers in that order.
+// Offsets and lengths are in elements of elementBytes each.
 struct ChunkLayout {
-  ChunkLayout(size_t count, int chunks, size_t segmentElems)
-      : count(count), chunks(static_cast<size_t>(chunks)), segmentElems(segmentElems) {
+  ChunkLayout(size_t count, int chunks, size_t segmentBytes, size_t elementBytes)
+      : count(count),
+        chunks(static_cast<size_t>(chunks)),
+        segmentElems(std::max<size_t>(1, segmentBytes / elementBytes)) {
     base = count / this->chunks;
     extra = count % this->chunks;
     size_t longest = base + (extra > 0 ? 1 : 0);
@@ -45,5 +54,13 @@ inline size_t modPos(long value, int n) {
   long m = value % n;
   return static_cast<size_t>(m < 0 ? m + n : m);
 }
+
+// The ring reduce-scatter shared by reduce_scatter and reduce
+// (reduce_scatter.cc). chunks[c] is the input chunk of ring position c
+// (layout gives lengths); inputs are never written. The fully reduced chunk
+// of this rank's position is written to `out`, or left in scratch when out
+// is null; returns where it is.
+char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chunks,
+                        const ChunkLayout& layout, DataType dtype, ReduceOp op, char* out);
 
 }  // namespace ringdist

@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "csrc/common/cpu.h"
+
 namespace ringdist {
 
 namespace {
@@ -48,10 +50,9 @@ __attribute__((target("sse4.2"))) uint32_t hardware(uint32_t crc, const uint8_t*
 }  // namespace
 
 uint32_t crc32cExtend(uint32_t crc, const void* data, size_t bytes) {
-  static const bool sse42 = __builtin_cpu_supports("sse4.2");
   const auto* p = static_cast<const uint8_t*>(data);
   crc = ~crc;
-  crc = sse42 ? hardware(crc, p, bytes) : software(crc, p, bytes);
+  crc = cpuFeatures().sse42 ? hardware(crc, p, bytes) : software(crc, p, bytes);
   return ~crc;
 }
 

@@ -1,17 +1,19 @@
 #include "csrc/common/logging.h"
 
+#include <atomic>
 #include <cstdio>
-#include <cstring>
-
-#include "csrc/common/env.h"
 
 namespace ringdist {
 
-bool debugEnabled() {
-  static const bool enabled = envInt("RINGDIST_DEBUG", 0) != 0 ||
-      envString("TORCH_DISTRIBUTED_DEBUG", "") == "DETAIL";
-  return enabled;
+namespace {
+std::atomic<bool> debugOn{false};
+}  // namespace
+
+void setDebugEnabled(bool on) {
+  if (on) debugOn.store(true);  // one group asking for debug output turns it on for the process
 }
+
+bool debugEnabled() { return debugOn.load(); }
 
 void logWarning(const std::string& message) {
   std::fprintf(stderr, "[ringdist] warning: %s\n", message.c_str());

@@ -32,7 +32,8 @@ RD_INLINE uint16_t floatToBf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-struct Bf16Codec {
+// Conversions between float32 buffers and packed 16-bit ones.
+struct Bf16 {
   static RD_INLINE void widen(float* out, const void* in, size_t n) {
     const auto* h = static_cast<const uint16_t*>(in);
     for (size_t i = 0; i < n; ++i) out[i] = bf16ToFloat(h[i]);
@@ -44,7 +45,7 @@ struct Bf16Codec {
 };
 
 // Round to nearest even, as torch's float -> half cast.
-struct Fp16Codec {
+struct Fp16 {
   static RD_INLINE void widen(float* out, const void* in, size_t n) {
     const auto* h = static_cast<const _Float16*>(in);
     for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(h[i]);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
 #include "csrc/reduce/half.h"
 
@@ -59,19 +60,19 @@ RD_INLINE void loop(void* dst, const void* a, const void* b, size_t n) {
 // in L1 so the extra passes cost little next to the memory traffic.
 constexpr size_t kHalfBlock = 512;
 
-using half::Bf16Codec;
-using half::Fp16Codec;
+using half::Bf16;
+using half::Fp16;
 
-template <typename Codec, typename Op>
+template <typename Half, typename Op>
 RD_INLINE void halfLoop(void* dst, const void* a, const void* b, size_t n) {
   alignas(64) float fa[kHalfBlock];
   alignas(64) float fb[kHalfBlock];
   for (size_t off = 0; off < n; off += kHalfBlock) {
     size_t m = std::min(kHalfBlock, n - off);
-    Codec::widen(fa, static_cast<const uint16_t*>(a) + off, m);
-    Codec::widen(fb, static_cast<const uint16_t*>(b) + off, m);
+    Half::widen(fa, static_cast<const uint16_t*>(a) + off, m);
+    Half::widen(fb, static_cast<const uint16_t*>(b) + off, m);
     for (size_t i = 0; i < m; ++i) fa[i] = Op::apply(fa[i], fb[i]);
-    Codec::narrow(static_cast<uint16_t*>(dst) + off, fa, m);
+    Half::narrow(static_cast<uint16_t*>(dst) + off, fa, m);
   }
 }
 
@@ -80,8 +81,8 @@ RD_INLINE void dispatchFloatLike(DataType dtype, void* dst, const void* a, const
   switch (dtype) {
     case DataType::kFloat32: return loop<float, Op>(dst, a, b, n);
     case DataType::kFloat64: return loop<double, Op>(dst, a, b, n);
-    case DataType::kFloat16: return halfLoop<Fp16Codec, Op>(dst, a, b, n);
-    case DataType::kBFloat16: return halfLoop<Bf16Codec, Op>(dst, a, b, n);
+    case DataType::kFloat16: return halfLoop<Fp16, Op>(dst, a, b, n);
+    case DataType::kBFloat16: return halfLoop<Bf16, Op>(dst, a, b, n);
     default: break;
   }
 }
@@ -141,13 +142,7 @@ RD_INLINE void dispatchInt(DataType dtype, void* dst, const void* a, const void*
 RD_FAMILY(generic, )
 RD_FAMILY(avx2, __attribute__((target("avx2,fma,f16c"))))
 
-bool useAvx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c");
-  return yes;
-}
-
-#define RD_PICK(NAME) (useAvx2() ? &avx2_##NAME : &generic_##NAME)
+#define RD_PICK(NAME) (cpuFeatures().avx2Family ? &avx2_##NAME : &generic_##NAME)
 
 ReduceFn floatKernel(DataType dtype, ReduceOp op) {
 #define RD_FLOAT_CASE(DT, P)                                                    \
@@ -245,13 +240,13 @@ void divideInPlace(void* data, size_t count, DataType dtype, int divisor) {
       for (size_t off = 0; off < count; off += kHalfBlock) {
         size_t m = std::min(kHalfBlock, count - off);
         if (dtype == DataType::kFloat16) {
-          Fp16Codec::widen(block, h + off, m);
+          Fp16::widen(block, h + off, m);
           for (size_t i = 0; i < m; ++i) block[i] /= static_cast<float>(divisor);
-          Fp16Codec::narrow(h + off, block, m);
+          Fp16::narrow(h + off, block, m);
         } else {
-          Bf16Codec::widen(block, h + off, m);
+          Bf16::widen(block, h + off, m);
           for (size_t i = 0; i < m; ++i) block[i] /= static_cast<float>(divisor);
-          Bf16Codec::narrow(h + off, block, m);
+          Bf16::narrow(h + off, block, m);
         }
       }
       return;
@@ -262,6 +257,5 @@ void divideInPlace(void* data, size_t count, DataType dtype, int divisor) {
   RINGDIST_FAIL("ringdist: AVG is not defined for ", dataTypeName(dtype), " tensors");
 }
 
-const char* reduceKernelFamily() { return useAvx2() ? "avx2" : "generic"; }
 
 }  // namespace ringdist

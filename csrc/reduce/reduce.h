@@ -21,7 +21,4 @@ std::string unsupportedReason(DataType dtype, ReduceOp op);
 // data[i] /= divisor (AVG finalisation). Integers truncate toward zero.
 void divideInPlace(void* data, size_t count, DataType dtype, int divisor);
 
-// Name of the kernel family picked for this CPU ("avx2" or "generic").
-const char* reduceKernelFamily();
-
 }  // namespace ringdist

@@ -2,18 +2,15 @@
 
 #include <atomic>
 
-#include "csrc/common/env.h"
 #include "csrc/common/error.h"
 
 namespace ringdist {
 
 namespace {
-// Test-only fault injection: RINGDIST_TEST_CORRUPT_SEND=k makes this
-// process's k-th checksummed send carry a wrong checksum, as if a byte had
-// flipped in flight.
-bool corruptThisSend() {
-  static const int64_t target = envInt("RINGDIST_TEST_CORRUPT_SEND", 0);
-  static std::atomic<int64_t> count{0};
+// Testing (LinkOptions::corruptSendAt = k): this process's k-th checksummed
+// send carries a wrong checksum, as if a byte had flipped in flight.
+bool corruptThisSend(uint64_t target) {
+  static std::atomic<uint64_t> count{0};
   return target > 0 && ++count == target;
 }
 }  // namespace
@@ -21,7 +18,7 @@ bool corruptThisSend() {
 void QueuedChannel::pushSendTrailer(const void* data, size_t bytes) {
   Request t{nullptr, sizeof(uint32_t), 0, true, nullptr};
   t.trailer = true;
-  t.checksum = crc32c(data, bytes) ^ (corruptThisSend() ? 1u : 0u);
+  t.checksum = crc32c(data, bytes) ^ (corruptThisSend(corruptSendAt_) ? 1u : 0u);
   sends_.push_back(t);
   sends_.back().data = reinterpret_cast<char*>(&sends_.back().checksum);
 }

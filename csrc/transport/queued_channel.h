@@ -3,6 +3,7 @@
 #include <deque>
 
 #include "csrc/common/crc32c.h"
+#include "csrc/common/options.h"
 #include "csrc/transport/channel.h"
 
 namespace ringdist {
@@ -11,14 +12,12 @@ namespace ringdist {
 // queues of sends and receives, their tickets and completion callbacks.
 // A transport adds how bytes move (progress) and how a waiter sleeps.
 //
-// With checksums on (RINGDIST_CRC=1, agreed by all ranks at connect time),
+// With link.checksums (RINGDIST_CRC=1, agreed by all ranks at connect time),
 // every post is followed on the wire by a 4-byte CRC32C trailer. A receive's
 // ticket (and callback) completes only after its trailer matched, so a
 // corrupted transfer fails the operation that used it, naming the link.
 class QueuedChannel : public Channel {
  public:
-  void enableChecksums(bool on) { checksums_ = on; }
-
   uint64_t postSend(const void* data, size_t bytes, Callback done) override;
   uint64_t postRecv(void* data, size_t bytes, Callback done) override;
   uint64_t postRecvNext(void* data, size_t bytes, Callback done) override;
@@ -31,7 +30,8 @@ class QueuedChannel : public Channel {
   bool receiving() const override { return !recvs_.empty(); }
 
  protected:
-  explicit QueuedChannel(int peer) : Channel(peer) {}
+  QueuedChannel(int peer, const LinkOptions& link)
+      : Channel(peer), checksums_(link.checksums), corruptSendAt_(link.corruptSendAt) {}
 
   struct Request {
     char* data;
@@ -70,7 +70,8 @@ class QueuedChannel : public Channel {
   void pushSendTrailer(const void* data, size_t bytes);
   void pushRecvTrailer(Callback done, bool counted, bool front);
 
-  bool checksums_ = false;
+  const bool checksums_;
+  const uint64_t corruptSendAt_;
   uint64_t sendsPosted_ = 0;
   uint64_t sendsDone_ = 0;
   uint64_t recvsPosted_ = 0;

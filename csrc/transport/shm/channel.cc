@@ -60,8 +60,8 @@ void ring(Bell* bell) {
 }
 
 ShmChannel::ShmChannel(int peer, std::shared_ptr<Segment> segment, int localSelf, int localPeer,
-                       std::shared_ptr<LocalDoorbell> doorbell)
-    : QueuedChannel(peer),
+                       std::shared_ptr<LocalDoorbell> doorbell, const LinkOptions& link)
+    : QueuedChannel(peer, link),
       segment_(std::move(segment)),
       out_(segment_->control(localSelf, localPeer)),
       in_(segment_->control(localPeer, localSelf)),

@@ -33,7 +33,7 @@ void ring(Bell* bell);
 class ShmChannel final : public QueuedChannel {
  public:
   ShmChannel(int peer, std::shared_ptr<Segment> segment, int localSelf, int localPeer,
-             std::shared_ptr<LocalDoorbell> doorbell);
+             std::shared_ptr<LocalDoorbell> doorbell, const LinkOptions& link);
   ~ShmChannel() override;
 
   bool progress() override;

@@ -14,7 +14,8 @@
 namespace ringdist {
 namespace tcp {
 
-TcpChannel::TcpChannel(int peer, Socket socket) : QueuedChannel(peer), socket_(std::move(socket)) {
+TcpChannel::TcpChannel(int peer, Socket socket, const LinkOptions& link)
+    : QueuedChannel(peer, link), socket_(std::move(socket)) {
   setNonBlocking(socket_.fd());
   setNoDelay(socket_.fd());
 }

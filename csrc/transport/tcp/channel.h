@@ -13,7 +13,7 @@ namespace tcp {
 // its payload leave in one syscall and one packet.
 class TcpChannel final : public QueuedChannel {
  public:
-  TcpChannel(int peer, Socket socket);
+  TcpChannel(int peer, Socket socket, const LinkOptions& link);
   ~TcpChannel() override;
 
   bool progress() override;

@@ -28,7 +28,4 @@ void topkSelect(const float* grad, float* residual, size_t n, size_t k, float* v
 // blocks of [k values][k int32 indices]. Throws on an index outside [0, n).
 void topkScatter(const float* parts, size_t world, size_t k, size_t n, float* out);
 
-// Kernel family picked for this CPU ("avx2" or "generic").
-const char* topkKernelFamily();
-
 }  // namespace ringdist

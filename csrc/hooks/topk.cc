@@ -1,4 +1,5 @@
-// Top-k selection and scatter for the `topk` hook (terms in topk.h).
+// Top-k selection and scatter for the `topk` DDP hook (terms in topk.h). These
+// are hook kernels, not a wire codec: the hook all-gathers their output.
 //
 // Selection without sorting the bucket:
 //   pass 1  x = grad + residual, written into the residual; every
@@ -12,7 +13,7 @@
 //           unlucky sample) lowers the threshold and scans again.
 // Every entry above the threshold is a candidate and at least k are, so the
 // result is the exact top k, whatever the sample.
-#include "csrc/codec/topk.h"
+#include "csrc/hooks/topk.h"
 
 #include <immintrin.h>
 
@@ -21,6 +22,7 @@
 #include <functional>
 #include <vector>
 
+#include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
 
 #define RD_INLINE inline __attribute__((always_inline))
@@ -129,18 +131,13 @@ void addAndSampleGeneric(const float* g, float* r, size_t n, uint32_t* sample) {
   addAndSample(g, r, n, sample);
 }
 
-bool useAvx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
-
 }  // namespace
 
 void topkSelect(const float* grad, float* residual, size_t n, size_t k, float* values,
                 int32_t* indices) {
   RINGDIST_CHECK(k <= n && n < (size_t{1} << 31), "ringdist topk: k = ", k, " of n = ", n,
                  " (need k <= n < 2^31)");
-  const bool avx2 = useAvx2();
+  const bool avx2 = cpuFeatures().avx2Family;
   const float* x = residual != nullptr ? residual : grad;
   const size_t samples = (n + kSampleStride - 1) / kSampleStride;
   // Kept per thread: the hook runs on DDP's autograd thread every step.
@@ -223,6 +220,5 @@ void topkScatter(const float* parts, size_t world, size_t k, size_t n, float* ou
   }
 }
 
-const char* topkKernelFamily() { return useAvx2() ? "avx2" : "generic"; }
 
 }  // namespace ringdist

@@ -1,0 +1,97 @@
+#include "csrc/backend/options.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <vector>
+
+#include "csrc/common/error.h"
+
+namespace ringdist {
+
+namespace {
+
+std::string envString(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return (value == nullptr || *value == '\0') ? fallback : std::string(value);
+}
+
+// An integer with an optional K/M/G suffix (binary units) for byte sizes.
+int64_t envInt(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
+    return fallback;
+  }
+  char* end = nullptr;
+  errno = 0;
+  long long parsed = std::strtoll(value, &end, 0);
+  int64_t scale = 1;
+  if (end != nullptr && (*end == 'k' || *end == 'K')) { scale = 1 << 10; ++end; }
+  else if (end != nullptr && (*end == 'm' || *end == 'M')) { scale = 1 << 20; ++end; }
+  else if (end != nullptr && (*end == 'g' || *end == 'G')) { scale = 1 << 30; ++end; }
+  RINGDIST_CHECK(errno == 0 && end != value && *end == '\0',
+                 "ringdist: environment variable ", name, "='", value, "' is not an integer");
+  return static_cast<int64_t>(parsed) * scale;
+}
+
+bool envFlag(const char* name, bool fallback) { return envInt(name, fallback ? 1 : 0) != 0; }
+
+size_t envBytes(const char* name, size_t fallback, int64_t minimum) {
+  int64_t value = envInt(name, static_cast<int64_t>(fallback));
+  RINGDIST_CHECK(value >= minimum, "ringdist: ", name, " must be >= ", minimum, ", got ", value);
+  return static_cast<size_t>(value);
+}
+
+TransportPolicy transportPolicy() {
+  std::string policy = envString("RINGDIST_TRANSPORT", "auto");
+  for (TransportPolicy p : {TransportPolicy::kAuto, TransportPolicy::kTcp, TransportPolicy::kShm}) {
+    if (policy == transportPolicyName(p)) return p;
+  }
+  RINGDIST_FAIL("ringdist: RINGDIST_TRANSPORT must be auto, tcp or shm, got '", policy, "'");
+}
+
+// RINGDIST_HOST_ID="a,b,a,b" assigns ranks to hosts by hand (rank r takes
+// entry r): tests use it to build multi-host topologies on one machine.
+std::string hostLabel(int rank, int size) {
+  std::string assigned = envString("RINGDIST_HOST_ID", "");
+  if (assigned.empty()) {
+    return "";
+  }
+  std::vector<std::string> entries;
+  size_t begin = 0;
+  for (size_t end; (end = assigned.find(',', begin)) != std::string::npos; begin = end + 1) {
+    entries.push_back(assigned.substr(begin, end - begin));
+  }
+  entries.push_back(assigned.substr(begin));
+  RINGDIST_CHECK(static_cast<int>(entries.size()) == size, "ringdist: RINGDIST_HOST_ID has ",
+                 entries.size(), " entries but the group has ", size, " ranks");
+  return entries[static_cast<size_t>(rank)];
+}
+
+}  // namespace
+
+Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds timeout,
+                               const std::string& bindIp) {
+  Options o;
+  o.mesh.bindIp = bindIp;
+  o.mesh.timeout = timeout;
+  o.mesh.transport = transportPolicy();
+  o.mesh.shmRingBytes = envBytes("RINGDIST_SHM_RING_BYTES", kDefaultShmRingBytes, 4096);
+  o.mesh.hostLabel = hostLabel(rank, size);
+  o.mesh.link.checksums = envFlag("RINGDIST_CRC", false);
+  o.mesh.link.corruptSendAt = envBytes("RINGDIST_TEST_CORRUPT_SEND", 0, 0);
+
+  o.collectives.segmentBytes = envBytes("RINGDIST_SEGMENT_BYTES", kDefaultSegmentBytes, 1);
+  o.collectives.smallAllreduceBytes =
+      envBytes("RINGDIST_SMALL_ALLREDUCE_BYTES", kDefaultSmallAllreduceBytes, 0);
+  o.collectives.hierarchical = envFlag("RINGDIST_HIERARCHICAL", true);
+  o.collectives.checkResults = envFlag("RINGDIST_CHECK_RESULTS", false);
+  o.collectives.maxUnexpectedBytes =
+      envBytes("RINGDIST_MAX_UNEXPECTED_BYTES", kDefaultMaxUnexpectedBytes, 0);
+  o.collectives.corruptResultAt = envBytes("RINGDIST_TEST_CORRUPT_RESULT", 0, 0);
+
+  o.debug = envFlag("RINGDIST_DEBUG", false) ||
+      envString("TORCH_DISTRIBUTED_DEBUG", "") == "DETAIL";
+  return o;
+}
+
+}  // namespace ringdist

@@ -1,0 +1,316 @@
+#include "csrc/backend/worker.h"
+
+#include <future>
+
+#include <c10/util/Exception.h>
+
+#include "csrc/common/error.h"
+
+namespace ringdist {
+
+namespace {
+
+// How long destroy_process_group waits for the other ranks before closing.
+constexpr auto kTeardownWait = std::chrono::seconds(10);
+// Poll interval of the worker while only point-to-point transfers are pending.
+constexpr auto kIdlePoll = std::chrono::milliseconds(5);
+
+std::exception_ptr asDistError(const std::string& message) {
+  return std::make_exception_ptr(
+      c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
+}
+
+}  // namespace
+
+Worker::Worker(int rank, std::unique_ptr<Communicator> comm)
+    : rank_(rank), comm_(std::move(comm)), p2p_(std::make_unique<PointToPoint>(*comm_)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Worker::~Worker() { stop(); }
+
+// ---------------------------------------------------------------- queueing
+
+c10::intrusive_ptr<RingdistWork> Worker::enqueue(c10d::OpType type, OpType engineType,
+                                                 std::string statsKey,
+                                                 std::vector<at::Tensor> outputs,
+                                                 std::chrono::milliseconds timeout, Body body) {
+  auto work = c10::make_intrusive<RingdistWork>(rank_, type, opTypeName(engineType),
+                                                std::move(outputs));
+  Communicator& comm = *comm_;
+  push(Task{work, true, engineType, std::move(statsKey), timeout,
+            [&comm, body = std::move(body)] { body(comm); }});
+  return work;
+}
+
+c10::intrusive_ptr<RingdistWork> Worker::enqueueTransfer(c10d::OpType type, const char* name,
+                                                         at::Tensor user, at::Tensor flat,
+                                                         std::chrono::milliseconds timeout,
+                                                         Post post) {
+  auto work = c10::make_intrusive<RingdistWork>(rank_, type, name, std::vector<at::Tensor>{user});
+  Transfer entry{work, std::move(user), std::move(flat), std::make_shared<bool>(false),
+                 std::make_shared<int>(-1)};
+  // The body only posts the transfer; reapTransfers() completes the Work.
+  push(Task{work, false, OpType::kSend, opTypeName(OpType::kSend), timeout,
+            [this, entry, post = std::move(post)] {
+              transfers_.push_back(entry);  // first: if posting fails, failTransfers() ends it
+              auto moved = entry.moved;
+              auto source = entry.source;
+              post(*p2p_, [moved, source](int from) {
+                *source = from;
+                *moved = true;
+              });
+            }});
+  return work;
+}
+
+void Worker::configure(const std::function<void(CollectiveOptions&)>& change) {
+  // Shared with the task: a task dropped unrun breaks the promise instead of
+  // leaving this thread waiting.
+  auto applied = std::make_shared<std::promise<void>>();
+  auto done = applied->get_future();
+  push(Task{nullptr, true, OpType::kBarrier, "", std::chrono::milliseconds(0),
+            [this, applied, change] {
+              try {
+                std::lock_guard<std::mutex> lock(optionsMutex_);
+                CollectiveOptions options = comm_->options();
+                change(options);
+                comm_->setOptions(options);
+                applied->set_value();
+              } catch (...) {
+                applied->set_exception(std::current_exception());
+              }
+            }});
+  done.get();
+}
+
+// An operation issued from a completion callback (e.g. PowerSGD's second
+// allreduce, which the callback then waits for) runs right here: every rank
+// reaches that callback at the same point of its op sequence, so the order
+// stays the same on all ranks, and waiting cannot deadlock.
+void Worker::push(Task task) {
+  if (std::this_thread::get_id() == threadId_.load()) {
+    run(task);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!stop_, "ringdist ", opTypeName(task.type), ": rank ", rank_,
+                ": the process group has been shut down");
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+  comm_->wake();  // the worker may be waiting on pending sends and receives
+}
+
+// ---------------------------------------------------------------- the thread
+
+void Worker::loop() {
+  threadId_.store(std::this_thread::get_id());
+  Task task;
+  while (next(&task)) {
+    run(task);
+    task = Task{};  // drop captured tensors before waiting again
+    pollAnySource();
+    reapTransfers();
+  }
+  comm_->close(std::chrono::duration_cast<std::chrono::milliseconds>(kTeardownWait));
+  reapTransfers();
+  failTransfers(strCat("ringdist: rank ", rank_,
+                       ": the process group was destroyed before this transfer completed"));
+}
+
+bool Worker::next(Task* task) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    if (!queue_.empty()) {
+      *task = std::move(queue_.front());
+      queue_.pop_front();
+      return true;
+    }
+    if (stop_) {
+      return false;  // stopping and drained
+    }
+    if (transfers_.empty()) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    } else {
+      idleStep(lock);
+    }
+  }
+}
+
+// Nothing queued but transfers pending: move them until new work arrives.
+void Worker::idleStep(std::unique_lock<std::mutex>& lock) {
+  const uint64_t wakesSeen = comm_->wakeCount();  // push() wakes after queuing
+  lock.unlock();
+  pollAnySource();
+  reapTransfers();
+  if (!comm_->hasPending() && !comm_->watchingAny()) {
+    // Only receives from any source whose links hold others' messages:
+    // nothing can move until a new operation takes those.
+    lock.lock();
+    cv_.wait_for(lock, kIdlePoll, [&] { return stop_ || !queue_.empty(); });
+    return;
+  }
+  betweenOps([&] { comm_->progressIdle(kIdlePoll, wakesSeen); });
+  reapTransfers();
+  lock.lock();
+}
+
+void Worker::run(Task& task) {
+  if (task.statsKey.empty()) {
+    task.body();  // a settings change reports its own errors
+    return;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  const uint64_t sent0 = comm_->bytesSent();
+  const uint64_t recv0 = comm_->bytesReceived();
+  try {
+    comm_->beginOp(task.type, task.timeout);
+    task.body();
+  } catch (const std::exception& e) {
+    std::string message = comm_->aborted() ? std::string(e.what()) : comm_->describeError(e.what());
+    if (!comm_->aborted()) {
+      comm_->abort(message);
+    }
+    failTransfers(message);
+    recordStats(task, started, sent0, recv0);
+    if (!task.work->isCompleted()) {
+      task.work->markError(asDistError(message));
+    }
+    return;
+  }
+  // Before completion: callbacks may run further (inline) operations.
+  recordStats(task, started, sent0, recv0);
+  if (task.completesOnReturn) {
+    task.work->markSuccess();
+  }
+}
+
+// ---------------------------------------------------------------- transfers
+
+void Worker::failTransfers(const std::string& message) {
+  for (auto& t : transfers_) {
+    t.work->markError(asDistError(message));
+  }
+  transfers_.clear();
+}
+
+void Worker::reapTransfers() {
+  for (size_t i = 0; i < transfers_.size();) {
+    if (!*transfers_[i].moved) {
+      ++i;
+      continue;
+    }
+    Transfer done = std::move(transfers_[i]);
+    transfers_.erase(transfers_.begin() + static_cast<long>(i));
+    try {
+      if (!done.flat.is_same(done.user)) {
+        done.user.copy_(done.flat);
+      }
+      if (*done.source >= 0) {
+        done.work->setSourceRank(*done.source);
+      }
+      done.work->markSuccess();
+    } catch (const std::exception&) {
+      done.work->markError(std::current_exception());
+    }
+  }
+}
+
+void Worker::betweenOps(const std::function<void()>& step) {
+  try {
+    step();
+  } catch (const std::exception& e) {
+    std::string message = comm_->describeError(e.what());
+    comm_->abort(message);
+    failTransfers(message);
+  }
+}
+
+void Worker::pollAnySource() {
+  if (p2p_->anyPending() && !comm_->aborted()) {
+    betweenOps([this] { p2p_->pollAny(); });
+  }
+}
+
+// ---------------------------------------------------------------- settings, statistics
+
+CollectiveOptions Worker::options() const {
+  std::lock_guard<std::mutex> lock(optionsMutex_);
+  return comm_->options();
+}
+
+std::vector<std::vector<int>> Worker::allreduceRings() const {
+  std::lock_guard<std::mutex> lock(optionsMutex_);
+  if (!comm_->hierarchical()) {
+    return {};
+  }
+  return {comm_->hostRing().members, comm_->crossRing().members};
+}
+
+void Worker::recordStats(const Task& task, std::chrono::steady_clock::time_point started,
+                         uint64_t sent0, uint64_t recv0) {
+  uint64_t payload = 0;
+  if (task.completesOnReturn) {
+    for (const auto& t : task.work->result()) {
+      payload += t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
+    }
+  }
+  std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - started;
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  OpStats& s = stats_[task.statsKey];
+  s.calls += 1;
+  s.bytesSent += comm_->bytesSent() - sent0;
+  s.bytesReceived += comm_->bytesReceived() - recv0;
+  s.payloadBytes += payload;
+  s.seconds += elapsed.count();
+}
+
+std::map<std::string, OpStats> Worker::stats() const {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  return stats_;
+}
+
+void Worker::resetStats() {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  stats_.clear();
+}
+
+// ---------------------------------------------------------------- teardown
+
+void Worker::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) {
+      return;
+    }
+    stop_ = true;
+  }
+  cv_.notify_all();
+  comm_->wake();
+  if (thread_.joinable()) {
+    if (std::this_thread::get_id() == thread_.get_id()) {
+      thread_.detach();  // destroyed from a callback on the worker itself
+    } else {
+      thread_.join();
+    }
+  }
+}
+
+void Worker::abort() {
+  std::deque<Task> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dropped.swap(queue_);
+  }
+  for (auto& task : dropped) {
+    if (task.work) {
+      task.work->markError(asDistError(strCat("ringdist ", opTypeName(task.type), ": rank ",
+                                              rank_, ": the process group was aborted")));
+    }
+  }
+  stop();
+}
+
+}  // namespace ringdist

@@ -1,0 +1,132 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "csrc/backend/work.h"
+#include "csrc/collectives/communicator.h"
+#include "csrc/collectives/p2p.h"
+
+namespace ringdist {
+
+// What the worker measured around the operations it ran, per op name
+// ("allreduce", "compressed_allreduce/int8", ...).
+struct OpStats {
+  uint64_t calls = 0;
+  uint64_t bytesSent = 0;      // wire bytes, headers included
+  uint64_t bytesReceived = 0;
+  uint64_t payloadBytes = 0;   // bytes of the operation's output tensors
+  double seconds = 0;          // wall time of the operation on the worker
+};
+
+// The one thread that owns a group's engine (Communicator and
+// PointToPoint): it runs queued operations in issue order, which is the same
+// on every rank, completes their Works, keeps point-to-point transfers
+// moving between operations, and keeps statistics. Any thread may queue;
+// only the worker touches the engine.
+class Worker {
+ public:
+  // Runs on the worker, over the group's communicator.
+  using Body = std::function<void(Communicator&)>;
+  // Posts a send or receive on the point-to-point layer; it calls
+  // moved(source rank) once the bytes moved.
+  using Moved = std::function<void(int source)>;
+  using Post = std::function<void(PointToPoint&, Moved moved)>;
+
+  Worker(int rank, std::unique_ptr<Communicator> comm);
+  ~Worker();
+
+  // Queues `body` as one operation; the Work completes when it returned (or
+  // fails with the error it threw, which aborts the group).
+  c10::intrusive_ptr<RingdistWork> enqueue(c10d::OpType type, OpType engineType,
+                                           std::string statsKey, std::vector<at::Tensor> outputs,
+                                           std::chrono::milliseconds timeout, Body body);
+  // Queues a send or receive of `flat` (user's contiguous view or copy); the
+  // Work completes between operations once the bytes moved, after `flat` was
+  // copied back into `user`.
+  c10::intrusive_ptr<RingdistWork> enqueueTransfer(c10d::OpType type, const char* name,
+                                                   at::Tensor user, at::Tensor flat,
+                                                   std::chrono::milliseconds timeout, Post post);
+  // Changes the collectives' settings between the operations issued before
+  // and after this call, on the worker, and waits until that happened.
+  void configure(const std::function<void(CollectiveOptions&)>& change);
+  CollectiveOptions options() const;
+  // Two-level allreduce rings {host ring, cross ring}, or {} for one flat ring.
+  std::vector<std::vector<int>> allreduceRings() const;
+
+  std::map<std::string, OpStats> stats() const;
+  void resetStats();
+
+  // Runs what is queued, then closes the connections (orderly teardown).
+  void stop();
+  // Fails what is queued, then stops.
+  void abort();
+
+ private:
+  struct Task {
+    c10::intrusive_ptr<RingdistWork> work;  // null for settings changes
+    bool completesOnReturn = true;          // false: a transfer, completed once its bytes moved
+    OpType type = OpType::kBarrier;
+    std::string statsKey;                   // empty: not an operation (settings change)
+    std::chrono::milliseconds timeout{0};
+    std::function<void()> body;
+  };
+  // A queued send or receive; `moved` is set by the transport callback and
+  // the Work is completed by reapTransfers() between operations, never inside
+  // the progress loop (completion runs user callbacks).
+  struct Transfer {
+    c10::intrusive_ptr<RingdistWork> work;
+    at::Tensor user;
+    at::Tensor flat;
+    std::shared_ptr<bool> moved;
+    std::shared_ptr<int> source;  // the sender, once known
+  };
+
+  void push(Task task);
+  void loop();
+  // Waits for the next task; meanwhile keeps point-to-point traffic moving.
+  // False once stopping with nothing queued.
+  bool next(Task* task);
+  void idleStep(std::unique_lock<std::mutex>& lock);
+  void run(Task& task);
+  void recordStats(const Task& task, std::chrono::steady_clock::time_point started,
+                   uint64_t sent0, uint64_t recv0);
+  // After an error the group is unusable (streams may be out of step):
+  // every pending transfer fails with the same message.
+  void failTransfers(const std::string& message);
+  void reapTransfers();
+  // Point-to-point progress outside any operation: an error aborts the group.
+  void betweenOps(const std::function<void()>& step);
+  void pollAnySource();
+
+  const int rank_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<PointToPoint> p2p_;
+  std::vector<Transfer> transfers_;  // worker thread only
+
+  mutable std::mutex mutex_;  // queue_, stop_
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+
+  // The worker changes the communicator's options under this lock; other
+  // threads read them under it.
+  mutable std::mutex optionsMutex_;
+
+  mutable std::mutex statsMutex_;
+  std::map<std::string, OpStats> stats_;
+
+  std::thread thread_;
+  std::atomic<std::thread::id> threadId_{};
+};
+
+}  // namespace ringdist

@@ -1,0 +1,86 @@
+// Pipelined chain broadcast. Terms as in ring.h: the buffer is one chunk cut
+// into segments.
+//
+// A chain along the ring starting at the root; every rank but the last
+// forwards each segment to its right as soon as it arrived. The last rank
+// then sends one byte on to the root (its right neighbour), so the root
+// completes only when the whole chain did: a rank that failed anywhere in
+// the chain fails the root's broadcast too, not just its next operation.
+#include <vector>
+
+#include "csrc/collectives/collectives.h"
+#include "csrc/collectives/ring.h"
+#include "csrc/common/error.h"
+
+namespace ringdist {
+
+namespace {
+
+void broadcastChain(Communicator& comm, void* data, size_t count, DataType dtype, int root) {
+  const int n = comm.size();
+  comm.exchangeRingHeaders(comm.makeHeader(OpType::kBroadcast, count, dtype, ReduceOp::kSum, root));
+  if (n == 1 || count == 0) {
+    return;
+  }
+  // Position of this rank in the chain that starts at root.
+  int rootPos = 0;
+  for (int p = 0; p < n; ++p) {
+    if (comm.ringRank(p) == root) {
+      rootPos = p;
+    }
+  }
+  const int chainPos = static_cast<int>(modPos(comm.ringPos() - rootPos, n));
+  const size_t elem = elementSize(dtype);
+  const ChunkLayout buffer(count, 1, comm.segmentBytes(), elem);
+  const size_t segments = buffer.segmentsPerChunk;
+  char* base = static_cast<char*>(data);
+  auto post = [&](Channel& ch, bool send, size_t j) {
+    size_t offset, length;
+    buffer.segment(0, j, &offset, &length);
+    return send ? ch.postSend(base + offset * elem, length * elem)
+                : ch.postRecv(base + offset * elem, length * elem);
+  };
+  const bool forwards = chainPos < n - 1;
+  Channel& right = comm.channel(comm.right());
+  Channel& left = comm.channel(comm.left());
+  uint64_t lastSend = 0;
+  static const uint8_t kAckSent = 1;
+  uint8_t ackReceived = 0;
+  if (chainPos == 0) {
+    for (size_t j = 0; j < segments; ++j) {
+      lastSend = post(right, true, j);
+    }
+    uint64_t ack = left.postRecv(&ackReceived, 1);
+    comm.waitUntil([&] { return right.sendDone(lastSend) && left.recvDone(ack); });
+    return;
+  }
+  std::vector<uint64_t> recvTicket(segments);
+  for (size_t j = 0; j < segments; ++j) {
+    recvTicket[j] = post(left, false, j);
+  }
+  size_t forwarded = 0;
+  comm.waitUntil([&] {
+    while (forwarded < segments && left.recvDone(recvTicket[forwarded])) {
+      if (forwards) {
+        lastSend = post(right, true, forwarded);
+      }
+      ++forwarded;
+    }
+    return forwarded == segments && (!forwards || right.sendDone(lastSend));
+  });
+  if (!forwards) {  // the chain's end: tell the root (our right neighbour)
+    uint64_t ack = right.postSend(&kAckSent, 1);
+    comm.waitUntil([&] { return right.sendDone(ack); });
+  }
+}
+
+}  // namespace
+
+void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int root) {
+  broadcastChain(comm, data, count, dtype, root);
+  if (comm.options().checkResults) {
+    checkIdenticalResults(comm, data, count * elementSize(dtype), "broadcast");
+  }
+}
+
+}  // namespace ringdist

@@ -1,0 +1,81 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ringdist {
+
+// Every setting of the engine, with its default and the reason for it. The
+// backend fills one Options from the environment and validates it
+// (csrc/backend/options.cc, where the RINGDIST_* names live); each layer gets
+// its part. Nothing below csrc/backend/ reads the environment.
+
+// ------------------------------------------------------------------ transport
+
+enum class TransportPolicy : uint8_t {
+  kAuto,  // shared memory between ranks on one host, TCP otherwise
+  kTcp,   // TCP only
+  kShm,   // shared memory required: an error if a peer is on another host
+};
+const char* transportPolicyName(TransportPolicy policy);
+
+// Bytes per direction of a same-host shared-memory ring: several segments in
+// flight, so writer and reader rarely wait on each other.
+constexpr size_t kDefaultShmRingBytes = 4 << 20;
+
+// What every channel of a group does alike (all ranks must agree).
+struct LinkOptions {
+  // A CRC32C trailer after every posted transfer, checked before a receive
+  // completes: TCP's checksum is weak and shared memory has none.
+  bool checksums = false;
+  // Testing only: this process's k-th checksummed send carries a wrong CRC.
+  uint64_t corruptSendAt = 0;
+};
+
+struct MeshOptions {
+  std::string bindIp;                    // TCP listens here; never a wildcard address
+  std::chrono::milliseconds timeout{0};  // for the whole connect phase
+  TransportPolicy transport = TransportPolicy::kAuto;
+  size_t shmRingBytes = kDefaultShmRingBytes;
+  // Testing: a label that refines (never replaces) this rank's detected host
+  // identity, to emulate several hosts on one machine.
+  std::string hostLabel;
+  LinkOptions link;
+};
+
+// ---------------------------------------------------------------- collectives
+
+// Big enough that per-segment syscalls and loop overhead vanish next to the
+// copy cost, small enough that reduce and transfer of neighbouring segments
+// overlap and scratch stays in L2/L3.
+constexpr size_t kDefaultSegmentBytes = 256 * 1024;
+// Up to this size an allreduce is latency-bound: one round in which every
+// rank sends its buffer to every peer beats 2(N-1) ring hops.
+constexpr size_t kDefaultSmallAllreduceBytes = 64 * 1024;
+// A point-to-point message that arrives before its receive is buffered; its
+// size comes from the wire, so it is bounded before anything is allocated.
+constexpr size_t kDefaultMaxUnexpectedBytes = size_t{1} << 30;
+
+struct CollectiveOptions {
+  size_t segmentBytes = kDefaultSegmentBytes;  // ranks must agree (checked per op)
+  size_t smallAllreduceBytes = kDefaultSmallAllreduceBytes;
+  // Two-level allreduce on groups of >= 2 hosts with the same number (>= 2)
+  // of ranks on each: each host link then carries 2(H-1)/H of the buffer
+  // instead of 2(N-1)/N.
+  bool hierarchical = true;
+  // After every allreduce and broadcast, ranks compare a CRC of their results.
+  bool checkResults = false;
+  size_t maxUnexpectedBytes = kDefaultMaxUnexpectedBytes;
+  // Testing only: flip one bit of this process's k-th checked result.
+  uint64_t corruptResultAt = 0;
+};
+
+struct Options {
+  MeshOptions mesh;
+  CollectiveOptions collectives;
+  bool debug = false;  // connection and tuning details on stderr
+};
+
+}  // namespace ringdist

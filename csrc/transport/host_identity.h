@@ -1,0 +1,36 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "csrc/common/options.h"
+
+namespace ringdist {
+
+// "The same host" for shared memory: hostname, boot id, the /dev/shm mount
+// and the pid namespace must all match (and the test label, when set).
+struct HostIdentity {
+  std::string hostname;
+  std::string bootId;
+  std::string shmMount;      // device:inode of /dev/shm, or "none"
+  std::string pidNamespace;  // target of /proc/self/ns/pid
+  std::string label;         // MeshOptions::hostLabel: refines, never replaces, the rest
+
+  static HostIdentity detect(const std::string& label);
+  bool operator==(const HostIdentity& other) const;
+  bool operator!=(const HostIdentity& other) const { return !(*this == other); }
+};
+
+// What each rank publishes in the rendezvous before transports are chosen.
+struct PeerRecord {
+  HostIdentity host;
+  TransportPolicy transport = TransportPolicy::kAuto;
+  bool checksums = false;
+
+  std::vector<uint8_t> encode() const;
+  // Throws, naming `rank`, on a record that is not one of ours.
+  static PeerRecord decode(const std::vector<uint8_t>& bytes, int rank);
+};
+
+}  // namespace ringdist
