@@ -12,7 +12,11 @@ medians. Speedup = baseline time / backend time (> 1: faster than the baseline),
 summarised as a geometric mean in three size bands.
 
 Backends may repeat (`--backends gloo gloo` measures the noise floor); repeats get labels
-gloo, gloo.2, ... and `label=backend` picks a label explicitly.
+gloo, gloo.2, ... and `label=backend` picks a label explicitly. `--label-env LABEL:KEY=VAL`
+sets a variable for one label only, e.g. two builds of ringdist in one run:
+
+    python benchmarks/compare.py --backends before=ringdist ringdist gloo --baseline before \
+        --label-env before:PYTHONPATH=/path/to/old/build
 
 --hosts N runs every sweep on N emulated hosts (netns_hosts.sh: one network namespace per
 host, shaped at --rate) with --nproc ranks per host instead of on this host directly.
@@ -187,6 +191,8 @@ def main():
     p.add_argument("--ifname", default="lo", help="GLOO_SOCKET_IFNAME on this host")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VAL",
                    help="extra environment for every sweep (e.g. RINGDIST_TRANSPORT=tcp)")
+    p.add_argument("--label-env", action="append", default=[], metavar="LABEL:KEY=VAL",
+                   help="environment variable for one label's sweeps only (repeatable)")
     p.add_argument("--sweep-arg", action="append", default=[],
                    help="extra argument passed verbatim to sweep.py (repeatable)")
     p.add_argument("--hosts", type=int, default=0, help="emulated hosts (netns); 0 = this host")
@@ -207,6 +213,13 @@ def main():
         if not sep:
             sys.exit(f"--env wants KEY=VAL, got {kv!r}")
         env[key] = val
+    label_env = {lbl: {} for lbl, _ in backends}
+    for spec in args.label_env:
+        label, _, kv = spec.partition(":")
+        key, sep, val = kv.partition("=")
+        if label not in label_env or not sep:
+            sys.exit(f"--label-env wants LABEL:KEY=VAL with a label of --backends, got {spec!r}")
+        label_env[label][key] = val
     workdir = os.path.splitext(os.path.abspath(args.out))[0] + ".runs"
     os.makedirs(workdir, exist_ok=True)
 
@@ -222,7 +235,8 @@ def main():
             load = os.getloadavg()[0]
             loads.setdefault(label, []).append(load)
             t0 = time.monotonic()
-            rc = run_bounded(sweep_cmd(args, backend, json_path), env, args.timeout, log_path)
+            rc = run_bounded(sweep_cmd(args, backend, json_path), dict(env, **label_env[label]),
+                             args.timeout, log_path)
             took = time.monotonic() - t0
             if rc != 0 or not os.path.exists(json_path):
                 print(f"round {rnd} {label}: FAILED rc={rc} after {took:.0f}s, see {log_path}")
@@ -250,6 +264,7 @@ def main():
         "hosts": args.hosts or 1,
         "rate": args.rate if args.hosts else None,
         "env": {kv.partition("=")[0]: kv.partition("=")[2] for kv in args.env},
+        "label_env": label_env,
         "command": sys.argv,
         "results": {lbl: {"backend": be, "env": runs[lbl][0]["env"],
                           # netns_hosts.sh checks the link before every sweep

@@ -50,6 +50,25 @@ struct Flat {
   at::Tensor flat;
 };
 
+// The `parts` consecutive blocks of `bytes` each that make up one buffer
+// (the rank-by-rank layout of all_gather_into_tensor / reduce_scatter_tensor).
+template <typename T>
+std::vector<T*> blocksOf(T* base, int parts, size_t bytes) {
+  std::vector<T*> blocks;
+  for (int r = 0; r < parts; ++r) {
+    blocks.push_back(reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(base) +
+                                          static_cast<size_t>(r) * bytes));
+  }
+  return blocks;
+}
+
+template <typename T>
+std::vector<T*> dataOf(const std::vector<Flat>& flats) {
+  std::vector<T*> ptrs;
+  for (const auto& f : flats) ptrs.push_back(f.data());
+  return ptrs;
+}
+
 std::vector<Flat> flatten(const std::vector<at::Tensor>& tensors) {
   std::vector<Flat> flats;
   flats.reserve(tensors.size());
@@ -153,6 +172,17 @@ ReduceOp ProcessGroupRingdist::checkReduceOp(const char* op, const c10d::ReduceO
   return out;
 }
 
+void ProcessGroupRingdist::checkAllMatch(const char* op, const std::vector<at::Tensor>& list,
+                                         const char* what, const at::Tensor& reference,
+                                         const char* referenceName) {
+  checkTensors(op, list);
+  for (const auto& t : list) {
+    RD_CHECK_INPUT(t.numel() == reference.numel() && t.scalar_type() == reference.scalar_type(),
+                   op, "each ", what, " must match the ", referenceName, " (", reference.numel(),
+                   " x ", reference.scalar_type(), "), got ", t.numel(), " x ", t.scalar_type());
+  }
+}
+
 void ProcessGroupRingdist::checkRoot(const char* op, int64_t root) {
   RD_CHECK_INPUT(root >= 0 && root < getSize(), op, "root rank ", root,
                  " is out of range for a group of size ", getSize());
@@ -247,20 +277,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather(
                  "expected one input tensor and one output list");
   RD_CHECK_INPUT(static_cast<int>(outputs[0].size()) == getSize(), op, "the output list has ",
                  outputs[0].size(), " tensors; the group has ", getSize(), " ranks");
-  checkTensors(op, outputs[0]);
-  for (const auto& out : outputs[0]) {
-    RD_CHECK_INPUT(out.scalar_type() == inputs[0].scalar_type() &&
-                       out.numel() == inputs[0].numel(),
-                   op, "each output must match the input (", inputs[0].numel(), " x ",
-                   inputs[0].scalar_type(), "), got ", out.numel(), " x ", out.scalar_type());
-  }
+  checkAllMatch(op, outputs[0], "output", inputs[0], "input");
   Flat in(inputs[0]);
   auto outs = flatten(outputs[0]);
   size_t count = static_cast<size_t>(in.flat.numel());
   return enqueue(c10d::OpType::ALLGATHER, OpType::kAllgather, outputs[0],
                  effectiveTimeout(opts.timeout), [in, outs, count, dtype](Communicator& comm) {
-                   std::vector<void*> ptrs;
-                   for (const auto& o : outs) ptrs.push_back(o.data());
+                   auto ptrs = dataOf<void>(outs);
                    ringdist::allgather(comm, in.data(), ptrs.data(), count, dtype);
                    for (const auto& o : outs) o.writeBack();
                  });
@@ -268,24 +291,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  const char* op = "all_gather_into_tensor";
-  DataType dtype = checkTensors(op, {input, output});
-  RD_CHECK_INPUT(output.numel() == input.numel() * getSize(), op, "output has ", output.numel(),
-                 " elements; expected input numel ", input.numel(), " x world size ", getSize());
-  Flat in(input);
-  Flat out(output);
-  size_t count = static_cast<size_t>(input.numel());
-  size_t bytes = count * elementSize(dtype);
-  int size = getSize();
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, OpType::kAllgather, {output},
-                 effectiveTimeout(opts.timeout), [in, out, count, bytes, dtype, size](Communicator& comm) {
-                   std::vector<void*> ptrs;
-                   for (int r = 0; r < size; ++r) {
-                     ptrs.push_back(static_cast<char*>(out.data()) + static_cast<size_t>(r) * bytes);
-                   }
-                   ringdist::allgather(comm, in.data(), ptrs.data(), count, dtype);
-                   out.writeBack();
-                 });
+  std::vector<at::Tensor> outputs{output};
+  std::vector<at::Tensor> inputs{input};
+  return allgatherIntoTensors("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, outputs,
+                              inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_coalesced(
@@ -332,7 +341,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  const char* op = "allgather_into_tensor_coalesced";
+  return allgatherIntoTensors("allgather_into_tensor_coalesced", c10d::OpType::COALESCED, outputs,
+                              inputs, opts);
+}
+
+// Output i holds every rank's input i, rank by rank.
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgatherIntoTensors(
+    const char* op, c10d::OpType type, std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
   RD_CHECK_INPUT(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ",
                  inputs.size(), " inputs");
   std::vector<Flat> ins, outs;
@@ -340,23 +356,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_into_tensor_coale
   for (size_t i = 0; i < inputs.size(); ++i) {
     dtypes.push_back(checkTensors(op, {inputs[i], outputs[i]}));
     RD_CHECK_INPUT(outputs[i].numel() == inputs[i].numel() * getSize(), op, "output ", i,
-                   " has ", outputs[i].numel(), " elements; expected ",
-                   inputs[i].numel() * getSize());
+                   " has ", outputs[i].numel(), " elements; expected input numel ",
+                   inputs[i].numel(), " x world size ", getSize());
     ins.emplace_back(inputs[i]);
     outs.emplace_back(outputs[i]);
   }
-  int size = getSize();
-  return enqueue(c10d::OpType::COALESCED, OpType::kAllgather, outputs,
-                 effectiveTimeout(opts.timeout), [ins, outs, dtypes, size](Communicator& comm) {
+  const int size = getSize();
+  return enqueue(type, OpType::kAllgather, outputs, effectiveTimeout(opts.timeout),
+                 [ins, outs, dtypes, size](Communicator& comm) {
                    for (size_t i = 0; i < ins.size(); ++i) {
-                     size_t count = static_cast<size_t>(ins[i].flat.numel());
-                     size_t bytes = count * elementSize(dtypes[i]);
-                     std::vector<void*> ptrs;
-                     for (int r = 0; r < size; ++r) {
-                       ptrs.push_back(static_cast<char*>(outs[i].data()) +
-                                      static_cast<size_t>(r) * bytes);
-                     }
-                     ringdist::allgather(comm, ins[i].data(), ptrs.data(), count, dtypes[i]);
+                     const size_t count = static_cast<size_t>(ins[i].flat.numel());
+                     auto blocks = blocksOf(outs[i].data(), size, count * elementSize(dtypes[i]));
+                     ringdist::allgather(comm, ins[i].data(), blocks.data(), count, dtypes[i]);
                      outs[i].writeBack();
                    }
                  });
@@ -376,13 +387,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::gather(
   if (isRoot) {
     RD_CHECK_INPUT(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), op,
                    "the root needs one output list of ", getSize(), " tensors");
-    checkTensors(op, outputs[0]);
-    for (const auto& out : outputs[0]) {
-      RD_CHECK_INPUT(out.numel() == inputs[0].numel() &&
-                         out.scalar_type() == inputs[0].scalar_type(),
-                     op, "each output must match the input (", inputs[0].numel(), " x ",
-                     inputs[0].scalar_type(), ")");
-    }
+    checkAllMatch(op, outputs[0], "output", inputs[0], "input");
     outs = flatten(outputs[0]);
     results = outputs[0];
   } else {
@@ -413,13 +418,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::scatter(
   if (root == getRank()) {
     RD_CHECK_INPUT(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), op,
                    "the root needs one input list of ", getSize(), " tensors");
-    checkTensors(op, inputs[0]);
-    for (const auto& in : inputs[0]) {
-      RD_CHECK_INPUT(in.numel() == outputs[0].numel() &&
-                         in.scalar_type() == outputs[0].scalar_type(),
-                     op, "each input must match the output (", outputs[0].numel(), " x ",
-                     outputs[0].scalar_type(), ")");
-    }
+    checkAllMatch(op, inputs[0], "input", outputs[0], "output");
     ins = flatten(inputs[0]);
   } else {
     RD_CHECK_INPUT(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), op,
@@ -446,20 +445,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter(
                  "expected one output tensor and one input list");
   RD_CHECK_INPUT(static_cast<int>(inputs[0].size()) == getSize(), op, "the input list has ",
                  inputs[0].size(), " tensors; the group has ", getSize(), " ranks");
-  checkTensors(op, inputs[0]);
-  for (const auto& in : inputs[0]) {
-    RD_CHECK_INPUT(in.numel() == outputs[0].numel() && in.scalar_type() == outputs[0].scalar_type(),
-                   op, "each input must match the output (", outputs[0].numel(), " x ",
-                   outputs[0].scalar_type(), ")");
-  }
+  checkAllMatch(op, inputs[0], "input", outputs[0], "output");
   ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
   auto ins = flatten(inputs[0]);
   Flat out(outputs[0]);
   size_t count = static_cast<size_t>(outputs[0].numel());
   return enqueue(c10d::OpType::REDUCE_SCATTER, OpType::kReduceScatter, outputs,
                  effectiveTimeout(opts.timeout), [ins, out, count, dtype, reduceOp](Communicator& comm) {
-                   std::vector<const void*> ptrs;
-                   for (const auto& i : ins) ptrs.push_back(i.data());
+                   auto ptrs = dataOf<const void>(ins);
                    ringdist::reduceScatter(comm, ptrs.data(), out.data(), count, dtype, reduceOp);
                    out.writeBack();
                  });
@@ -467,31 +460,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  const char* op = "reduce_scatter_tensor";
-  DataType dtype = checkTensors(op, {input, output});
-  RD_CHECK_INPUT(input.numel() == output.numel() * getSize(), op, "input has ", input.numel(),
-                 " elements; expected output numel ", output.numel(), " x world size ", getSize());
-  ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
-  Flat in(input);
-  Flat out(output);
-  size_t count = static_cast<size_t>(output.numel());
-  size_t bytes = count * elementSize(dtype);
-  int size = getSize();
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, OpType::kReduceScatter, {output},
-                 effectiveTimeout(opts.timeout), [in, out, count, bytes, dtype, reduceOp, size](Communicator& comm) {
-                   std::vector<const void*> ptrs;
-                   for (int r = 0; r < size; ++r) {
-                     ptrs.push_back(static_cast<const char*>(in.data()) + static_cast<size_t>(r) * bytes);
-                   }
-                   ringdist::reduceScatter(comm, ptrs.data(), out.data(), count, dtype, reduceOp);
-                   out.writeBack();
-                 });
+  std::vector<at::Tensor> outputs{output};
+  std::vector<at::Tensor> inputs{input};
+  return reduceScatterTensors("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, outputs,
+                              inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  const char* op = "reduce_scatter_tensor_coalesced";
+  return reduceScatterTensors("reduce_scatter_tensor_coalesced", c10d::OpType::COALESCED, outputs,
+                              inputs, opts);
+}
+
+// Output i is the reduction of block `rank` of every rank's input i.
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduceScatterTensors(
+    const char* op, c10d::OpType type, std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   RD_CHECK_INPUT(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ",
                  inputs.size(), " inputs");
   std::vector<Flat> ins, outs;
@@ -501,22 +486,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter_tensor_coale
     dtypes.push_back(checkTensors(op, {inputs[i], outputs[i]}));
     ops.push_back(checkReduceOp(op, opts.reduceOp, dtypes.back()));
     RD_CHECK_INPUT(inputs[i].numel() == outputs[i].numel() * getSize(), op, "input ", i, " has ",
-                   inputs[i].numel(), " elements; expected ", outputs[i].numel() * getSize());
+                   inputs[i].numel(), " elements; expected output numel ", outputs[i].numel(),
+                   " x world size ", getSize());
     ins.emplace_back(inputs[i]);
     outs.emplace_back(outputs[i]);
   }
-  int size = getSize();
-  return enqueue(c10d::OpType::COALESCED, OpType::kReduceScatter, outputs,
-                 effectiveTimeout(opts.timeout), [ins, outs, dtypes, ops, size](Communicator& comm) {
+  const int size = getSize();
+  return enqueue(type, OpType::kReduceScatter, outputs, effectiveTimeout(opts.timeout),
+                 [ins, outs, dtypes, ops, size](Communicator& comm) {
                    for (size_t i = 0; i < ins.size(); ++i) {
-                     size_t count = static_cast<size_t>(outs[i].flat.numel());
-                     size_t bytes = count * elementSize(dtypes[i]);
-                     std::vector<const void*> ptrs;
-                     for (int r = 0; r < size; ++r) {
-                       ptrs.push_back(static_cast<const char*>(ins[i].data()) +
-                                      static_cast<size_t>(r) * bytes);
-                     }
-                     ringdist::reduceScatter(comm, ptrs.data(), outs[i].data(), count,
+                     const size_t count = static_cast<size_t>(outs[i].flat.numel());
+                     auto blocks = blocksOf(static_cast<const void*>(ins[i].data()), size,
+                                            count * elementSize(dtypes[i]));
+                     ringdist::reduceScatter(comm, blocks.data(), outs[i].data(), count,
                                              dtypes[i], ops[i]);
                      outs[i].writeBack();
                    }

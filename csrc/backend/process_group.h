@@ -107,6 +107,17 @@ class ProcessGroupRingdist : public c10d::Backend {
   DataType checkTensors(const char* op, const std::vector<at::Tensor>& tensors);
   ReduceOp checkReduceOp(const char* op, const c10d::ReduceOp& reduceOp, DataType dtype);
   void checkRoot(const char* op, int64_t root);
+  // Every tensor of `list` (each a `what`) has the numel and dtype of `reference`.
+  void checkAllMatch(const char* op, const std::vector<at::Tensor>& list, const char* what,
+                     const at::Tensor& reference, const char* referenceName);
+  c10::intrusive_ptr<c10d::Work> allgatherIntoTensors(const char* op, c10d::OpType type,
+                                                      std::vector<at::Tensor>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllgatherOptions& opts);
+  c10::intrusive_ptr<c10d::Work> reduceScatterTensors(const char* op, c10d::OpType type,
+                                                      std::vector<at::Tensor>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::ReduceScatterOptions& opts);
   // peer -1 (receives only): from any source.
   c10::intrusive_ptr<c10d::Work> sendRecv(bool isSend, std::vector<at::Tensor>& tensors, int peer,
                                           int tag);

@@ -144,16 +144,17 @@ RD_FAMILY(avx2, __attribute__((target("avx2,fma,f16c"))))
 
 #define RD_PICK(NAME) (cpuFeatures().avx2Family ? &avx2_##NAME : &generic_##NAME)
 
+// The arithmetic ops of every numeric dtype; AVG reduces with SUM (the owner
+// of a chunk divides once, see divideInPlace).
+#define RD_ARITHMETIC_CASES(P)                                                \
+  case ReduceOp::kSum: case ReduceOp::kAvg: return RD_PICK(P##_sum);          \
+  case ReduceOp::kProduct: return RD_PICK(P##_prod);                          \
+  case ReduceOp::kMin: return RD_PICK(P##_min);                               \
+  case ReduceOp::kMax: return RD_PICK(P##_max);
+
 ReduceFn floatKernel(DataType dtype, ReduceOp op) {
-#define RD_FLOAT_CASE(DT, P)                                                    \
-  case DataType::DT:                                                            \
-    switch (op) {                                                               \
-      case ReduceOp::kSum: case ReduceOp::kAvg: return RD_PICK(P##_sum);        \
-      case ReduceOp::kProduct: return RD_PICK(P##_prod);                        \
-      case ReduceOp::kMin: return RD_PICK(P##_min);                             \
-      case ReduceOp::kMax: return RD_PICK(P##_max);                             \
-      default: return nullptr;                                                  \
-    }
+#define RD_FLOAT_CASE(DT, P) \
+  case DataType::DT: switch (op) { RD_ARITHMETIC_CASES(P) default: return nullptr; }
   switch (dtype) {
     RD_FLOAT_CASE(kFloat32, f32)
     RD_FLOAT_CASE(kFloat64, f64)
@@ -165,17 +166,14 @@ ReduceFn floatKernel(DataType dtype, ReduceOp op) {
 }
 
 ReduceFn intKernel(DataType dtype, ReduceOp op) {
-#define RD_INT_CASE(DT, P)                                                      \
-  case DataType::DT:                                                            \
-    switch (op) {                                                               \
-      case ReduceOp::kSum: case ReduceOp::kAvg: return RD_PICK(P##_sum);        \
-      case ReduceOp::kProduct: return RD_PICK(P##_prod);                        \
-      case ReduceOp::kMin: return RD_PICK(P##_min);                             \
-      case ReduceOp::kMax: return RD_PICK(P##_max);                             \
-      case ReduceOp::kBand: return RD_PICK(P##_and);                            \
-      case ReduceOp::kBor: return RD_PICK(P##_or);                              \
-      case ReduceOp::kBxor: return RD_PICK(P##_xor);                            \
-    }                                                                           \
+#define RD_INT_CASE(DT, P)                                                    \
+  case DataType::DT:                                                          \
+    switch (op) {                                                             \
+      RD_ARITHMETIC_CASES(P)                                                  \
+      case ReduceOp::kBand: return RD_PICK(P##_and);                          \
+      case ReduceOp::kBor: return RD_PICK(P##_or);                            \
+      case ReduceOp::kBxor: return RD_PICK(P##_xor);                          \
+    }                                                                         \
     return nullptr;
   switch (dtype) {
     RD_INT_CASE(kInt8, i8)
@@ -195,6 +193,7 @@ ReduceFn intKernel(DataType dtype, ReduceOp op) {
   }
 #undef RD_INT_CASE
 }
+#undef RD_ARITHMETIC_CASES
 
 template <typename T>
 void divideLoop(void* data, size_t n, int divisor) {

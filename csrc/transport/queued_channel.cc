@@ -1,5 +1,6 @@
 #include "csrc/transport/queued_channel.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "csrc/common/error.h"
@@ -112,6 +113,24 @@ void QueuedChannel::completeRecv() {
   if (callback) {
     callback();
   }
+}
+
+bool QueuedChannel::credit(std::deque<Request>& queue, size_t bytes, int posts) {
+  for (int i = 0; i < posts; ++i) {
+    Request& r = queue.front();
+    size_t take = std::min(bytes, r.bytes - r.done);
+    r.done += take;
+    bytes -= take;
+    if (r.done < r.bytes) {
+      return false;
+    }
+    if (&queue == &sends_) {
+      completeSend();
+    } else {
+      completeRecv();
+    }
+  }
+  return true;
 }
 
 void QueuedChannel::clearQueues() {

@@ -60,6 +60,10 @@ class QueuedChannel : public Channel {
   // callback (which may post more, or continue a receive with postRecvNext).
   void completeSend();
   void completeRecv();
+  // Credits `bytes` that just moved to the first `posts` requests of `queue`
+  // (sends_ or recvs_) in order, completing each that became whole; false
+  // if one was left partly done.
+  bool credit(std::deque<Request>& queue, size_t bytes, int posts);
   // Drops everything queued (abort).
   void clearQueues();
 

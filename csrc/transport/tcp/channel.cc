@@ -87,16 +87,8 @@ bool TcpChannel::progressSends() {
     }
     // Hand the written bytes to the batch's posts in order. Callbacks may
     // post more sends; those wait for the next batch.
-    size_t left = static_cast<size_t>(n);
-    for (int i = 0; i < count; ++i) {
-      Request& r = sends_.front();
-      size_t take = std::min(left, r.bytes - r.done);
-      r.done += take;
-      left -= take;
-      if (r.done < r.bytes) {
-        return moved;  // socket buffer full
-      }
-      completeSend();
+    if (!credit(sends_, static_cast<size_t>(n), count)) {
+      return moved;  // socket buffer full
     }
   }
   return moved;
@@ -154,16 +146,8 @@ bool TcpChannel::progressRecvs() {
       moved = true;
       bytesReceived_ += static_cast<uint64_t>(n);
     }
-    size_t left = static_cast<size_t>(n);
-    for (int i = 0; i < count; ++i) {
-      Request& r = recvs_.front();
-      size_t take = std::min(left, r.bytes - r.done);
-      r.done += take;
-      left -= take;
-      if (r.done < r.bytes) {
-        return moved;  // socket drained
-      }
-      completeRecv();
+    if (!credit(recvs_, static_cast<size_t>(n), count)) {
+      return moved;  // socket drained
     }
   }
   return moved;
