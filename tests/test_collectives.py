@@ -14,6 +14,7 @@ import hashlib
 import os
 import time
 import warnings
+from itertools import product  # the sub-cases of a worker: first axis outermost
 
 import pytest
 import torch
@@ -339,63 +340,59 @@ def check_slot(slot: Slot, exp: torch.Tensor, what: str, exact_bytes: bool = Fal
 # ==================================================== reductions: worker functions
 def _case_all_reduce(rank, ws, cases, counts, layouts, async_op=False):
     out = {}
-    for dtype, op in cases:
-        for n in counts:
-            exp = reduce_expected(op, dtype, range(ws), n)
-            for lay in layouts_for(n, layouts):
-                slot = Slot(lay, n, dtype).fill(reduce_input(op, dtype, rank, n))
-                work = dist.all_reduce(slot.t, op=rop(op), async_op=async_op)
-                if async_op:
-                    work.wait()
-                key = f"{dtype},{op},n={n},{lay}"
-                out[key] = (check_slot(slot, exp, key, approx=approx_for(op, dtype)), digest(slot.values()))
+    for (dtype, op), n in product(cases, counts):
+        exp = reduce_expected(op, dtype, range(ws), n)
+        for lay in layouts_for(n, layouts):
+            slot = Slot(lay, n, dtype).fill(reduce_input(op, dtype, rank, n))
+            work = dist.all_reduce(slot.t, op=rop(op), async_op=async_op)
+            if async_op:
+                work.wait()
+            key = f"{dtype},{op},n={n},{lay}"
+            out[key] = (check_slot(slot, exp, key, approx=approx_for(op, dtype)), digest(slot.values()))
     return out
 
 
 def _case_reduce(rank, ws, cases, counts, layouts):
     out = {}
-    for dtype, op in cases:
-        for root in range(ws):
-            for n in counts:
-                exp = reduce_expected(op, dtype, range(ws), n) if rank == root else None
-                for lay in layouts_for(n, layouts):
-                    slot = Slot(lay, n, dtype).fill(reduce_input(op, dtype, rank, n))
-                    dist.reduce(slot.t, dst=root, op=rop(op))
-                    # Only the root's result is defined; other ranks report that they ran.
-                    key = f"{dtype},{op},root={root},n={n},{lay}"
-                    out[key] = check_slot(slot, exp, key, approx=approx_for(op, dtype)) if rank == root else None
+    for (dtype, op), root, n in product(cases, range(ws), counts):
+        exp = reduce_expected(op, dtype, range(ws), n) if rank == root else None
+        for lay in layouts_for(n, layouts):
+            slot = Slot(lay, n, dtype).fill(reduce_input(op, dtype, rank, n))
+            dist.reduce(slot.t, dst=root, op=rop(op))
+            # Only the root's result is defined; other ranks report that they ran.
+            key = f"{dtype},{op},root={root},n={n},{lay}"
+            out[key] = check_slot(slot, exp, key, approx=approx_for(op, dtype)) if rank == root else None
     return out
 
 
 def _case_reduce_scatter(rank, ws, cases, counts, variant):
     """Chunk j of rank r's input is reduce_input(..., salt=j); rank j receives chunk j."""
     out = {}
-    for dtype, op in cases:
-        for n in counts:
-            exp = reduce_expected(op, dtype, range(ws), n, salt=rank)
-            chunks = [reduce_input(op, dtype, rank, n, salt=j) for j in range(ws)]
-            key = f"{dtype},{op},n={n},{variant}"
-            if variant == "list":
-                res = Slot("contig", n, dtype)
-                dist.reduce_scatter(res.t, [c.clone() for c in chunks], op=rop(op))
-            elif variant == "list_strided":
-                res = Slot("strided", n, dtype)
-                ins = [Slot("strided", n, dtype).fill(c).t for c in chunks]
-                dist.reduce_scatter(res.t, ins, op=rop(op))
-            elif variant == "tensor":
-                res = Slot("contig", n, dtype)
-                reduce_scatter_single(res.t, torch.cat(chunks), op=rop(op))
-            elif variant == "tensor_stacked":
-                # Input shaped [world_size, n] instead of concatenated.
-                res = Slot("contig", n, dtype)
-                reduce_scatter_single(res.t, torch.stack(chunks), op=rop(op))
-            elif variant == "tensor_strided":
-                res = Slot("strided", n, dtype)
-                src = Slot("strided", ws * n, dtype).fill(torch.cat(chunks))
-                reduce_scatter_single(res.t, src.t, op=rop(op))
-            else:
-                raise ValueError(variant)
-            out[key] = check_slot(res, exp, key, approx=approx_for(op, dtype))
+    for (dtype, op), n in product(cases, counts):
+        exp = reduce_expected(op, dtype, range(ws), n, salt=rank)
+        chunks = [reduce_input(op, dtype, rank, n, salt=j) for j in range(ws)]
+        key = f"{dtype},{op},n={n},{variant}"
+        if variant == "list":
+            res = Slot("contig", n, dtype)
+            dist.reduce_scatter(res.t, [c.clone() for c in chunks], op=rop(op))
+        elif variant == "list_strided":
+            res = Slot("strided", n, dtype)
+            ins = [Slot("strided", n, dtype).fill(c).t for c in chunks]
+            dist.reduce_scatter(res.t, ins, op=rop(op))
+        elif variant == "tensor":
+            res = Slot("contig", n, dtype)
+            reduce_scatter_single(res.t, torch.cat(chunks), op=rop(op))
+        elif variant == "tensor_stacked":
+            # Input shaped [world_size, n] instead of concatenated.
+            res = Slot("contig", n, dtype)
+            reduce_scatter_single(res.t, torch.stack(chunks), op=rop(op))
+        elif variant == "tensor_strided":
+            res = Slot("strided", n, dtype)
+            src = Slot("strided", ws * n, dtype).fill(torch.cat(chunks))
+            reduce_scatter_single(res.t, src.t, op=rop(op))
+        else:
+            raise ValueError(variant)
+        out[key] = check_slot(res, exp, key, approx=approx_for(op, dtype))
     return out
 
 
@@ -414,77 +411,70 @@ def _case_all_reduce_coalesced(rank, ws, dtype, op, sizes):
 # ============================================== data movement: worker functions
 def _case_broadcast(rank, ws, dtypes, counts, layouts):
     out = {}
-    for dtype in dtypes:
-        for n in counts:
-            for root in range(ws):
-                exp = payload(dtype, root, n)
-                for lay in layouts_for(n, layouts):
-                    # Non-roots start from their own (different) bytes.
-                    slot = Slot(lay, n, dtype).fill(payload(dtype, rank, n))
-                    dist.broadcast(slot.t, src=root)
-                    key = f"{dtype},n={n},root={root},{lay}"
-                    out[key] = check_slot(slot, exp, key, exact_bytes=True)
+    for dtype, n, root in product(dtypes, counts, range(ws)):
+        exp = payload(dtype, root, n)
+        for lay in layouts_for(n, layouts):
+            # Non-roots start from their own (different) bytes.
+            slot = Slot(lay, n, dtype).fill(payload(dtype, rank, n))
+            dist.broadcast(slot.t, src=root)
+            key = f"{dtype},n={n},root={root},{lay}"
+            out[key] = check_slot(slot, exp, key, exact_bytes=True)
     return out
 
 
 def _case_all_gather(rank, ws, dtypes, counts, variant):
     out = {}
-    for dtype in dtypes:
-        for n in counts:
-            exp = [payload(dtype, r, n) for r in range(ws)]
-            key = f"{dtype},n={n}"
-            mine = payload(dtype, rank, n)
-            errs = []
-            if variant == "list":
-                outs = [Slot("contig", n, dtype) for _ in range(ws)]
-                dist.all_gather([s.t for s in outs], mine)
-            elif variant == "list_strided":
-                # Strided input and strided output slots.
-                outs = [Slot("strided", n, dtype) for _ in range(ws)]
-                dist.all_gather([s.t for s in outs], Slot("strided", n, dtype).fill(mine).t)
-            elif variant in ("tensor", "tensor_stacked", "tensor_strided_input"):
-                shape = (ws, n) if variant == "tensor_stacked" else (ws * n,)
-                res = torch.empty(shape, dtype=tdtype(dtype))
-                src = Slot("strided", n, dtype).fill(mine).t if variant == "tensor_strided_input" else mine
-                all_gather_single(res, src)
-                errs.append(bytes_mismatch(res.reshape(-1), torch.cat(exp), key + ": "))
-                outs = []
-            else:
-                raise ValueError(variant)
-            errs += [check_slot(s, exp[r], f"{key} from rank {r}", exact_bytes=True)
-                     for r, s in enumerate(outs)]
-            out[key] = next((e for e in errs if e), None)
+    for dtype, n in product(dtypes, counts):
+        exp = [payload(dtype, r, n) for r in range(ws)]
+        key = f"{dtype},n={n}"
+        mine = payload(dtype, rank, n)
+        errs = []
+        if variant == "list":
+            outs = [Slot("contig", n, dtype) for _ in range(ws)]
+            dist.all_gather([s.t for s in outs], mine)
+        elif variant == "list_strided":
+            # Strided input and strided output slots.
+            outs = [Slot("strided", n, dtype) for _ in range(ws)]
+            dist.all_gather([s.t for s in outs], Slot("strided", n, dtype).fill(mine).t)
+        elif variant in ("tensor", "tensor_stacked", "tensor_strided_input"):
+            shape = (ws, n) if variant == "tensor_stacked" else (ws * n,)
+            res = torch.empty(shape, dtype=tdtype(dtype))
+            src = Slot("strided", n, dtype).fill(mine).t if variant == "tensor_strided_input" else mine
+            all_gather_single(res, src)
+            errs.append(bytes_mismatch(res.reshape(-1), torch.cat(exp), key + ": "))
+            outs = []
+        else:
+            raise ValueError(variant)
+        errs += [check_slot(s, exp[r], f"{key} from rank {r}", exact_bytes=True)
+                 for r, s in enumerate(outs)]
+        out[key] = next((e for e in errs if e), None)
     return out
 
 
 def _case_gather(rank, ws, dtypes, counts, layout):
     out = {}
-    for dtype in dtypes:
-        for n in counts:
-            for root in range(ws):
-                src = Slot(layout, n, dtype).fill(payload(dtype, rank, n))
-                slots = [Slot(layout, n, dtype) for _ in range(ws)] if rank == root else None
-                dist.gather(src.t, [s.t for s in slots] if slots else None, dst=root)
-                key = f"{dtype},n={n},root={root}"
-                errs = [check_slot(s, payload(dtype, r, n), f"{key} from rank {r}", True)
-                        for r, s in enumerate(slots or [])]
-                errs.append(check_slot(src, payload(dtype, rank, n), key + " (input modified)", True))
-                out[key] = next((e for e in errs if e), None)
+    for dtype, n, root in product(dtypes, counts, range(ws)):
+        src = Slot(layout, n, dtype).fill(payload(dtype, rank, n))
+        slots = [Slot(layout, n, dtype) for _ in range(ws)] if rank == root else None
+        dist.gather(src.t, [s.t for s in slots] if slots else None, dst=root)
+        key = f"{dtype},n={n},root={root}"
+        errs = [check_slot(s, payload(dtype, r, n), f"{key} from rank {r}", True)
+                for r, s in enumerate(slots or [])]
+        errs.append(check_slot(src, payload(dtype, rank, n), key + " (input modified)", True))
+        out[key] = next((e for e in errs if e), None)
     return out
 
 
 def _case_scatter(rank, ws, dtypes, counts, layout):
     out = {}
-    for dtype in dtypes:
-        for n in counts:
-            for root in range(ws):
-                # Root sends chunk r (payload salted by the destination) to rank r.
-                chunks = [Slot(layout, n, dtype).fill(payload(dtype, root, n, salt=1 + r))
-                          for r in range(ws)] if rank == root else None
-                res = Slot(layout, n, dtype).fill(payload(dtype, rank, n))
-                dist.scatter(res.t, [c.t for c in chunks] if chunks else None, src=root)
-                key = f"{dtype},n={n},root={root}"
-                out[key] = check_slot(res, payload(dtype, root, n, salt=1 + rank), key, True)
+    for dtype, n, root in product(dtypes, counts, range(ws)):
+        # Root sends chunk r (payload salted by the destination) to rank r.
+        chunks = [Slot(layout, n, dtype).fill(payload(dtype, root, n, salt=1 + r))
+                  for r in range(ws)] if rank == root else None
+        res = Slot(layout, n, dtype).fill(payload(dtype, rank, n))
+        dist.scatter(res.t, [c.t for c in chunks] if chunks else None, src=root)
+        key = f"{dtype},n={n},root={root}"
+        out[key] = check_slot(res, payload(dtype, root, n, salt=1 + rank), key, True)
     return out
 
 
@@ -496,40 +486,38 @@ def a2a_size(src: int, dst: int, base: int) -> int:
 def _case_all_to_all(rank, ws, dtypes, bases, uneven):
     """all_to_all (list). Rank s sends payload(s, n, salt=d) of size a2a_size(s, d) to d."""
     out = {}
-    for dtype in dtypes:
-        for base in bases:
-            size = (lambda s, d: a2a_size(s, d, base)) if uneven else (lambda s, d: base)
-            ins = [payload(dtype, rank, size(rank, d), salt=d) for d in range(ws)]
-            outs = [torch.empty(size(s, rank), dtype=tdtype(dtype)) for s in range(ws)]
-            dist.all_to_all(outs, ins)
-            key = f"{dtype},base={base}"
-            errs = [bytes_mismatch(outs[s], payload(dtype, s, size(s, rank), salt=rank),
-                                   f"{key} from rank {s}: ") for s in range(ws)]
-            out[key] = next((e for e in errs if e), None)
+    for dtype, base in product(dtypes, bases):
+        size = (lambda s, d: a2a_size(s, d, base)) if uneven else (lambda s, d: base)
+        ins = [payload(dtype, rank, size(rank, d), salt=d) for d in range(ws)]
+        outs = [torch.empty(size(s, rank), dtype=tdtype(dtype)) for s in range(ws)]
+        dist.all_to_all(outs, ins)
+        key = f"{dtype},base={base}"
+        errs = [bytes_mismatch(outs[s], payload(dtype, s, size(s, rank), salt=rank),
+                               f"{key} from rank {s}: ") for s in range(ws)]
+        out[key] = next((e for e in errs if e), None)
     return out
 
 
 def _case_all_to_all_single(rank, ws, dtypes, bases, variant):
     """all_to_all_single: even (no split sizes) or uneven input/output split sizes."""
     out = {}
-    for dtype in dtypes:
-        for base in bases:
-            if variant == "even":
-                size = lambda s, d: base  # noqa: E731
-            else:
-                size = lambda s, d: a2a_size(s, d, base)  # noqa: E731
-            in_splits = [size(rank, d) for d in range(ws)]
-            out_splits = [size(s, rank) for s in range(ws)]
-            src = torch.cat([payload(dtype, rank, size(rank, d), salt=d) for d in range(ws)])
-            exp = torch.cat([payload(dtype, s, size(s, rank), salt=rank) for s in range(ws)])
-            in_slot = Slot("strided" if variant == "noncontig_input" else "contig", src.numel(), dtype).fill(src)
-            res = Slot("strided" if variant == "noncontig_output" else "contig", exp.numel(), dtype)
-            if variant == "even":
-                dist.all_to_all_single(res.t, in_slot.t)
-            else:
-                dist.all_to_all_single(res.t, in_slot.t, out_splits, in_splits)
-            key = f"{dtype},base={base}"
-            out[key] = check_slot(res, exp, key, exact_bytes=True)
+    for dtype, base in product(dtypes, bases):
+        if variant == "even":
+            size = lambda s, d: base  # noqa: E731
+        else:
+            size = lambda s, d: a2a_size(s, d, base)  # noqa: E731
+        in_splits = [size(rank, d) for d in range(ws)]
+        out_splits = [size(s, rank) for s in range(ws)]
+        src = torch.cat([payload(dtype, rank, size(rank, d), salt=d) for d in range(ws)])
+        exp = torch.cat([payload(dtype, s, size(s, rank), salt=rank) for s in range(ws)])
+        in_slot = Slot("strided" if variant == "noncontig_input" else "contig", src.numel(), dtype).fill(src)
+        res = Slot("strided" if variant == "noncontig_output" else "contig", exp.numel(), dtype)
+        if variant == "even":
+            dist.all_to_all_single(res.t, in_slot.t)
+        else:
+            dist.all_to_all_single(res.t, in_slot.t, out_splits, in_splits)
+        key = f"{dtype},base={base}"
+        out[key] = check_slot(res, exp, key, exact_bytes=True)
     return out
 
 
@@ -537,30 +525,29 @@ def _case_all_to_all_single(rank, ws, dtypes, bases, variant):
 def _case_send_recv(rank, ws, dtypes, counts):
     out = {}
     nxt, prv = (rank + 1) % ws, (rank - 1) % ws
-    for dtype in dtypes:
-        for n in counts:
-            key = f"{dtype},n={n}"
-            # Blocking ring, ordered by rank parity so it cannot deadlock.
-            mine = payload(dtype, rank, n, salt=5)
-            got = torch.empty(n, dtype=tdtype(dtype))
-            if rank % 2 == 0:
-                dist.send(mine, dst=nxt, tag=5)
-                dist.recv(got, src=prv, tag=5)
-            else:
-                dist.recv(got, src=prv, tag=5)
-                dist.send(mine, dst=nxt, tag=5)
-            errs = [bytes_mismatch(got, payload(dtype, prv, n, salt=5), key + " blocking: ")]
-            # Two tagged messages on the same pair, received in the opposite order:
-            # the tag, not arrival order, must decide which buffer gets which message.
-            a, b = payload(dtype, rank, n, salt=11), payload(dtype, rank, n, salt=12)
-            ra, rb = torch.empty_like(a), torch.empty_like(b)
-            sends = [dist.isend(a, dst=nxt, tag=11), dist.isend(b, dst=nxt, tag=12)]
-            recvs = [dist.irecv(rb, src=prv, tag=12), dist.irecv(ra, src=prv, tag=11)]
-            for w in recvs + sends:
-                w.wait()
-            errs.append(bytes_mismatch(ra, payload(dtype, prv, n, salt=11), key + " tag 11: "))
-            errs.append(bytes_mismatch(rb, payload(dtype, prv, n, salt=12), key + " tag 12: "))
-            out[key] = next((e for e in errs if e), None)
+    for dtype, n in product(dtypes, counts):
+        key = f"{dtype},n={n}"
+        # Blocking ring, ordered by rank parity so it cannot deadlock.
+        mine = payload(dtype, rank, n, salt=5)
+        got = torch.empty(n, dtype=tdtype(dtype))
+        if rank % 2 == 0:
+            dist.send(mine, dst=nxt, tag=5)
+            dist.recv(got, src=prv, tag=5)
+        else:
+            dist.recv(got, src=prv, tag=5)
+            dist.send(mine, dst=nxt, tag=5)
+        errs = [bytes_mismatch(got, payload(dtype, prv, n, salt=5), key + " blocking: ")]
+        # Two tagged messages on the same pair, received in the opposite order:
+        # the tag, not arrival order, must decide which buffer gets which message.
+        a, b = payload(dtype, rank, n, salt=11), payload(dtype, rank, n, salt=12)
+        ra, rb = torch.empty_like(a), torch.empty_like(b)
+        sends = [dist.isend(a, dst=nxt, tag=11), dist.isend(b, dst=nxt, tag=12)]
+        recvs = [dist.irecv(rb, src=prv, tag=12), dist.irecv(ra, src=prv, tag=11)]
+        for w in recvs + sends:
+            w.wait()
+        errs.append(bytes_mismatch(ra, payload(dtype, prv, n, salt=11), key + " tag 11: "))
+        errs.append(bytes_mismatch(rb, payload(dtype, prv, n, salt=12), key + " tag 12: "))
+        out[key] = next((e for e in errs if e), None)
     return out
 
 

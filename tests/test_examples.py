@@ -1,14 +1,11 @@
 """Run examples/train_ddp.py through the real torchrun launcher, as a user would."""
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from procs import Launched, port_clash, torchrun_cmd
 from world import default_backend
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,33 +21,19 @@ MIN_ACCURACY = 0.8
 pytest.importorskip("sklearn")
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(*args, nproc=2, backend=None, attempts=3):
     """Run the example under torchrun; returns its combined output. Never hangs."""
     backend = backend or default_backend()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     for _ in range(attempts):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-               EXAMPLE, "--backend", backend, "--no-progress", *map(str, args)]
-        # Own session, so a timeout can kill torchrun *and* its workers.
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
+        cmd = torchrun_cmd(nproc, EXAMPLE, "--backend", backend, "--no-progress", *args)
+        with Launched([cmd], [env], cwd=REPO, merge_stderr=True) as run:
+            [(returncode, out, _)] = run.communicate(TIMEOUT_S)
+        if run.timed_out:
             pytest.fail(f"torchrun timed out after {TIMEOUT_S}s: {' '.join(cmd)}\n{out[-6000:]}")
-        # The free port can be taken by someone else between probe and bind: retry.
-        if proc.returncode != 0 and "address already in use" in out.lower():
+        if port_clash(returncode, out):
             continue
-        assert proc.returncode == 0, f"exit code {proc.returncode}: {' '.join(cmd)}\n{out[-6000:]}"
+        assert returncode == 0, f"exit code {returncode}: {' '.join(cmd)}\n{out[-6000:]}"
         return out
     pytest.fail(f"no free port after {attempts} attempts\n{out[-3000:]}")
 

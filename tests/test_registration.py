@@ -78,3 +78,15 @@ def test_source_tree_shadowing_gives_actionable_error(tmp_path):
         pytest.skip("an in-place build exists in the source tree, nothing is shadowed")
     assert "pip install --no-build-isolation" in result.stdout
     assert "rebuilt" in result.stdout
+
+
+def test_hooks_reachable_after_plain_import():
+    # A fresh interpreter: `import torch_ringdist` alone gives torch_ringdist.hooks, loaded
+    # on first use (the plain import stays light).
+    result = _run("""
+        import sys, torch_ringdist
+        assert "torch_ringdist.hooks" not in sys.modules, "hooks imported eagerly"
+        print("HOOKS", torch_ringdist.hooks.available())
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "HOOKS ['accumulate'" in result.stdout, result.stdout

@@ -33,9 +33,9 @@ import traceback
 import weakref
 from multiprocessing.connection import Connection, wait as mp_wait
 
-__all__ = ["World", "WorldError", "WorldHung", "default_backend"]
+from procs import Launched, tail, world_envs
 
-_LOG_TAIL_BYTES = 6000
+__all__ = ["World", "WorldError", "WorldHung", "default_backend"]
 
 
 def default_backend() -> str:
@@ -48,18 +48,6 @@ class WorldError(AssertionError):
 
 class WorldHung(WorldError):
     """A command passed its deadline; the world was killed."""
-
-
-def _tail(path: str, nbytes: int = _LOG_TAIL_BYTES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - nbytes))
-            data = f.read().decode("utf-8", "replace")
-        return ("...[truncated]...\n" if size > nbytes else "") + data
-    except OSError as e:
-        return f"<log unreadable: {e}>"
 
 
 def _import_root(module_name: str, module_file: str | None) -> str | None:
@@ -102,6 +90,7 @@ class World:
         self.dead = False
         self.dead_reason = ""
         self._closed = False
+        self._launched: Launched | None = None
         self._procs: list[subprocess.Popen] = []
         self._conns: list[Connection | None] = [None] * world_size
         self._logdir = tempfile.mkdtemp(prefix=f"ringdist-world{world_size}-")
@@ -134,37 +123,17 @@ class World:
         ctrl_port = server.getsockname()[1]
         token = secrets.token_hex(16)
 
-        here = os.path.dirname(os.path.abspath(__file__))
-        base_env = dict(os.environ)
-        base_env.update({
-            "OMP_NUM_THREADS": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(store_port),
-            "WORLD_SIZE": str(self.world_size),
-            "PYTHONUNBUFFERED": "1",
-            # Same import path as the parent (pytest's rootdir insertion etc.).
-            "PYTHONPATH": os.pathsep.join(
-                [p for p in sys.path if p and os.path.isdir(p)]
-                + [base_env.get("PYTHONPATH", "")]
-            ),
-        })
-        base_env.update({k: str(v) for k, v in self.env.items()})
+        # Same import path as the parent (pytest's rootdir insertion etc.): world_envs.
+        harness = {"_RINGDIST_WORLD_CTRL": f"127.0.0.1:{ctrl_port}:{token}",
+                   "_RINGDIST_WORLD_BACKEND": self.backend,
+                   "_RINGDIST_WORLD_TIMEOUT": str(self.timeout_s)}
         deadline = time.monotonic() + self.timeout_s
         try:
-            for rank in range(self.world_size):
-                env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank),
-                           _RINGDIST_WORLD_CTRL=f"127.0.0.1:{ctrl_port}:{token}",
-                           _RINGDIST_WORLD_BACKEND=self.backend,
-                           _RINGDIST_WORLD_TIMEOUT=str(self.timeout_s))
-                log = open(self.logs[rank], "wb")
-                try:
-                    self._procs.append(subprocess.Popen(
-                        [sys.executable, "-u", os.path.join(here, "world.py")],
-                        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                        cwd=os.getcwd(),
-                    ))
-                finally:
-                    log.close()
+            self._launched = Launched(
+                [[sys.executable, "-u", os.path.abspath(__file__)]] * self.world_size,
+                world_envs(self.world_size, store_port, self.env, [harness] * self.world_size),
+                cwd=os.getcwd(), logs=self.logs)
+            self._procs = self._launched.procs
 
             # Accept the control connections; each worker says hello with its rank.
             pending = self.world_size
@@ -255,7 +224,7 @@ class World:
                     self._mark_dead(f"rank {r} died during {what}")
                     raise WorldError(
                         f"rank {r} died during {what} (exit code {self._procs[r].returncode}); "
-                        f"world killed.\n--- rank {r} log ---\n{_tail(self.logs[r])}")
+                        f"world killed.\n--- rank {r} log ---\n{tail(self.logs[r])}")
                 if replies[r][0] not in ("ok", "ready") and first_error_at is None:
                     first_error_at = time.monotonic()
         return replies
@@ -305,17 +274,8 @@ class World:
         self.dead_reason = reason
 
     def _kill(self) -> None:
-        for p in self._procs:
-            if p.poll() is None:
-                try:
-                    p.kill()
-                except OSError:
-                    pass
-        for p in self._procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
+        if self._launched is not None:
+            self._launched.kill()
         for conn in self._conns:
             if conn is not None:
                 try:
@@ -330,17 +290,12 @@ class World:
                 self._kill()
                 self._mark_dead(f"rank {r} exited while {what}")
                 raise WorldError(f"rank {r} exited with code {p.returncode} while {what}; world killed."
-                                 f"\n--- rank {r} log ---\n{_tail(self.logs[r])}")
+                                 f"\n--- rank {r} log ---\n{tail(self.logs[r])}")
 
     def _hang_and_kill(self, msg: str, missing: list[int], errors: dict | None = None) -> WorldHung:
         # Ask the stuck ranks for their Python stacks before killing them.
-        for r in missing:
-            if r < len(self._procs) and self._procs[r].poll() is None:
-                try:
-                    os.kill(self._procs[r].pid, signal.SIGUSR1)
-                except OSError:
-                    pass
-        time.sleep(0.5)
+        if self._launched is not None:
+            self._launched.signal_stacks(missing)
         self._kill()
         self._mark_dead(msg)
         parts = [msg + f" (world_size={self.world_size}, backend={self.backend!r}, env={self.env}); "
@@ -349,7 +304,7 @@ class World:
             parts.append(f"--- rank {r} raised ---\n{tb}")
         for r in missing:
             if r < len(self.logs):
-                parts.append(f"--- rank {r} log (stacks at kill time) ---\n{_tail(self.logs[r])}")
+                parts.append(f"--- rank {r} log (stacks at kill time) ---\n{tail(self.logs[r])}")
         return WorldHung("\n".join(parts))
 
     def _format_errors(self, headline: str, failed: dict) -> str:

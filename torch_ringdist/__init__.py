@@ -6,6 +6,9 @@ at `import torch` through the package's entry point):
     import torch.distributed as dist
     dist.init_process_group(backend="ringdist")
 """
+import importlib as _importlib
+
+from torch_ringdist import _extension
 from torch_ringdist._registration import BACKEND_NAME, register_backend
 
 register_backend()
@@ -15,12 +18,20 @@ register_backend()
 from torch_ringdist._collectives import all_reduce, reset_stats, stats  # noqa: E402
 
 __all__ = ["BACKEND_NAME", "register_backend", "reduce_kernel_family", "all_reduce", "stats",
-           "reset_stats"]
+           "reset_stats", "hooks"]
 __version__ = "0.1.0"
+
+# Subpackages imported on first attribute access, so `import torch_ringdist`
+# stays light (the hooks import torch's DDP hook machinery).
+_LAZY_SUBPACKAGES = ("hooks",)
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBPACKAGES:
+        return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def reduce_kernel_family() -> str:
     """The CPU reduction kernels picked at run time ("avx2" or "generic")."""
-    from torch_ringdist._extension import load
-
-    return load().reduce_kernel_family()
+    return _extension.load().reduce_kernel_family()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from torch_ringdist._extension import load
+
 CODECS = ("fp16", "bf16", "int8")
 
 
@@ -12,8 +14,6 @@ def ringdist_backend(group=None, what: str = "torch_ringdist"):
 
     Raises a ValueError naming ``what`` when the group does not run on ringdist.
     """
-    from torch_ringdist._extension import load
-
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     try:
         backend = pg._get_backend(torch.device("cpu"))

@@ -14,6 +14,9 @@ per-bucket residuals and the recorded bucket layout; pass a loaded state to
 import logging
 
 from torch_ringdist.hooks._base import HookState, VirtualBucket
+from torch_ringdist.hooks._registry import available, make_state
+from torch_ringdist.hooks._registry import lookup as _lookup
+# Each hook module adds its hooks to the registry when imported.
 from torch_ringdist.hooks.accumulate import AccumulateState, accumulate_hook
 from torch_ringdist.hooks.compress import (AllreduceState, CodecState, allreduce_hook, bf16_hook,
                                            fp16_hook, int8_hook)
@@ -22,39 +25,6 @@ from torch_ringdist.hooks.powersgd import PowerSGDState, powersgd_hook
 from torch_ringdist.hooks.topk import TopKState, topk_hook
 
 logger = logging.getLogger(__name__)
-
-# name -> (hook function, state factory taking the options)
-_REGISTRY = {
-    "allreduce": (allreduce_hook, AllreduceState),
-    "fp16": (fp16_hook, lambda **o: CodecState("fp16", **o)),
-    "bf16": (bf16_hook, lambda **o: CodecState("bf16", **o)),
-    "int8": (int8_hook, lambda **o: CodecState("int8", **o)),
-    "topk": (topk_hook, TopKState),
-    "powersgd": (powersgd_hook, PowerSGDState),
-    "local_sgd": (local_sgd_hook, LocalSGDState),
-    "accumulate": (accumulate_hook, AccumulateState),
-}
-
-_STATE_TYPES = {
-    "allreduce": AllreduceState, "fp16": CodecState, "bf16": CodecState, "int8": CodecState,
-    "topk": TopKState, "powersgd": PowerSGDState, "local_sgd": LocalSGDState,
-    "accumulate": AccumulateState,
-}
-
-
-def available() -> list[str]:
-    """Names accepted by :func:`register`."""
-    return sorted(_REGISTRY)
-
-
-def make_state(name: str, **options) -> HookState:
-    """A new state for hook ``name`` (options as in :func:`register`)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"torch_ringdist.hooks: unknown hook {name!r}; available: {available()}")
-    try:
-        return _REGISTRY[name][1](**options)
-    except TypeError as exc:
-        raise ValueError(f"torch_ringdist.hooks: bad options for hook {name!r}: {exc}") from exc
 
 
 def register(model, name: str, state: HookState | None = None, optimizer=None, **options):
@@ -79,24 +49,22 @@ def register(model, name: str, state: HookState | None = None, optimizer=None, *
         >>> ckpt = torch.load(path, weights_only=False)
         >>> torch_ringdist.hooks.register(ddp, "topk", state=ckpt["hook"])
     """
-    if name not in _REGISTRY:
-        raise ValueError(f"torch_ringdist.hooks: unknown hook {name!r}; available: {available()}")
-    hook = _REGISTRY[name][0]
+    entry = _lookup(name)
     if state is None:
         state = make_state(name, **options)
     else:
         if options:
             raise ValueError("torch_ringdist.hooks.register: pass either a state or options")
-        if not isinstance(state, _STATE_TYPES[name]):
+        if not isinstance(state, entry.state_type):
             raise TypeError(f"torch_ringdist.hooks.register: hook {name!r} needs a "
-                            f"{_STATE_TYPES[name].__name__}, got {type(state).__name__}")
+                            f"{entry.state_type.__name__}, got {type(state).__name__}")
     if optimizer is not None and not isinstance(state, LocalSGDState):
         raise ValueError("torch_ringdist.hooks.register: optimizer= is for local_sgd only")
     if isinstance(state, LocalSGDState):
         state.bind(model, optimizer)
     else:
         state.bind(model)
-    model.register_comm_hook(state, hook)
+    model.register_comm_hook(state, entry.hook)
     logger.info("registered ringdist hook %s", name)
     return state
 

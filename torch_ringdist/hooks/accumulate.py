@@ -5,6 +5,7 @@ import logging
 import torch
 
 from torch_ringdist.hooks._base import HookState, completed_future
+from torch_ringdist.hooks._registry import add_hook, make_state
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +43,6 @@ class AccumulateState(HookState):
 
     def __init__(self, steps: int = 4, hook="allreduce", process_group=None, **options):
         super().__init__(process_group)
-        from torch_ringdist.hooks import make_state
-
         if steps < 1:
             raise ValueError(f"torch_ringdist.hooks.accumulate: steps must be >= 1, got {steps}")
         self.steps = int(steps)
@@ -84,3 +83,6 @@ def accumulate_hook(state: AccumulateState, bucket) -> torch.futures.Future[torc
         inner hook on every K-th.
     """
     return state(bucket)
+
+
+add_hook("accumulate", accumulate_hook, AccumulateState)

@@ -1,12 +1,15 @@
 """Allreduce hooks: plain (DDP's own arithmetic) and the native wire codecs fp16, bf16, int8."""
 
+import functools
 import logging
 
 import torch
 import torch.distributed as dist
 
 from torch_ringdist._collectives import CODECS, ringdist_backend
+from torch_ringdist._extension import load
 from torch_ringdist.hooks._base import HookState, check_float32, group_size
+from torch_ringdist.hooks._registry import add_hook
 
 logger = logging.getLogger(__name__)
 
@@ -19,14 +22,17 @@ def allreduce_bucket(group, buffer: torch.Tensor) -> torch.futures.Future[torch.
     bitwise equal to DDP without a hook.
     """
     buffer.mul_(1.0 / group_size(group))
-    fut = dist.all_reduce(buffer, group=group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
+    return _output(dist.all_reduce(buffer, group=group, async_op=True))
 
 
 def compressed_bucket(group, buffer: torch.Tensor, codec: str, what: str) -> torch.futures.Future[torch.Tensor]:
     """Mean of ``buffer`` over the group, sent in ``codec`` (native compressed allreduce)."""
     backend = ringdist_backend(group, f"torch_ringdist.hooks.{what}")
-    work = backend.allreduce_compressed(buffer, codec, True)
+    return _output(backend.allreduce_compressed(buffer, codec, True))
+
+
+def _output(work) -> torch.futures.Future[torch.Tensor]:
+    """Future of the (single, in-place) output tensor of a collective's Work."""
     return work.get_future().then(lambda f: f.value()[0])
 
 
@@ -87,8 +93,6 @@ class CodecState(HookState):
         self.residuals: dict[int, torch.Tensor] = {}  # bucket index -> float32 residual
 
     def _run(self, bucket, provisional):
-        from torch_ringdist._extension import load
-
         buffer = bucket.buffer()
         if self.error_feedback and not provisional:
             check_float32(self.codec, buffer)
@@ -131,3 +135,9 @@ def bf16_hook(state: CodecState, bucket) -> torch.futures.Future[torch.Tensor]:
 def int8_hook(state: CodecState, bucket) -> torch.futures.Future[torch.Tensor]:
     """Blockwise int8 on the wire (~0.254x bytes), float32 sums. See :class:`CodecState`."""
     return state(bucket)
+
+
+add_hook("allreduce", allreduce_hook, AllreduceState)
+add_hook("fp16", fp16_hook, CodecState, functools.partial(CodecState, "fp16"))
+add_hook("bf16", bf16_hook, CodecState, functools.partial(CodecState, "bf16"))
+add_hook("int8", int8_hook, CodecState, functools.partial(CodecState, "int8"))

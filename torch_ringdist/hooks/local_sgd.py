@@ -9,6 +9,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from torch_ringdist._collectives import CODECS
 from torch_ringdist.hooks._base import HookState, completed_future
+from torch_ringdist.hooks._registry import add_hook
 from torch_ringdist.hooks.compress import allreduce_bucket, compressed_bucket
 
 logger = logging.getLogger(__name__)
@@ -161,3 +162,6 @@ def local_sgd_hook(state: LocalSGDState, bucket) -> torch.futures.Future[torch.T
         Future of the averaged bucket (global phase) or of the bucket unchanged (local phase).
     """
     return state(bucket)
+
+
+add_hook("local_sgd", local_sgd_hook, LocalSGDState)

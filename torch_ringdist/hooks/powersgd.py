@@ -6,6 +6,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as _torch_powersgd
 
 from torch_ringdist.hooks._base import HookState
+from torch_ringdist.hooks._registry import add_hook
 
 logger = logging.getLogger(__name__)
 
@@ -76,3 +77,6 @@ def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future[torch.Te
         Future of the bucket buffer holding the averaged low-rank gradient.
     """
     return state(bucket)
+
+
+add_hook("powersgd", powersgd_hook, PowerSGDState)

@@ -7,7 +7,8 @@ import torch
 import torch.distributed as dist
 
 from torch_ringdist._extension import load
-from torch_ringdist.hooks._base import HookState, check_float32, group_size
+from torch_ringdist.hooks._base import HookState, check_float32, completed_future, group_size
+from torch_ringdist.hooks._registry import add_hook
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +56,7 @@ class TopKState(HookState):
         group = self.process_group
         world = group_size(group)
         if n == 0:
-            fut = torch.futures.Future()
-            fut.set_result(buffer)
-            return fut
+            return completed_future(buffer)
         if n >= 2 ** 31:
             raise ValueError(f"torch_ringdist.hooks.topk: rank {dist.get_rank()}: bucket of {n} "
                              "elements; int32 indices need buckets under 2^31 elements")
@@ -102,3 +101,6 @@ def topk_hook(state: TopKState, bucket) -> torch.futures.Future[torch.Tensor]:
         Future of the bucket buffer holding the averaged sparse gradient.
     """
     return state(bucket)
+
+
+add_hook("topk", topk_hook, TopKState)
