@@ -70,11 +70,13 @@ def _frames(rng):
                 magic=wire.OP_MAGIC if rng.random() < 0.9 else rng.getrandbits(32),
                 type=rng.choice([1, 2, 9, 10, 11, rng.randint(0, 255)]),
                 dtype=rng.choice([0, 6, 7, 8, rng.randint(0, 255)]),
-                op=rng.randint(0, 255), reserved=rng.randint(0, 255),
+                op=rng.randint(0, 255), variant=rng.randint(0, 255),
                 seq=rng.choice([0, 1, 2, rng.getrandbits(64)]),
                 count=rng.choice([0, 3, 12, 136, 2**31, 2**63, rng.getrandbits(64)]),
                 root=rng.choice([-1, 0, 1, rng.randint(-2**31, 2**31 - 1)]),
-                tag=rng.choice([0, 7, 1, 2, rng.randint(-2**31, 2**31 - 1)]))
+                segment_bytes=rng.choice([0, 262144, rng.getrandbits(32)]),
+                tag=rng.choice([0, 7, 1, 2, rng.randint(-2**31, 2**31 - 1)]),
+                padding=rng.choice([0, 0, rng.getrandbits(32)]))
             out += header + rng.randbytes(rng.choice([0, 4, 12, 64, 200]))
         elif kind < 0.75:  # a truncated header
             out += wire.op_header(type=wire.OP_SEND, dtype=6, count=12,
@@ -95,7 +97,7 @@ def _play_rank1(store, case, rng, deadline):
         return "dropped at handshake"
     with s:
         # Another "host", so rank 0 keeps this TCP link.
-        store.set(host_key, b"fuzzer-host\nauto|nocrc")
+        store.set(host_key, wire.peer_record("fuzzer-host"))
         try:
             s.sendall(_frames(rng))
         except OSError:

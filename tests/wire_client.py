@@ -1,6 +1,6 @@
 """ringdist's TCP wire format, as the tests speak it: the one place to edit when it changes.
 
-The handshake of csrc/transport/mesh.cc (mutual HMAC-SHA256 over fresh nonces, keyed
+The handshake of csrc/transport/tcp/handshake.cc (mutual HMAC-SHA256 over fresh nonces, keyed
 with the group secret from the store; the secret never crosses the wire):
 
     acceptor -> dialer   CHALLENGE {magic, version, acceptor rank, nonceA}
@@ -21,13 +21,14 @@ import socket
 import struct
 
 MAGIC = 0x52444832                        # kHelloMagic, "RDH2"
-VERSION = 2                               # kProtocolVersion
+VERSION = 3                               # kProtocolVersion
 CHALLENGE = struct.Struct("<IIi16s")      # magic, version, acceptor rank, nonce
 HELLO = struct.Struct("<IIii16s32s")      # magic, version, rank, size, nonce, mac
 ACK = struct.Struct("<I32s")              # magic, mac
 
 OP_MAGIC = 0x52444f50                     # kOpMagic, "RDOP"
-OP = struct.Struct("<IBBBBQQii")          # magic, type, dtype, op, reserved, seq, count, root, tag
+# magic, type, dtype, op, variant, seq, count, root, segment bytes, tag, padding
+OP = struct.Struct("<IBBBBQQiIiI")
 OP_SEND = 10                              # OpType::kSend
 
 
@@ -44,10 +45,19 @@ def hello(secret: bytes, nonce: bytes, rank: int, size: int, acceptor: int, *,
                       mac(secret, "hello", nonce, rank, size, acceptor))
 
 
-def op_header(*, type: int, dtype: int = 0, op: int = 0, reserved: int = 0, seq: int = 0,
-              count: int = 0, root: int = -1, tag: int = 0, magic: int = OP_MAGIC) -> bytes:
+def op_header(*, type: int, dtype: int = 0, op: int = 0, variant: int = 0, seq: int = 0,
+              count: int = 0, root: int = -1, segment_bytes: int = 0, tag: int = 0,
+              padding: int = 0, magic: int = OP_MAGIC) -> bytes:
     """An op header; fields not given take the values of a plain point-to-point send."""
-    return OP.pack(magic, type, dtype, op, reserved, seq, count, root, tag)
+    return OP.pack(magic, type, dtype, op, variant, seq, count, root, segment_bytes, tag, padding)
+
+
+def peer_record(hostname: str, transport: str = "auto", crc: bool = False) -> bytes:
+    """What a rank publishes under ringdist/host/<rank> (PeerRecord in
+    csrc/transport/host_identity.h): a hostname no real rank has keeps links on TCP."""
+    fields = ["ringdist-peer/1", hostname, "boot", "none", "pid:[0]", "", transport,
+              "crc" if crc else "nocrc"]
+    return "\n".join(fields).encode()
 
 
 def recv_exactly(sock: socket.socket, n: int) -> bytes:

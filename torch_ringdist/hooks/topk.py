@@ -68,7 +68,7 @@ class TopKState(HookState):
             if residual is None or residual.numel() != n:
                 residual = torch.zeros(n, dtype=torch.float32)
                 self.residuals[bucket.index()] = residual
-        # Selection and scatter are fused C++ passes (csrc/codec/topk.cc); only
+        # Selection and scatter are fused C++ passes (csrc/hooks/topk.cc); only
         # non-float32 buckets (no error feedback) go through a float32 copy.
         x = buffer if buffer.dtype == torch.float32 else buffer.to(torch.float32)
         k = min(n, max(1, math.ceil(self.ratio * n)))
