@@ -28,16 +28,9 @@ bool TcpChannel::progressRecvReduce(Request& r, bool* complete) {
   }
   size_t room = std::min(kStagingBytes, r.bytes - r.done) - stagedBytes_;
   ssize_t n = ::recv(socket_.fd(), staging_.data() + stagedBytes_, room, MSG_DONTWAIT);
-  if (n < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-      return false;
-    }
-    fail("recv", errno);
+  if (!received(n)) {
+    return false;
   }
-  if (n == 0) {
-    fail("recv", 0);
-  }
-  bytesReceived_ += static_cast<uint64_t>(n);
   absorb(r, staging_.data() + stagedBytes_, static_cast<size_t>(n));
   size_t have = stagedBytes_ + static_cast<size_t>(n);
   size_t whole = have / r.elementBytes * r.elementBytes;
@@ -48,6 +41,20 @@ bool TcpChannel::progressRecvReduce(Request& r, bool* complete) {
     std::memmove(staging_.data(), staging_.data() + whole, stagedBytes_);
   }
   *complete = r.done == r.bytes;
+  return true;
+}
+
+bool TcpChannel::received(ssize_t n) {
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      return false;
+    }
+    fail("recv", errno);
+  }
+  if (n == 0) {
+    fail("recv", 0);
+  }
+  bytesReceived_ += static_cast<uint64_t>(n);
   return true;
 }
 
@@ -134,17 +141,10 @@ bool TcpChannel::progressRecvs() {
     ssize_t n = 0;
     if (wanted > 0) {
       n = ::readv(socket_.fd(), iov, count);
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-          return moved;
-        }
-        fail("recv", errno);
-      }
-      if (n == 0) {
-        fail("recv", 0);
+      if (!received(n)) {
+        return moved;
       }
       moved = true;
-      bytesReceived_ += static_cast<uint64_t>(n);
     }
     if (!credit(recvs_, static_cast<size_t>(n), count)) {
       return moved;  // socket drained

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <vector>
 
 #include "csrc/transport/queued_channel.h"
@@ -36,6 +38,9 @@ class TcpChannel final : public QueuedChannel {
   bool progressRecvs();
   // Returns true if bytes moved; sets *complete when the request finished.
   bool progressRecvReduce(Request& r, bool* complete);
+  // Result n of recv()/readv(): true if bytes arrived (counted), false if
+  // none are there yet; throws if the peer is gone or the read failed.
+  bool received(ssize_t n);
   [[noreturn]] void fail(const char* what, int err);
 
   Socket socket_;
