@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "csrc/backend/process_group.h"
+#include "csrc/backend/testing.h"
 #include "csrc/codec/codec.h"
 #include "csrc/common/cpu.h"
 #include "csrc/hooks/topk.h"
@@ -151,6 +152,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("size"), py::arg("timeout"), py::arg("bind_ip"),
         py::call_guard<py::gil_scoped_release>());
   m.def("reduce_kernel_family", &ringdist::kernelFamily);
+  ringdist::defineTestingModule(m);
   m.def("listen_address", &ringdist::chooseListenAddress, py::arg("ifname"), py::arg("store_host"),
         "The address a rank listens on: interface ifname's if given, else the local address "
         "that routes to store_host, loopback when the store is local or unknown");

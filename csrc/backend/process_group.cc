@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "csrc/backend/dtypes.h"
 #include "csrc/backend/options.h"
 #include "csrc/backend/store_rendezvous.h"
 #include "csrc/codec/codec.h"
@@ -20,21 +21,6 @@ namespace {
 // Bad input raises in the caller's thread with the op and rank named.
 #define RD_CHECK_INPUT(cond, op, ...) \
   TORCH_CHECK(cond, "ringdist ", op, ": rank ", getRank(), ": ", __VA_ARGS__)
-
-bool toDataType(at::ScalarType type, DataType* out) {
-  switch (type) {
-    case at::kFloat: *out = DataType::kFloat32; return true;
-    case at::kDouble: *out = DataType::kFloat64; return true;
-    case at::kHalf: *out = DataType::kFloat16; return true;
-    case at::kBFloat16: *out = DataType::kBFloat16; return true;
-    case at::kChar: *out = DataType::kInt8; return true;
-    case at::kByte: *out = DataType::kUInt8; return true;
-    case at::kInt: *out = DataType::kInt32; return true;
-    case at::kLong: *out = DataType::kInt64; return true;
-    case at::kBool: *out = DataType::kBool; return true;
-    default: return false;
-  }
-}
 
 // The engine works on flat memory: a contiguous tensor is used as is, any
 // other gets a contiguous copy that is written back after the operation.

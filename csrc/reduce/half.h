@@ -6,7 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
+
+#include "csrc/reduce/elementwise.h"
 
 #ifndef RD_INLINE
 #define RD_INLINE inline __attribute__((always_inline))
@@ -15,22 +16,8 @@
 namespace ringdist {
 namespace half {
 
-RD_INLINE float bf16ToFloat(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-RD_INLINE uint16_t floatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN, sign kept
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
+using elementwise::bf16ToFloat;
+using elementwise::floatToBf16;
 
 // Conversions between float32 buffers and packed 16-bit ones.
 struct Bf16 {
@@ -44,7 +31,9 @@ struct Bf16 {
   }
 };
 
-// Round to nearest even, as torch's float -> half cast.
+// Round to nearest even, as torch's float -> half cast. The hardware
+// conversion (F16C) on x86; elementwise::fp16ToFloat / floatToFp16 are the
+// same conversions in portable bit arithmetic, for the GPU.
 struct Fp16 {
   static RD_INLINE void widen(float* out, const void* in, size_t n) {
     const auto* h = static_cast<const _Float16*>(in);

@@ -7,6 +7,7 @@
 
 #include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
+#include "csrc/reduce/elementwise.h"
 #include "csrc/reduce/half.h"
 
 // Every kernel is written once as an always-inline template and instantiated
@@ -17,24 +18,18 @@ namespace ringdist {
 
 namespace {
 
-#define RD_INLINE inline __attribute__((always_inline))
+// The ops and their integer wrapping are shared with the CUDA kernels.
+using elementwise::And;
+using elementwise::Max;
+using elementwise::Min;
+using elementwise::Or;
+using elementwise::Prod;
+using elementwise::Sum;
+using elementwise::Wrap;
+using elementwise::Xor;
 
-struct Sum { template <typename T> static RD_INLINE T apply(T a, T b) { return a + b; } };
-struct Prod { template <typename T> static RD_INLINE T apply(T a, T b) { return a * b; } };
-// NaN-propagating, like torch.minimum / torch.maximum.
-struct Min { template <typename T> static RD_INLINE T apply(T a, T b) { return (a < b || a != a) ? a : b; } };
-struct Max { template <typename T> static RD_INLINE T apply(T a, T b) { return (a > b || a != a) ? a : b; } };
-struct And { template <typename T> static RD_INLINE T apply(T a, T b) { return a & b; } };
-struct Or { template <typename T> static RD_INLINE T apply(T a, T b) { return a | b; } };
-struct Xor { template <typename T> static RD_INLINE T apply(T a, T b) { return a ^ b; } };
-
-// Integer sums and products wrap (two's complement) like torch's integer
-// arithmetic; computing in the unsigned type keeps that well defined in C++.
-template <typename T> struct Wrap { using type = T; };
-template <> struct Wrap<int8_t> { using type = uint8_t; };
-template <> struct Wrap<int32_t> { using type = uint32_t; };
-template <> struct Wrap<int64_t> { using type = uint64_t; };
-
+// elementwise::combine, over arrays: W-typed pointers let the compiler
+// vectorise the wrapping integer ops.
 template <typename T, typename Op>
 RD_INLINE void loop(void* dst, const void* a, const void* b, size_t n) {
   using W = typename Wrap<T>::type;
@@ -45,7 +40,7 @@ RD_INLINE void loop(void* dst, const void* a, const void* b, size_t n) {
     for (size_t i = 0; i < n; ++i) d[i] = Op::apply(x[i], y[i]);
   } else {
     // Min/Max must compare as signed; sums/products/bit ops wrap as unsigned.
-    if constexpr (std::is_same<Op, Min>::value || std::is_same<Op, Max>::value) {
+    if constexpr (elementwise::kComparesSigned<Op>) {
       auto* ds = static_cast<T*>(dst);
       const auto* xs = static_cast<const T*>(a);
       const auto* ys = static_cast<const T*>(b);

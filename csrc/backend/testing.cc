@@ -1,0 +1,164 @@
+#include "csrc/backend/testing.h"
+
+#include <ATen/ATen.h>
+
+#include "csrc/backend/dtypes.h"
+#include "csrc/reduce/elementwise.h"
+#include "csrc/reduce/half.h"
+#include "csrc/reduce/reduce.h"
+
+namespace py = pybind11;
+
+namespace ringdist {
+
+namespace {
+
+namespace ew = elementwise;
+
+ReduceOp opFromName(const std::string& name) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct, ReduceOp::kMin,
+                      ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
+    if (name == reduceOpName(op)) return op;
+  }
+  TORCH_CHECK(false, "ringdist testing: unknown reduce op '", name, "'");
+}
+
+void checkPair(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.device().is_cpu() && a.is_contiguous() && b.is_contiguous() &&
+                  a.scalar_type() == b.scalar_type() && a.numel() == b.numel(),
+              "ringdist testing: expected two contiguous CPU tensors of one dtype and size");
+}
+
+// The CPU kernel the collectives use: reduceFunction(dtype, op).
+at::Tensor reduceWithKernel(const at::Tensor& a, const at::Tensor& b, const std::string& opName) {
+  checkPair(a, b);
+  DataType dtype;
+  TORCH_CHECK(toDataType(a.scalar_type(), &dtype), "ringdist testing: unsupported dtype");
+  at::Tensor out = at::empty_like(a);
+  reduceFunction(dtype, opFromName(opName))(out.data_ptr(), a.data_ptr(), b.data_ptr(),
+                                            static_cast<size_t>(a.numel()));
+  return out;
+}
+
+template <typename T, typename Op>
+void scalarLoop(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  const T* x = static_cast<const T*>(a.data_ptr());
+  const T* y = static_cast<const T*>(b.data_ptr());
+  T* d = static_cast<T*>(out.data_ptr());
+  for (int64_t i = 0; i < a.numel(); ++i) d[i] = ew::combine<T, Op>(x[i], y[i]);
+}
+
+template <typename Half, typename Op>
+void halfScalarLoop(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  const auto* x = static_cast<const uint16_t*>(a.data_ptr());
+  const auto* y = static_cast<const uint16_t*>(b.data_ptr());
+  auto* d = static_cast<uint16_t*>(out.data_ptr());
+  for (int64_t i = 0; i < a.numel(); ++i) d[i] = ew::combineHalf<Half, Op>(x[i], y[i]);
+}
+
+template <typename Op>
+bool dispatchShared(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  switch (a.scalar_type()) {
+    case at::kFloat: scalarLoop<float, Op>(a, b, out); return true;
+    case at::kDouble: scalarLoop<double, Op>(a, b, out); return true;
+    case at::kHalf: halfScalarLoop<ew::Fp16Bits, Op>(a, b, out); return true;
+    case at::kBFloat16: halfScalarLoop<ew::Bf16Bits, Op>(a, b, out); return true;
+    default: return false;
+  }
+}
+
+template <typename Op>
+bool dispatchSharedInt(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  switch (a.scalar_type()) {
+    case at::kChar: scalarLoop<int8_t, Op>(a, b, out); return true;
+    case at::kByte: case at::kBool: scalarLoop<uint8_t, Op>(a, b, out); return true;
+    case at::kInt: scalarLoop<int32_t, Op>(a, b, out); return true;
+    case at::kLong: scalarLoop<int64_t, Op>(a, b, out); return true;
+    default: return false;
+  }
+}
+
+// The same reduction, one element at a time through elementwise.h (what the
+// CUDA kernels compute). bool follows the CPU mapping: SUM/MAX are or,
+// PRODUCT/MIN are and.
+at::Tensor reduceWithShared(const at::Tensor& a, const at::Tensor& b, const std::string& opName) {
+  checkPair(a, b);
+  at::Tensor out = at::empty_like(a);
+  ReduceOp op = opFromName(opName);
+  if (a.scalar_type() == at::kBool) {
+    TORCH_CHECK(op != ReduceOp::kAvg, "ringdist testing: avg is not defined for bool");
+    op = op == ReduceOp::kSum || op == ReduceOp::kMax ? ReduceOp::kBor
+       : op == ReduceOp::kProduct || op == ReduceOp::kMin ? ReduceOp::kBand : op;
+  }
+  bool done = false;
+  switch (op) {
+    case ReduceOp::kSum: case ReduceOp::kAvg:
+      done = dispatchShared<ew::Sum>(a, b, out) || dispatchSharedInt<ew::Sum>(a, b, out); break;
+    case ReduceOp::kProduct:
+      done = dispatchShared<ew::Prod>(a, b, out) || dispatchSharedInt<ew::Prod>(a, b, out); break;
+    case ReduceOp::kMin:
+      done = dispatchShared<ew::Min>(a, b, out) || dispatchSharedInt<ew::Min>(a, b, out); break;
+    case ReduceOp::kMax:
+      done = dispatchShared<ew::Max>(a, b, out) || dispatchSharedInt<ew::Max>(a, b, out); break;
+    case ReduceOp::kBand: done = dispatchSharedInt<ew::And>(a, b, out); break;
+    case ReduceOp::kBor: done = dispatchSharedInt<ew::Or>(a, b, out); break;
+    case ReduceOp::kBxor: done = dispatchSharedInt<ew::Xor>(a, b, out); break;
+  }
+  TORCH_CHECK(done, "ringdist testing: ", opName, " is not defined for ", a.scalar_type());
+  return out;
+}
+
+// float32 -> fp16/bf16 bits and back: the CPU kernels' conversion
+// (half.h: F16C on x86) or the shared bit arithmetic.
+at::Tensor narrow(const at::Tensor& f, const std::string& to, bool shared) {
+  TORCH_CHECK(f.scalar_type() == at::kFloat && f.is_contiguous() && f.device().is_cpu(),
+              "ringdist testing: expected a contiguous float32 CPU tensor");
+  TORCH_CHECK(to == "fp16" || to == "bf16", "ringdist testing: narrow to fp16 or bf16");
+  at::Tensor out = at::empty(f.sizes(), f.options().dtype(at::kShort));
+  const float* in = f.data_ptr<float>();
+  auto* h = reinterpret_cast<uint16_t*>(out.data_ptr<int16_t>());
+  const size_t n = static_cast<size_t>(f.numel());
+  if (to == "bf16") {
+    for (size_t i = 0; i < n; ++i) h[i] = shared ? ew::floatToBf16(in[i]) : half::floatToBf16(in[i]);
+  } else if (shared) {
+    for (size_t i = 0; i < n; ++i) h[i] = ew::floatToFp16(in[i]);
+  } else {
+    half::Fp16::narrow(h, in, n);
+  }
+  return out;
+}
+
+at::Tensor widen(const at::Tensor& bits, const std::string& from, bool shared) {
+  TORCH_CHECK(bits.scalar_type() == at::kShort && bits.is_contiguous() && bits.device().is_cpu(),
+              "ringdist testing: expected a contiguous int16 CPU tensor of fp16/bf16 bits");
+  TORCH_CHECK(from == "fp16" || from == "bf16", "ringdist testing: widen from fp16 or bf16");
+  at::Tensor out = at::empty(bits.sizes(), bits.options().dtype(at::kFloat));
+  const auto* h = reinterpret_cast<const uint16_t*>(bits.data_ptr<int16_t>());
+  float* f = out.data_ptr<float>();
+  const size_t n = static_cast<size_t>(bits.numel());
+  if (from == "bf16") {
+    for (size_t i = 0; i < n; ++i) f[i] = shared ? ew::bf16ToFloat(h[i]) : half::bf16ToFloat(h[i]);
+  } else if (shared) {
+    for (size_t i = 0; i < n; ++i) f[i] = ew::fp16ToFloat(h[i]);
+  } else {
+    half::Fp16::widen(f, h, n);
+  }
+  return out;
+}
+
+}  // namespace
+
+void defineTestingModule(py::module_& parent) {
+  py::module_ m = parent.def_submodule(
+      "testing", "CPU kernels and the element arithmetic they share with the CUDA kernels");
+  m.def("reduce_kernel", &reduceWithKernel, py::arg("a"), py::arg("b"), py::arg("op"),
+        "a (op) b with the CPU reduce kernel the collectives use");
+  m.def("reduce_shared", &reduceWithShared, py::arg("a"), py::arg("b"), py::arg("op"),
+        "a (op) b one element at a time through the arithmetic shared with the CUDA kernels");
+  m.def("narrow", &narrow, py::arg("values"), py::arg("to"), py::arg("shared"),
+        "float32 -> fp16/bf16 bits (int16): CPU kernel conversion, or the shared one");
+  m.def("widen", &widen, py::arg("bits"), py::arg("from_"), py::arg("shared"),
+        "fp16/bf16 bits (int16) -> float32: CPU kernel conversion, or the shared one");
+}
+
+}  // namespace ringdist
