@@ -4,43 +4,97 @@ Install with `pip install --no-build-isolation .` so the build sees that torch
 (see pyproject.toml for why torch is not a build requirement). The extension
 is tied to the torch minor version it was built against: rebuild after
 upgrading torch.
+
+CUDA: the kernels in csrc/cuda/ are compiled (CUDAExtension) when the
+installed torch is a CUDA build and nvcc is found; otherwise the extension is
+CPU-only. TORCH_RINGDIST_CUDA=1 requires the CUDA build (an error says what is
+missing), TORCH_RINGDIST_CUDA=0 forbids it. TORCH_CUDA_ARCH_LIST picks the GPU
+architectures as for any torch extension.
 """
 import glob
 import os
 
 from setuptools import setup
 
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# torch finds CUDA_HOME from `which nvcc` before its own default /usr/local/cuda;
+# where nvcc is a wrapper script elsewhere (e.g. /usr/local/bin), that guess has
+# no CUDA headers. Prefer the default when it is complete and nothing was set.
+if not os.environ.get("CUDA_HOME") and not os.environ.get("CUDA_PATH") and os.path.exists(
+        "/usr/local/cuda/include/cuda_runtime_api.h"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
 try:
-    import torch  # noqa: F401
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    import torch
+    from torch.utils import cpp_extension
 except ImportError as exc:  # pragma: no cover - explained to the user
     raise SystemExit(
         "torch_ringdist builds against an installed torch: first `pip install torch==<version>`, "
         "then `pip install --no-build-isolation .`"
     ) from exc
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+# Architectures when none were asked for and no GPU is visible to detect:
+# A100 (8.0) and H100/H200 (9.0), plus PTX for newer GPUs to JIT-compile.
+DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
 
 
-def sources():
-    # The engine (common, transport, reduce, codec, collectives, hooks) is
-    # torch-free C++; csrc/backend/ is the only layer that includes torch headers.
-    return sorted(glob.glob(os.path.join("csrc", "**", "*.cc"), recursive=True))
+def cuda_build():
+    """Whether to compile the CUDA sources; raises if forced on but impossible."""
+    wanted = os.environ.get("TORCH_RINGDIST_CUDA", "")
+    if wanted not in ("", "0", "1"):
+        raise SystemExit(f"TORCH_RINGDIST_CUDA must be 0 or 1, got {wanted!r}")
+    if wanted == "0":
+        return False
+    home = cpp_extension.CUDA_HOME
+    missing = None
+    if torch.version.cuda is None:
+        missing = f"the installed torch {torch.__version__} is not a CUDA build"
+    elif home is None or not os.path.exists(os.path.join(home, "bin", "nvcc")):
+        missing = "nvcc was not found (set CUDA_HOME to the CUDA toolkit)"
+    elif not os.path.exists(os.path.join(home, "include", "cuda_runtime_api.h")):
+        missing = f"CUDA_HOME={home} has no include/cuda_runtime_api.h"
+    if missing and wanted == "1":
+        raise SystemExit(f"TORCH_RINGDIST_CUDA=1 but {missing}")
+    if missing:
+        print(f"torch_ringdist: building without CUDA ({missing})")
+        return False
+    return True
 
 
+def sources(pattern):
+    # The engine (common, transport, reduce, codec, collectives, hooks, cuda)
+    # is torch-free; csrc/backend/ is the only layer that includes torch headers.
+    return sorted(glob.glob(os.path.join("csrc", "**", pattern), recursive=True))
+
+
+debug = bool(os.environ.get("RINGDIST_DEBUG_BUILD"))
 cxx_flags = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-sign-compare", "-Wno-unused-parameter"]
-if os.environ.get("RINGDIST_DEBUG_BUILD"):
+if debug:
     cxx_flags = ["-O0", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+common = dict(
+    name="torch_ringdist._C",
+    include_dirs=[ROOT],
+    extra_link_args=["-fsanitize=address,undefined"] if debug else [],
+)
+
+if cuda_build():
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_CUDA_ARCHS
+    # -fmad=false: CUDA kernels must not fuse a * b + c, so every element
+    # rounds as on the CPU (csrc/reduce/elementwise.h).
+    nvcc_flags = ["-O3", "-fmad=false", "-Xcompiler", "-fvisibility=hidden"]
+    extension = cpp_extension.CUDAExtension(
+        sources=sources("*.cc") + sources("*.cu"),
+        define_macros=[("RINGDIST_CUDA", "1")],
+        extra_compile_args={"cxx": cxx_flags + ["-Wno-interference-size"], "nvcc": nvcc_flags},
+        **common,
+    )
+else:
+    extension = cpp_extension.CppExtension(
+        sources=sources("*.cc"), extra_compile_args={"cxx": cxx_flags}, **common)
 
 setup(
-    ext_modules=[
-        CppExtension(
-            name="torch_ringdist._C",
-            sources=sources(),
-            include_dirs=[ROOT],
-            extra_compile_args={"cxx": cxx_flags},
-            extra_link_args=["-fsanitize=address,undefined"] if os.environ.get("RINGDIST_DEBUG_BUILD") else [],
-        )
-    ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    ext_modules=[extension],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )

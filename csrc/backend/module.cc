@@ -153,6 +153,13 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("reduce_kernel_family", &ringdist::kernelFamily);
   ringdist::defineTestingModule(m);
+  m.def("cuda_compiled", [] {
+#ifdef RINGDIST_CUDA
+    return true;
+#else
+    return false;
+#endif
+  }, "Whether this build of the extension contains ringdist's CUDA code");
   m.def("listen_address", &ringdist::chooseListenAddress, py::arg("ifname"), py::arg("store_host"),
         "The address a rank listens on: interface ifname's if given, else the local address "
         "that routes to store_host, loopback when the store is local or unknown");

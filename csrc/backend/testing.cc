@@ -4,6 +4,12 @@
 
 #include "csrc/backend/dtypes.h"
 #include "csrc/reduce/elementwise.h"
+#ifdef RINGDIST_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "csrc/cuda/reduce.h"
+#endif
 #include "csrc/reduce/half.h"
 #include "csrc/reduce/reduce.h"
 
@@ -146,6 +152,54 @@ at::Tensor widen(const at::Tensor& bits, const std::string& from, bool shared) {
   return out;
 }
 
+#ifdef RINGDIST_CUDA
+DataType cudaOperandType(const at::Tensor& t) {
+  DataType dtype;
+  TORCH_CHECK(t.is_cuda() && t.is_contiguous() && toDataType(t.scalar_type(), &dtype),
+              "ringdist testing: expected a contiguous CUDA tensor of a supported dtype");
+  return dtype;
+}
+#endif
+
+// The GPU reduce kernel (csrc/cuda/reduce.cu) on the caller's current stream.
+at::Tensor reduceWithCudaKernel(const at::Tensor& a, const at::Tensor& b, const std::string& opName) {
+#ifdef RINGDIST_CUDA
+  const DataType dtype = cudaOperandType(a);
+  TORCH_CHECK(b.device() == a.device() && b.scalar_type() == a.scalar_type() &&
+                  b.numel() == a.numel() && b.is_contiguous(),
+              "ringdist testing: b must match a (device, dtype, size)");
+  c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor out = at::empty_like(a);
+  cuda::reduce(dtype, opFromName(opName), out.data_ptr(), a.data_ptr(), b.data_ptr(),
+               static_cast<size_t>(a.numel()), c10::cuda::getCurrentCUDAStream().stream());
+  return out;
+#else
+  TORCH_CHECK(false, "ringdist testing: this build of ringdist has no CUDA kernels");
+#endif
+}
+
+at::Tensor divideWithCudaKernel(const at::Tensor& x, int64_t divisor) {
+#ifdef RINGDIST_CUDA
+  const DataType dtype = cudaOperandType(x);
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = x.clone();
+  cuda::divide(dtype, out.data_ptr(), static_cast<size_t>(out.numel()), static_cast<int>(divisor),
+               c10::cuda::getCurrentCUDAStream().stream());
+  return out;
+#else
+  TORCH_CHECK(false, "ringdist testing: this build of ringdist has no CUDA kernels");
+#endif
+}
+
+at::Tensor divideWithKernel(const at::Tensor& x, int64_t divisor) {
+  DataType dtype;
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && toDataType(x.scalar_type(), &dtype),
+              "ringdist testing: expected a contiguous CPU tensor of a supported dtype");
+  at::Tensor out = x.clone();
+  divideInPlace(out.data_ptr(), static_cast<size_t>(out.numel()), dtype, static_cast<int>(divisor));
+  return out;
+}
+
 }  // namespace
 
 void defineTestingModule(py::module_& parent) {
@@ -159,6 +213,12 @@ void defineTestingModule(py::module_& parent) {
         "float32 -> fp16/bf16 bits (int16): CPU kernel conversion, or the shared one");
   m.def("widen", &widen, py::arg("bits"), py::arg("from_"), py::arg("shared"),
         "fp16/bf16 bits (int16) -> float32: CPU kernel conversion, or the shared one");
+  m.def("divide_kernel", &divideWithKernel, py::arg("x"), py::arg("divisor"),
+        "x / divisor with the CPU kernel that finalises AVG");
+  m.def("cuda_reduce", &reduceWithCudaKernel, py::arg("a"), py::arg("b"), py::arg("op"),
+        "a (op) b with the GPU reduce kernel, on the current stream (CUDA builds only)");
+  m.def("cuda_divide", &divideWithCudaKernel, py::arg("x"), py::arg("divisor"),
+        "x / divisor with the GPU kernel that finalises AVG (CUDA builds only)");
 }
 
 }  // namespace ringdist

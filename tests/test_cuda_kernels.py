@@ -1,0 +1,53 @@
+"""The GPU reduce kernels (csrc/cuda/reduce.cu) against the CPU kernels, bit for bit, for
+every dtype and op, on awkward sizes. Needs a CUDA build of ringdist and a GPU; skipped
+otherwise (CI compiles the CUDA sources but has no GPU: tests/test_shared_arithmetic.py
+covers the shared element arithmetic there).
+"""
+import pytest
+import torch
+
+from torch_ringdist._extension import load
+
+from test_shared_arithmetic import DTYPES, OPS, _operands, _same_bits
+
+_C = load()
+pytestmark = pytest.mark.skipif(
+    not (_C.cuda_compiled() and torch.cuda.is_available()),
+    reason="needs ringdist built with CUDA (TORCH_RINGDIST_CUDA=1) and a GPU")
+T = _C.testing
+
+
+@pytest.mark.parametrize("n", [1, 255, 4099, (1 << 20) + 3])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_cuda_reduce_matches_cpu_kernel(dtype, n):
+    a, b = _operands(dtype, max(n, 24), seed=n)
+    a, b = a[:n].contiguous(), b[:n].contiguous()
+    for op in OPS:
+        try:
+            expected = T.reduce_kernel(a, b, op)
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                T.cuda_reduce(a.cuda(), b.cuda(), op)
+            continue
+        got = T.cuda_reduce(a.cuda(), b.cuda(), op).cpu()
+        assert _same_bits(got, expected), f"{dtype} {op} n={n}: GPU differs from the CPU kernel"
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.bool],
+                         ids=lambda d: str(d).replace("torch.", ""))
+def test_cuda_divide_matches_cpu_kernel(dtype):
+    x, _ = _operands(dtype, 4099, seed=7)
+    for divisor in (2, 3, 7):
+        expected = T.divide_kernel(x, divisor)
+        assert _same_bits(T.cuda_divide(x.cuda(), divisor).cpu(), expected), (dtype, divisor)
+
+
+def test_cuda_reduce_runs_on_the_current_stream():
+    """Queued behind earlier work on the caller's stream, as torch ops are."""
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        a = torch.full((1 << 22,), 2.0, device="cuda")
+        a.mul_(3.0)  # on s; the kernel must see its result
+        out = T.cuda_reduce(a, a, "sum")
+    s.synchronize()
+    assert torch.equal(out.cpu(), torch.full((1 << 22,), 12.0))
