@@ -51,3 +51,20 @@ def test_cuda_reduce_runs_on_the_current_stream():
         out = T.cuda_reduce(a, a, "sum")
     s.synchronize()
     assert torch.equal(out.cpu(), torch.full((1 << 22,), 12.0))
+
+
+from test_shared_arithmetic import CODECS, assert_same_decoding, assert_same_encoding, codec_inputs  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 4099, (1 << 20) + 77])
+@pytest.mark.parametrize("codec", CODECS)
+def test_cuda_codecs_match_cpu_codecs(codec, n):
+    x = codec_inputs(n, seed=n)
+    cpu = T.codec_encode(x, codec, "cpu")
+    gpu = T.codec_encode(x.cuda(), codec, "cuda").cpu()
+    assert_same_encoding(codec, x, gpu, cpu)
+    acc = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    for add in (None, acc):
+        expected = T.codec_decode(cpu, codec, n, "cpu", add)
+        got = T.codec_decode(cpu.cuda(), codec, n, "cuda", None if add is None else add.cuda())
+        assert_same_decoding(x, got.cpu(), expected)

@@ -127,3 +127,69 @@ def test_reduce_shared_against_closed_forms():
     k = torch.tensor([2.0 ** -11, 1.0, 65504.0], dtype=torch.float16)
     s = T.reduce_shared(h, k, "sum")
     assert s.tolist() == (h.float() + k.float()).half().tolist()
+
+
+CODECS = ["fp16", "bf16", "int8"]
+BLOCK = 256
+
+
+def codec_inputs(n, seed):
+    """float32 values in codec blocks of very different scales, with an all-zero block, a
+    block below the int8 codec's tiny threshold, huge values, and blocks holding a NaN or
+    an infinity (which must decode to NaN throughout)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g)
+    blocks = (n + BLOCK - 1) // BLOCK
+    scales = 10.0 ** (torch.rand(blocks, generator=g) * 10 - 5)
+    x *= scales.repeat_interleave(BLOCK)[:n]
+    specials = {1: 0.0, 2: 1e-35, 3: 3e38}
+    for b, value in specials.items():
+        if b < blocks:
+            x[b * BLOCK:(b + 1) * BLOCK] *= value if value != 3e38 else 1.0
+            if value == 3e38:
+                x[b * BLOCK] = 3e38
+    if blocks > 5:
+        x[4 * BLOCK + 7] = float("nan")
+        x[5 * BLOCK + 9] = float("-inf")
+    return x
+
+
+def nonfinite_blocks(x):
+    bad = ~torch.isfinite(x)
+    pad = (-len(x)) % BLOCK
+    return torch.nn.functional.pad(bad, (0, pad)).view(-1, BLOCK).any(1)
+
+
+def assert_same_encoding(codec, x, got, expected):
+    """Equal bytes, except the payload of blocks holding a NaN or infinity (any payload
+    decodes to NaN there: the scale is NaN in both)."""
+    if codec == "bf16":
+        assert torch.equal(got, expected)
+        return
+    payload = 1 if codec == "int8" else 2
+    full = 4 + BLOCK * payload
+    for b, bad in enumerate(nonfinite_blocks(x).tolist()):
+        lo, hi = b * full, min((b + 1) * full, len(expected))
+        if bad:
+            assert torch.isnan(got[lo:lo + 4].view(torch.float32)).all(), f"block {b}: scale not NaN"
+            assert torch.isnan(expected[lo:lo + 4].view(torch.float32)).all()
+        else:
+            assert torch.equal(got[lo:hi], expected[lo:hi]), f"{codec} block {b} differs"
+
+
+def assert_same_decoding(x, got, expected):
+    assert _same_bits(got[torch.isfinite(expected)], expected[torch.isfinite(expected)])
+    assert torch.equal(torch.isnan(got), torch.isnan(expected))
+
+
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 4099, 65536 + 77])
+@pytest.mark.parametrize("codec", CODECS)
+def test_codec_block_math_matches_cpu_codecs(codec, n):
+    x = codec_inputs(n, seed=n)
+    cpu = T.codec_encode(x, codec, "cpu")
+    shared = T.codec_encode(x, codec, "shared")
+    assert_same_encoding(codec, x, shared, cpu)
+    acc = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    for add in (None, acc):
+        expected = T.codec_decode(cpu, codec, n, "cpu", add)
+        assert_same_decoding(x, T.codec_decode(cpu, codec, n, "shared", add), expected)

@@ -2,12 +2,19 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
 #include "csrc/backend/dtypes.h"
+#include "csrc/codec/block_math.h"
+#include "csrc/codec/codec.h"
 #include "csrc/reduce/elementwise.h"
 #ifdef RINGDIST_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "csrc/cuda/codec.h"
 #include "csrc/cuda/reduce.h"
 #endif
 #include "csrc/reduce/half.h"
@@ -200,6 +207,130 @@ at::Tensor divideWithKernel(const at::Tensor& x, int64_t divisor) {
   return out;
 }
 
+// ---------------------------------------------------------------- codecs
+
+Codec codecNamed(const std::string& name) {
+  Codec codec = Codec::kInt8;
+  TORCH_CHECK(codecFromName(name, &codec), "ringdist testing: unknown codec '", name, "'");
+  return codec;
+}
+
+// The shared block arithmetic (block_math.h) run on the host, one element at
+// a time: what the GPU kernels compute.
+void sharedEncode(Codec codec, const float* x, size_t count, char* out) {
+  if (codec == Codec::kBf16) {
+    auto* h = reinterpret_cast<uint16_t*>(out);
+    for (size_t i = 0; i < count; ++i) h[i] = ew::floatToBf16(x[i]);
+    return;
+  }
+  for (size_t first = 0; first < count; first += kCodecBlock) {
+    const size_t n = std::min(kCodecBlock, count - first);
+    float maxAbs = 0.0f;
+    bool finite = true;
+    for (size_t i = 0; i < n; ++i) {
+      const float a = std::fabs(x[first + i]);
+      maxAbs = a > maxAbs ? a : maxAbs;
+      finite = finite && std::isfinite(x[first + i]);
+    }
+    char* block = out + encodedBytes(codec, first);
+    if (codec == Codec::kInt8) {
+      const auto s = blockmath::int8Scales(maxAbs, finite);
+      std::memcpy(block, &s.scale, sizeof(float));
+      auto* q = reinterpret_cast<int8_t*>(block + sizeof(float));
+      for (size_t i = 0; i < n; ++i) q[i] = blockmath::int8Encode(x[first + i], s.inverse);
+    } else {
+      const auto s = blockmath::fp16Scales(maxAbs, finite);
+      std::memcpy(block, &s.scale, sizeof(float));
+      auto* h = reinterpret_cast<uint16_t*>(block + sizeof(float));
+      for (size_t i = 0; i < n; ++i) h[i] = blockmath::fp16Encode(x[first + i], s.up);
+    }
+  }
+}
+
+void sharedDecode(Codec codec, const char* in, size_t count, float* out, bool add) {
+  for (size_t i = 0; i < count; ++i) {
+    float v;
+    if (codec == Codec::kBf16) {
+      v = ew::bf16ToFloat(reinterpret_cast<const uint16_t*>(in)[i]);
+    } else {
+      const char* block = in + encodedBytes(codec, i / kCodecBlock * kCodecBlock);
+      float scale;
+      std::memcpy(&scale, block, sizeof(float));
+      const size_t j = i % kCodecBlock;
+      v = codec == Codec::kInt8
+          ? blockmath::int8Decode(reinterpret_cast<const int8_t*>(block + sizeof(float))[j], scale)
+          : blockmath::fp16Decode(reinterpret_cast<const uint16_t*>(block + sizeof(float))[j], scale);
+    }
+    out[i] = add ? out[i] + v : v;
+  }
+}
+
+// impl: "cpu" (the CPU codec kernels), "shared" (block_math.h on the host)
+// or "cuda" (the GPU kernels; tensors on the GPU, current stream).
+at::Tensor codecEncode(const at::Tensor& x, const std::string& name, const std::string& impl) {
+  const Codec codec = codecNamed(name);
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "ringdist testing: expected a contiguous float32 tensor");
+  const size_t n = static_cast<size_t>(x.numel());
+  at::Tensor out = at::empty({static_cast<int64_t>(encodedBytes(codec, n))},
+                             x.options().dtype(at::kByte));
+  if (impl == "cuda") {
+#ifdef RINGDIST_CUDA
+    TORCH_CHECK(x.is_cuda(), "ringdist testing: impl='cuda' needs a CUDA tensor");
+    c10::cuda::CUDAGuard guard(x.device());
+    cuda::encode(codec, x.data_ptr<float>(), n, out.data_ptr(), c10::cuda::getCurrentCUDAStream().stream());
+    return out;
+#else
+    TORCH_CHECK(false, "ringdist testing: this build of ringdist has no CUDA kernels");
+#endif
+  }
+  TORCH_CHECK(x.device().is_cpu() && (impl == "cpu" || impl == "shared"),
+              "ringdist testing: impl must be cpu, shared or cuda");
+  if (impl == "cpu") {
+    encode(codec, x.data_ptr<float>(), n, out.data_ptr());
+  } else {
+    sharedEncode(codec, x.data_ptr<float>(), n, static_cast<char*>(out.data_ptr()));
+  }
+  return out;
+}
+
+// Decodes `count` values; into a copy of `acc` (decode-add) when given.
+at::Tensor codecDecode(const at::Tensor& bytes, const std::string& name, int64_t count,
+                       const std::string& impl, std::optional<at::Tensor> acc) {
+  const Codec codec = codecNamed(name);
+  const size_t n = static_cast<size_t>(count);
+  TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.is_contiguous() &&
+                  static_cast<size_t>(bytes.numel()) == encodedBytes(codec, n),
+              "ringdist testing: expected the ", encodedBytes(codec, n), " encoded bytes of ",
+              count, " values as a contiguous uint8 tensor");
+  at::Tensor out = acc.has_value() ? acc->contiguous().clone()
+                                   : at::empty({count}, bytes.options().dtype(at::kFloat));
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.numel() == count && out.device() == bytes.device(),
+              "ringdist testing: acc must be float32 with count values on the bytes' device");
+  if (impl == "cuda") {
+#ifdef RINGDIST_CUDA
+    c10::cuda::CUDAGuard guard(bytes.device());
+    auto stream = c10::cuda::getCurrentCUDAStream().stream();
+    acc.has_value() ? cuda::decodeAdd(codec, bytes.data_ptr(), n, out.data_ptr<float>(), stream)
+                    : cuda::decode(codec, bytes.data_ptr(), n, out.data_ptr<float>(), stream);
+    return out;
+#else
+    TORCH_CHECK(false, "ringdist testing: this build of ringdist has no CUDA kernels");
+#endif
+  }
+  TORCH_CHECK(bytes.device().is_cpu() && (impl == "cpu" || impl == "shared"),
+              "ringdist testing: impl must be cpu, shared or cuda");
+  if (impl == "shared") {
+    sharedDecode(codec, static_cast<const char*>(bytes.data_ptr()), n, out.data_ptr<float>(),
+                 acc.has_value());
+  } else if (acc.has_value()) {
+    decodeAdd(codec, bytes.data_ptr(), n, out.data_ptr<float>());
+  } else {
+    decode(codec, bytes.data_ptr(), n, out.data_ptr<float>());
+  }
+  return out;
+}
+
 }  // namespace
 
 void defineTestingModule(py::module_& parent) {
@@ -217,6 +348,11 @@ void defineTestingModule(py::module_& parent) {
         "x / divisor with the CPU kernel that finalises AVG");
   m.def("cuda_reduce", &reduceWithCudaKernel, py::arg("a"), py::arg("b"), py::arg("op"),
         "a (op) b with the GPU reduce kernel, on the current stream (CUDA builds only)");
+  m.def("codec_encode", &codecEncode, py::arg("values"), py::arg("codec"), py::arg("impl"),
+        "Encoded bytes (uint8) of float32 values: impl 'cpu', 'shared' or 'cuda'");
+  m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("codec"), py::arg("count"),
+        py::arg("impl"), py::arg("acc") = py::none(),
+        "Decoded float32 values (added to a copy of acc if given): impl 'cpu', 'shared' or 'cuda'");
   m.def("cuda_divide", &divideWithCudaKernel, py::arg("x"), py::arg("divisor"),
         "x / divisor with the GPU kernel that finalises AVG (CUDA builds only)");
 }

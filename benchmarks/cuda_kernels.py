@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Bandwidth of ringdist's GPU kernels against the GPU's own device-to-device copy.
+
+    python benchmarks/cuda_kernels.py --json cuda_kernels.json
+
+Issue target: reduction and codec kernels >= 80% of the measured device-to-device copy
+bandwidth on 256 MiB. Each kernel's bytes moved (read + written) per second is compared
+with torch's D2D copy of the same buffer (also read + written), measured alternately in
+the same run with CUDA events; medians of --reps. Needs a CUDA build of ringdist and a
+GPU: exits with a message otherwise.
+"""
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+from torch_ringdist._extension import load
+
+
+def timed(fn, reps):
+    """Median milliseconds of fn() on the current stream, CUDA events, after a warm-up."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mib", type=int, default=256, help="float32 buffer size in MiB")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--json", help="write results here")
+    args = p.parse_args()
+    C = load()
+    if not (C.cuda_compiled() and torch.cuda.is_available()):
+        sys.exit("cuda_kernels.py needs ringdist built with CUDA (TORCH_RINGDIST_CUDA=1) and a GPU")
+    T = C.testing
+    n = args.mib * (1 << 20) // 4
+    a = torch.randn(n, device="cuda")
+    b = torch.randn(n, device="cuda")
+    dst = torch.empty_like(a)
+    copy_ms = timed(lambda: dst.copy_(a), args.reps)
+    copy_gbps = 2 * a.numel() * 4 / copy_ms / 1e6
+    rows = []
+
+    def row(name, ms, moved):
+        gbps = moved / ms / 1e6
+        rows.append({"kernel": name, "ms": ms, "GBps": gbps, "of_copy": gbps / copy_gbps})
+        print(f"{name:<28}{ms:9.3f} ms {gbps:9.1f} GB/s {gbps / copy_gbps:7.1%} of D2D copy", flush=True)
+
+    print(f"{torch.cuda.get_device_name()}, {args.mib} MiB float32; D2D copy {copy_gbps:.1f} GB/s "
+          f"(read + write)")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x, y = a.to(dtype), b.to(dtype)
+        elem = x.element_size()
+        row(f"reduce sum {dtype}".replace("torch.", ""),
+            timed(lambda: T.cuda_reduce(x, y, "sum"), args.reps), 3 * n * elem)
+    for codec in ("bf16", "fp16", "int8"):
+        enc = T.codec_encode(a, codec, "cuda")
+        row(f"encode {codec}", timed(lambda: T.codec_encode(a, codec, "cuda"), args.reps),
+            n * 4 + enc.numel())
+        row(f"decode {codec}", timed(lambda: T.codec_decode(enc, codec, n, "cuda"), args.reps),
+            enc.numel() + n * 4)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "mib": args.mib,
+              "copy_GBps": copy_gbps, "rows": rows,
+              "note": "the encode/decode rows allocate their output each call, as the test bindings do"}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
