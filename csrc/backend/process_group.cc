@@ -127,7 +127,8 @@ DataType ProcessGroupRingdist::checkTensors(const char* op, const std::vector<at
     RD_CHECK_INPUT(t.layout() == at::kStrided, op, "tensor ", i,
                    " is sparse (layout ", t.layout(), "); only dense tensors are supported");
     RD_CHECK_INPUT(t.device().is_cpu(), op, "tensor ", i, " is on ", t.device(),
-                   "; this build of ringdist handles CPU tensors only");
+                   "; ringdist's collectives take CPU tensors only so far (for GPU tensors use ",
+                   "backend=\"cpu:ringdist,cuda:nccl\")");
     RD_CHECK_INPUT(t.scalar_type() == tensors[0].scalar_type(), op, "tensors have mixed dtypes (",
                    tensors[0].scalar_type(), " and ", t.scalar_type(), ")");
     RD_CHECK_INPUT(toDataType(t.scalar_type(), &dtype), op, "unsupported dtype ",
