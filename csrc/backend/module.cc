@@ -2,6 +2,7 @@
 // creator that torch_ringdist registers with torch.distributed.
 #include <pybind11/chrono.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/headeronly/version.h>
 
 #include "csrc/backend/process_group.h"
 #include "csrc/backend/testing.h"
@@ -153,6 +154,10 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("reduce_kernel_family", &ringdist::kernelFamily);
   ringdist::defineTestingModule(m);
+  // The torch this extension was compiled against: it must be the same minor
+  // version as the torch it runs with (python -m torch_ringdist checks).
+  m.attr("built_with_torch") = std::to_string(TORCH_VERSION_MAJOR) + "." +
+      std::to_string(TORCH_VERSION_MINOR) + "." + std::to_string(TORCH_VERSION_PATCH);
   m.def("cuda_compiled", [] {
 #ifdef RINGDIST_CUDA
     return true;
