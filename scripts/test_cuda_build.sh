@@ -15,7 +15,6 @@ start=$(date +%s)
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 VPY="$VENV/bin/python"
-"$VPY" -m pip install -q --upgrade pip
 # Pinned: the CUDA 13.0 build of torch with its NVIDIA runtime wheels.
 "$VPY" -m pip install -q "torch==${TORCH_CUDA_VERSION}"
 "$VPY" -m pip install -q -r scripts/requirements-dev.txt

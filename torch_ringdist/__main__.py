@@ -18,6 +18,7 @@ import torch
 
 import torch_ringdist
 from torch_ringdist._extension import load
+from torch_ringdist._registration import _bind_address
 
 # Variables that change ringdist's behaviour (README's table), besides RINGDIST_*.
 RELATED_ENV = ("MASTER_ADDR", "MASTER_PORT", "TORCH_DISTRIBUTED_DEBUG",
@@ -73,10 +74,8 @@ def collect() -> tuple[dict, list[str]]:
     if not facts["shared_memory"]["usable"]:
         problems.append("shared memory is not usable: ranks on this host will talk over TCP "
                         f"({facts['shared_memory'].get('error')})")
-    ifname = os.environ.get("RINGDIST_SOCKET_IFNAME", "")
-    master = os.environ.get("MASTER_ADDR", "")
     try:
-        facts["listen_address"] = ext.listen_address(ifname, master)
+        facts["listen_address"] = _bind_address(None)  # what a group would listen on (no store yet)
     except RuntimeError as exc:
         facts["listen_address"] = None
         problems.append(str(exc))

@@ -1,10 +1,16 @@
 #pragma once
 
 #include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
 
+#include <string>
+
+#include "csrc/codec/codec.h"
 #include "csrc/common/types.h"
 
 namespace ringdist {
+
+// The engine's enums for what Python hands the backend.
 
 // The engine's DataType for a torch dtype; false for dtypes ringdist does not handle.
 inline bool toDataType(at::ScalarType type, DataType* out) {
@@ -20,6 +26,14 @@ inline bool toDataType(at::ScalarType type, DataType* out) {
     case at::kBool: *out = DataType::kBool; return true;
     default: return false;
   }
+}
+
+// The wire codec named by Python ("fp16", "bf16", "int8"); raises for others.
+inline Codec parseCodec(const std::string& name) {
+  Codec codec = Codec::kInt8;
+  TORCH_CHECK(codecFromName(name, &codec), "ringdist codec: unknown codec '", name,
+              "' (known: fp16, bf16, int8)");
+  return codec;
 }
 
 }  // namespace ringdist

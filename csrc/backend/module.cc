@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/headeronly/version.h>
 
+#include "csrc/backend/dtypes.h"
 #include "csrc/backend/process_group.h"
 #include "csrc/backend/testing.h"
 #include "csrc/codec/codec.h"
@@ -15,16 +16,9 @@ namespace py = pybind11;
 
 namespace {
 
-ringdist::Codec parseCodec(const std::string& name) {
-  ringdist::Codec codec = ringdist::Codec::kInt8;
-  TORCH_CHECK(ringdist::codecFromName(name, &codec), "ringdist codec: unknown codec '", name,
-              "' (known: fp16, bf16, int8)");
-  return codec;
-}
-
 at::Tensor codecRoundTrip(const at::Tensor& tensor, const std::string& name,
                           std::optional<at::Tensor> out, bool residual) {
-  ringdist::Codec codec = parseCodec(name);
+  ringdist::Codec codec = ringdist::parseCodec(name);
   TORCH_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided &&
                   tensor.scalar_type() == at::kFloat,
               "ringdist codec_roundtrip: expected a dense float32 CPU tensor, got ",
@@ -136,7 +130,7 @@ PYBIND11_MODULE(_C, m) {
         "contribution to a compressed allreduce; with residual=True, tensor - that (the error "
         "that error feedback carries to the next step). Written into out if given.");
   m.def("codec_encoded_bytes", [](const std::string& name, size_t count) {
-          return ringdist::encodedBytes(parseCodec(name), count);
+          return ringdist::encodedBytes(ringdist::parseCodec(name), count);
         }, py::arg("codec"), py::arg("count"));
   m.def("codec_kernel_family", &ringdist::kernelFamily);
   m.def("topk_select", &topkSelect, py::arg("grad"), py::arg("residual"), py::arg("k"),

@@ -42,11 +42,11 @@ size_t envBytes(const char* name, size_t fallback, int64_t minimum) {
 }
 
 TransportPolicy transportPolicy() {
-  std::string policy = envString("RINGDIST_TRANSPORT", "auto");
-  for (TransportPolicy p : {TransportPolicy::kAuto, TransportPolicy::kTcp, TransportPolicy::kShm}) {
-    if (policy == transportPolicyName(p)) return p;
-  }
-  RINGDIST_FAIL("ringdist: RINGDIST_TRANSPORT must be auto, tcp or shm, got '", policy, "'");
+  std::string name = envString("RINGDIST_TRANSPORT", "auto");
+  TransportPolicy policy = TransportPolicy::kAuto;
+  RINGDIST_CHECK(transportPolicyFromName(name, &policy),
+                 "ringdist: RINGDIST_TRANSPORT must be auto, tcp or shm, got '", name, "'");
+  return policy;
 }
 
 // RINGDIST_HOST_ID="a,b,a,b" assigns ranks to hosts by hand (rank r takes

@@ -53,71 +53,24 @@ at::Tensor reduceWithKernel(const at::Tensor& a, const at::Tensor& b, const std:
   return out;
 }
 
-template <typename T, typename Op>
-void scalarLoop(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  const T* x = static_cast<const T*>(a.data_ptr());
-  const T* y = static_cast<const T*>(b.data_ptr());
-  T* d = static_cast<T*>(out.data_ptr());
-  for (int64_t i = 0; i < a.numel(); ++i) d[i] = ew::combine<T, Op>(x[i], y[i]);
-}
-
-template <typename Half, typename Op>
-void halfScalarLoop(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  const auto* x = static_cast<const uint16_t*>(a.data_ptr());
-  const auto* y = static_cast<const uint16_t*>(b.data_ptr());
-  auto* d = static_cast<uint16_t*>(out.data_ptr());
-  for (int64_t i = 0; i < a.numel(); ++i) d[i] = ew::combineHalf<Half, Op>(x[i], y[i]);
-}
-
-template <typename Op>
-bool dispatchShared(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  switch (a.scalar_type()) {
-    case at::kFloat: scalarLoop<float, Op>(a, b, out); return true;
-    case at::kDouble: scalarLoop<double, Op>(a, b, out); return true;
-    case at::kHalf: halfScalarLoop<ew::Fp16Bits, Op>(a, b, out); return true;
-    case at::kBFloat16: halfScalarLoop<ew::Bf16Bits, Op>(a, b, out); return true;
-    default: return false;
-  }
-}
-
-template <typename Op>
-bool dispatchSharedInt(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  switch (a.scalar_type()) {
-    case at::kChar: scalarLoop<int8_t, Op>(a, b, out); return true;
-    case at::kByte: case at::kBool: scalarLoop<uint8_t, Op>(a, b, out); return true;
-    case at::kInt: scalarLoop<int32_t, Op>(a, b, out); return true;
-    case at::kLong: scalarLoop<int64_t, Op>(a, b, out); return true;
-    default: return false;
-  }
-}
-
 // The same reduction, one element at a time through elementwise.h (what the
-// CUDA kernels compute). bool follows the CPU mapping: SUM/MAX are or,
-// PRODUCT/MIN are and.
+// CUDA kernels compute), with the CPU's verdict on (dtype, op) and its bool
+// mapping.
 at::Tensor reduceWithShared(const at::Tensor& a, const at::Tensor& b, const std::string& opName) {
   checkPair(a, b);
+  DataType dtype;
+  TORCH_CHECK(toDataType(a.scalar_type(), &dtype), "ringdist testing: unsupported dtype");
   at::Tensor out = at::empty_like(a);
-  ReduceOp op = opFromName(opName);
-  if (a.scalar_type() == at::kBool) {
-    TORCH_CHECK(op != ReduceOp::kAvg, "ringdist testing: avg is not defined for bool");
-    op = op == ReduceOp::kSum || op == ReduceOp::kMax ? ReduceOp::kBor
-       : op == ReduceOp::kProduct || op == ReduceOp::kMin ? ReduceOp::kBand : op;
-  }
-  bool done = false;
-  switch (op) {
-    case ReduceOp::kSum: case ReduceOp::kAvg:
-      done = dispatchShared<ew::Sum>(a, b, out) || dispatchSharedInt<ew::Sum>(a, b, out); break;
-    case ReduceOp::kProduct:
-      done = dispatchShared<ew::Prod>(a, b, out) || dispatchSharedInt<ew::Prod>(a, b, out); break;
-    case ReduceOp::kMin:
-      done = dispatchShared<ew::Min>(a, b, out) || dispatchSharedInt<ew::Min>(a, b, out); break;
-    case ReduceOp::kMax:
-      done = dispatchShared<ew::Max>(a, b, out) || dispatchSharedInt<ew::Max>(a, b, out); break;
-    case ReduceOp::kBand: done = dispatchSharedInt<ew::And>(a, b, out); break;
-    case ReduceOp::kBor: done = dispatchSharedInt<ew::Or>(a, b, out); break;
-    case ReduceOp::kBxor: done = dispatchSharedInt<ew::Xor>(a, b, out); break;
-  }
-  TORCH_CHECK(done, "ringdist testing: ", opName, " is not defined for ", a.scalar_type());
+  const int64_t n = a.numel();
+  visitReduction(dtype, opFromName(opName), [&](auto elementTag, auto opTag) {
+    using T = typename decltype(elementTag)::type;
+    using Op = typename decltype(opTag)::type;
+    using S = typename ew::Storage<T>::type;
+    const S* x = static_cast<const S*>(a.data_ptr());
+    const S* y = static_cast<const S*>(b.data_ptr());
+    S* d = static_cast<S*>(out.data_ptr());
+    for (int64_t i = 0; i < n; ++i) d[i] = ew::apply<T, Op>(x[i], y[i]);
+  });
   return out;
 }
 
@@ -209,12 +162,6 @@ at::Tensor divideWithKernel(const at::Tensor& x, int64_t divisor) {
 
 // ---------------------------------------------------------------- codecs
 
-Codec codecNamed(const std::string& name) {
-  Codec codec = Codec::kInt8;
-  TORCH_CHECK(codecFromName(name, &codec), "ringdist testing: unknown codec '", name, "'");
-  return codec;
-}
-
 // The shared block arithmetic (block_math.h) run on the host, one element at
 // a time: what the GPU kernels compute.
 void sharedEncode(Codec codec, const float* x, size_t count, char* out) {
@@ -268,7 +215,7 @@ void sharedDecode(Codec codec, const char* in, size_t count, float* out, bool ad
 // impl: "cpu" (the CPU codec kernels), "shared" (block_math.h on the host)
 // or "cuda" (the GPU kernels; tensors on the GPU, current stream).
 at::Tensor codecEncode(const at::Tensor& x, const std::string& name, const std::string& impl) {
-  const Codec codec = codecNamed(name);
+  const Codec codec = parseCodec(name);
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(),
               "ringdist testing: expected a contiguous float32 tensor");
   const size_t n = static_cast<size_t>(x.numel());
@@ -297,7 +244,7 @@ at::Tensor codecEncode(const at::Tensor& x, const std::string& name, const std::
 // Decodes `count` values; into a copy of `acc` (decode-add) when given.
 at::Tensor codecDecode(const at::Tensor& bytes, const std::string& name, int64_t count,
                        const std::string& impl, std::optional<at::Tensor> acc) {
-  const Codec codec = codecNamed(name);
+  const Codec codec = parseCodec(name);
   const size_t n = static_cast<size_t>(count);
   TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.is_contiguous() &&
                   static_cast<size_t>(bytes.numel()) == encodedBytes(codec, n),

@@ -11,4 +11,14 @@ const char* transportPolicyName(TransportPolicy policy) {
   return "unknown";
 }
 
+bool transportPolicyFromName(const std::string& name, TransportPolicy* out) {
+  for (TransportPolicy p : {TransportPolicy::kAuto, TransportPolicy::kTcp, TransportPolicy::kShm}) {
+    if (name == transportPolicyName(p)) {
+      *out = p;
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace ringdist

@@ -20,6 +20,8 @@ enum class TransportPolicy : uint8_t {
   kShm,   // shared memory required: an error if a peer is on another host
 };
 const char* transportPolicyName(TransportPolicy policy);
+// The inverse of transportPolicyName; false for any other name.
+bool transportPolicyFromName(const std::string& name, TransportPolicy* out);
 
 // Bytes per direction of a same-host shared-memory ring: several segments in
 // flight, so writer and reader rarely wait on each other.

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "csrc/common/types.h"
+
 #if defined(__CUDACC__)
 #define RD_HOST_DEVICE __host__ __device__ __forceinline__
 #else
@@ -147,6 +149,81 @@ struct Bf16Bits {
 template <typename Half, typename Op>
 RD_HOST_DEVICE uint16_t combineHalf(uint16_t a, uint16_t b) {
   return Half::narrow(Op::apply(Half::widen(a), Half::widen(b)));
+}
+
+// ------------------------------------------------------------------ element types
+
+// Element type T of a dtype is stored as Storage<T>: itself, or 16 bits for
+// the half types (Fp16Bits, Bf16Bits), which are combined in float32.
+template <typename T> struct Storage { using type = T; };
+template <> struct Storage<Fp16Bits> { using type = uint16_t; };
+template <> struct Storage<Bf16Bits> { using type = uint16_t; };
+template <typename T>
+constexpr bool kIsHalf = std::is_same<T, Fp16Bits>::value || std::is_same<T, Bf16Bits>::value;
+
+// a (op) b for one stored element of element type T.
+template <typename T, typename Op>
+RD_HOST_DEVICE typename Storage<T>::type apply(typename Storage<T>::type a,
+                                               typename Storage<T>::type b) {
+  if constexpr (kIsHalf<T>) {
+    return combineHalf<T, Op>(a, b);
+  } else {
+    return combine<T, Op>(a, b);
+  }
+}
+
+// x / divisor, as AVG finalises: integers truncate toward zero, halves
+// divide in float32 and round once.
+template <typename T>
+RD_HOST_DEVICE typename Storage<T>::type divide(typename Storage<T>::type x, int divisor) {
+  if constexpr (kIsHalf<T>) {
+    return T::narrow(T::widen(x) / static_cast<float>(divisor));
+  } else {
+    return static_cast<T>(x / static_cast<T>(divisor));
+  }
+}
+
+// ------------------------------------------------------------------ dispatch (host)
+
+template <typename T> struct Tag { using type = T; };
+
+// Calls fn(Tag<Op>{}) with op's element operation; AVG reduces like SUM (the
+// owner of a chunk divides once). Bool ops are mapped first (boolReduceOp).
+template <typename Fn>
+void visitOp(ReduceOp op, Fn&& fn) {
+  switch (op) {
+    case ReduceOp::kSum: case ReduceOp::kAvg: return fn(Tag<Sum>{});
+    case ReduceOp::kProduct: return fn(Tag<Prod>{});
+    case ReduceOp::kMin: return fn(Tag<Min>{});
+    case ReduceOp::kMax: return fn(Tag<Max>{});
+    case ReduceOp::kBand: return fn(Tag<And>{});
+    case ReduceOp::kBor: return fn(Tag<Or>{});
+    case ReduceOp::kBxor: return fn(Tag<Xor>{});
+  }
+}
+
+// Calls fn(Tag<T>{}) with dtype's element type T when Op is defined on it
+// (bitwise ops on integers and bool only); false when it is not.
+template <typename Op, typename Fn>
+bool visitElementType(DataType dtype, Fn&& fn) {
+  constexpr bool kBitwise = std::is_same<Op, And>::value || std::is_same<Op, Or>::value ||
+      std::is_same<Op, Xor>::value;
+  if constexpr (!kBitwise) {
+    switch (dtype) {
+      case DataType::kFloat32: fn(Tag<float>{}); return true;
+      case DataType::kFloat64: fn(Tag<double>{}); return true;
+      case DataType::kFloat16: fn(Tag<Fp16Bits>{}); return true;
+      case DataType::kBFloat16: fn(Tag<Bf16Bits>{}); return true;
+      default: break;
+    }
+  }
+  switch (dtype) {
+    case DataType::kInt8: fn(Tag<int8_t>{}); return true;
+    case DataType::kUInt8: case DataType::kBool: fn(Tag<uint8_t>{}); return true;
+    case DataType::kInt32: fn(Tag<int32_t>{}); return true;
+    case DataType::kInt64: fn(Tag<int64_t>{}); return true;
+    default: return false;
+  }
 }
 
 }  // namespace elementwise

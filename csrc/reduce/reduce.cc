@@ -175,15 +175,13 @@ ReduceFn intKernel(DataType dtype, ReduceOp op) {
     RD_INT_CASE(kUInt8, u8)
     RD_INT_CASE(kInt32, i32)
     RD_INT_CASE(kInt64, i64)
-    // bool: SUM/MAX/BOR are logical or, PRODUCT/MIN/BAND logical and (as NCCL).
     case DataType::kBool:
-      switch (op) {
-        case ReduceOp::kSum: case ReduceOp::kMax: case ReduceOp::kBor: return RD_PICK(b8_or);
-        case ReduceOp::kProduct: case ReduceOp::kMin: case ReduceOp::kBand: return RD_PICK(b8_and);
+      switch (boolReduceOp(op)) {
+        case ReduceOp::kBor: return RD_PICK(b8_or);
+        case ReduceOp::kBand: return RD_PICK(b8_and);
         case ReduceOp::kBxor: return RD_PICK(b8_xor);
-        case ReduceOp::kAvg: return nullptr;
+        default: return nullptr;
       }
-      return nullptr;
     default: return nullptr;
   }
 #undef RD_INT_CASE
@@ -198,6 +196,14 @@ void divideLoop(void* data, size_t n, int divisor) {
 }
 
 }  // namespace
+
+ReduceOp boolReduceOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: case ReduceOp::kMax: return ReduceOp::kBor;
+    case ReduceOp::kProduct: case ReduceOp::kMin: return ReduceOp::kBand;
+    default: return op;
+  }
+}
 
 std::string unsupportedReason(DataType dtype, ReduceOp op) {
   if (dtype == DataType::kBool && op == ReduceOp::kAvg) {

@@ -65,15 +65,8 @@ PeerRecord PeerRecord::decode(const std::vector<uint8_t>& bytes, int rank) {
                  "ringdist: rank ", rank, " published a malformed host record");
   PeerRecord r;
   r.host = HostIdentity{f[1], f[2], f[3], f[4], f[5]};
-  bool known = false;
-  for (TransportPolicy p : {TransportPolicy::kAuto, TransportPolicy::kTcp, TransportPolicy::kShm}) {
-    if (f[6] == transportPolicyName(p)) {
-      r.transport = p;
-      known = true;
-    }
-  }
-  RINGDIST_CHECK(known && (f[7] == "crc" || f[7] == "nocrc"), "ringdist: rank ", rank,
-                 " published a malformed host record");
+  RINGDIST_CHECK(transportPolicyFromName(f[6], &r.transport) && (f[7] == "crc" || f[7] == "nocrc"),
+                 "ringdist: rank ", rank, " published a malformed host record");
   r.checksums = f[7] == "crc";
   return r;
 }
