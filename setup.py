@@ -83,7 +83,18 @@ common = dict(
     extra_link_args=["-fsanitize=address,undefined"] if debug else [],
 )
 
-if cuda_build():
+def write_build_config(cuda):
+    """torch_ringdist/_build_config.py: what this build contains, readable at
+    `import torch` (backend registration) without loading the extension."""
+    with open(os.path.join(ROOT, "torch_ringdist", "_build_config.py"), "w") as f:
+        f.write('"""Written by setup.py at build time."""\n'
+                f"CUDA = {bool(cuda)}\n"
+                f"TORCH = {torch.__version__!r}\n")
+
+
+with_cuda = cuda_build()
+write_build_config(with_cuda)
+if with_cuda:
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_CUDA_ARCHS
     # -fmad=false: CUDA kernels must not fuse a * b + c, so every element

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Bandwidth of ringdist's GPU kernels against the GPU's own device-to-device copy.
+"""Bandwidth of ringdist's GPU kernels against the GPU's own device-to-device copy, and
+the pinned host copies that bound the staged path.
 
     python benchmarks/cuda_kernels.py --json cuda_kernels.json
 
@@ -59,6 +60,14 @@ def main():
 
     print(f"{torch.cuda.get_device_name()}, {args.mib} MiB float32; D2D copy {copy_gbps:.1f} GB/s "
           f"(read + write)")
+    # The staged path's ceiling (csrc/backend/device_stage.h): copies to and from pinned
+    # host memory, counted one way (bytes crossing PCIe per second).
+    pinned = torch.empty(n, pin_memory=True)
+    d2h_ms = timed(lambda: pinned.copy_(a, non_blocking=True), args.reps)
+    h2d_ms = timed(lambda: dst.copy_(pinned, non_blocking=True), args.reps)
+    pinned_gbps = {"d2h": n * 4 / d2h_ms / 1e6, "h2d": n * 4 / h2d_ms / 1e6}
+    print(f"pinned copies: device to host {pinned_gbps['d2h']:.1f} GB/s, host to device "
+          f"{pinned_gbps['h2d']:.1f} GB/s")
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x, y = a.to(dtype), b.to(dtype)
         elem = x.element_size()
@@ -71,7 +80,7 @@ def main():
         row(f"decode {codec}", timed(lambda: T.codec_decode(enc, codec, n, "cuda"), args.reps),
             enc.numel() + n * 4)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "mib": args.mib,
-              "copy_GBps": copy_gbps, "rows": rows,
+              "copy_GBps": copy_gbps, "pinned_GBps": pinned_gbps, "rows": rows,
               "note": "the encode/decode rows allocate their output each call, as the test bindings do"}
     if args.json:
         with open(args.json, "w") as f:

@@ -97,22 +97,25 @@ def size_plan(args, n, elsize):
 class Collective:
     """Buffers, the op under test and its closed-form check for one (collective, count)."""
 
-    def __init__(self, name, count, dtype, rank, n, pg, api):
+    def __init__(self, name, count, dtype, rank, n, pg, api, device):
         self.name, self.count, self.rank, self.n, self.pg, self.api = name, count, rank, n, pg, api
-        idx = torch.arange(count, dtype=torch.int32)  # int32: half the memory at 256 MiB
+        self.device = device
+        # int32: half the memory at 256 MiB
+        idx = torch.arange(count, dtype=torch.int32, device=device)
         self.pattern = (idx % kPattern + 1).to(dtype)
         chunk = count // n
+        zeros = lambda k: torch.zeros(k, dtype=dtype, device=device)  # noqa: E731
         if name == "allreduce":
             self.buf = self.pattern * (rank + 1)
         elif name == "broadcast":
-            self.buf = self.pattern.clone() if rank == 0 else torch.zeros(count, dtype=dtype)
+            self.buf = self.pattern.clone() if rank == 0 else zeros(count)
         elif name == "allgather":
             # chunk r of the output must hold rank r's input: pattern + r*kPattern.
             self.inp = self.pattern[rank * chunk:(rank + 1) * chunk] + rank * kPattern
-            self.out = torch.zeros(count, dtype=dtype)
+            self.out = zeros(count)
         elif name == "reduce_scatter":
             self.inp = self.pattern * (rank + 1)
-            self.out = torch.zeros(chunk, dtype=dtype)
+            self.out = zeros(chunk)
         self.chunk = chunk
 
     def run(self):
@@ -131,6 +134,8 @@ class Collective:
                 dist.reduce_scatter(self.out, list(self.inp.chunk(self.n)), group=pg)
             else:
                 _reduce_scatter_single(self.out, self.inp, group=pg)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # timed to the result, not to the launch
 
     def wrong(self):
         """Elements on this rank that differ from the closed form."""
@@ -140,7 +145,7 @@ class Collective:
         elif self.name == "broadcast":
             got, want = self.buf, self.pattern
         elif self.name == "allgather":
-            offs = torch.arange(self.count, dtype=torch.int32) // self.chunk * kPattern
+            offs = torch.arange(self.count, dtype=torch.int32, device=self.device) // self.chunk * kPattern
             got, want = self.out, self.pattern + offs.to(self.pattern.dtype)
         else:
             r = self.rank
@@ -204,6 +209,9 @@ def main():
     p.add_argument("--ifname", default=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
                    help="GLOO_SOCKET_IFNAME for gloo groups (the bookkeeping group too)")
     p.add_argument("--timeout", type=float, default=600, help="process group timeout, seconds")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the tensors live; cuda: GPU LOCAL_RANK %% device count, so "
+                        "several ranks share a GPU when there are fewer GPUs than ranks")
     p.add_argument("--json", help="write results here (rank 0)")
     args = p.parse_args()
     if args.step_factor < 2:
@@ -227,10 +235,14 @@ def main():
     factor = bus_factor(args.collective, n)
     redop = "sum" if args.collective in ("allreduce", "reduce_scatter") else "none"
     plan = size_plan(args, n, elsize)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
 
     if rank == 0:
         print(f"# ringdist-bench sweep: backend {args.backend}  collective {args.collective}  "
-              f"dtype {args.dtype}  nranks {n}  ifname {args.ifname}")
+              f"dtype {args.dtype}  nranks {n}  device {device}  ifname {args.ifname}")
         print(f"# warmup {args.warmup}  iters <= {args.iters}  time budget {args.time_budget}s  "
               f"time = median over iterations of the slowest rank")
         print("#")
@@ -243,7 +255,7 @@ def main():
     rows = []
     for count, awkward in plan:
         nbytes = count * elsize
-        coll = Collective(args.collective, count, dtype, rank, n, pg, args.api)
+        coll = Collective(args.collective, count, dtype, rank, n, pg, args.api, device)
         # Correctness first, outside the timed loop, on fresh buffers.
         coll.run()
         wrong = torch.tensor([coll.wrong()], dtype=torch.int64)
@@ -280,6 +292,8 @@ def main():
                 "world_size": n,
                 "bus_factor": factor,
                 "ifname": args.ifname,
+                "device": str(device),
+                "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                 "env": {k: v for k, v in sorted(os.environ.items())
                         if k.startswith(("RINGDIST_", "RDBENCH_"))
                         or k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")},

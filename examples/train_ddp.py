@@ -1,8 +1,11 @@
 """Train a small MLP on scikit-learn's bundled digits data set under DDP.
 
     torchrun --nproc-per-node 4 examples/train_ddp.py --backend ringdist --hook none
+    torchrun --nproc-per-node 2 examples/train_ddp.py --device cuda --hook int8
 
-Works with any torch.distributed CPU backend (``--backend gloo`` for comparison).
+Works with any torch.distributed backend (``--backend gloo`` for comparison). With
+``--device cuda`` rank r trains on GPU ``LOCAL_RANK % device count``: several ranks share
+a GPU when there are fewer GPUs than ranks (which ringdist allows and NCCL does not).
 Needs scikit-learn and tqdm (``pip install torch_ringdist[examples]``).
 """
 
@@ -99,6 +102,8 @@ def parse_args(argv=None, hooks=None):
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the model and batches live (cuda: GPU LOCAL_RANK %% device count)")
     p.add_argument("--checkpoint", metavar="PATH",
                    help="save after every epoch; resume from it if it exists")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (this run)")
@@ -151,14 +156,14 @@ def make_model():
     )
 
 
-def evaluate(model, test_ds, rank, world_size):
+def evaluate(model, test_ds, rank, world_size, device):
     """Accuracy on the whole test set; each rank scores a disjoint shard."""
     x, y = test_ds.tensors
     # Strided shards without padding (DistributedSampler would pad with duplicates).
     x, y = x[rank::world_size], y[rank::world_size]
     model.eval()
     with torch.no_grad():
-        correct = (model(x).argmax(dim=1) == y).sum().item()
+        correct = (model(x.to(device)).argmax(dim=1) == y.to(device)).sum().item()
     model.train()
     # float32 holds these counts exactly and is the dtype every backend supports.
     t = torch.tensor([correct, len(y)], dtype=torch.float32)
@@ -198,9 +203,14 @@ def main(argv=None):
         print(f"note: global batch {args.batch_size} is not divisible by {world_size} ranks; "
               f"using {local_batch * world_size}", flush=True)
 
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+
     torch.manual_seed(args.seed)  # same init on every rank (DDP broadcasts rank 0's anyway)
     train_ds, test_ds = make_data(args.seed)
-    model = make_model()
+    model = make_model().to(device)  # before the optimizer: its state follows the parameters
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
     start_epoch, last_loss = 0, float("nan")
@@ -212,7 +222,8 @@ def main(argv=None):
         if is_main:
             print(f"resumed from {args.checkpoint} at epoch {start_epoch}", flush=True)
 
-    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+              bucket_cap_mb=args.bucket_cap_mb)
     hook_state = hooks[args.hook](ddp, args)
     # The accumulate hook communicates every K backward passes: step the
     # optimizer (and zero the gradients) only then, as with DDP.no_sync().
@@ -226,7 +237,7 @@ def main(argv=None):
 
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     if is_main:
-        print(f"backend={args.backend} world_size={world_size} hook={args.hook} "
+        print(f"backend={args.backend} device={device} world_size={world_size} hook={args.hook} "
               f"global_batch={local_batch * world_size} params={sum(p.numel() for p in model.parameters())}",
               flush=True)
 
@@ -248,6 +259,7 @@ def main(argv=None):
         epoch_steps = 0
         wire_before = wire_bytes_sent(args.backend)
         for i, (x, y) in enumerate(loader):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             loss = F.cross_entropy(ddp(x), y)
             # DDP (or the hook) averages the gradients across ranks here; with
             # micro-steps each backward adds 1/K of its batch's gradient.
@@ -266,7 +278,7 @@ def main(argv=None):
         wire_after = wire_bytes_sent(args.backend)
         dist.all_reduce(stats)
         last_loss = stats[0].item() / stats[1].item()
-        acc = evaluate(ddp.module, test_ds, rank, world_size)
+        acc = evaluate(ddp.module, test_ds, rank, world_size, device)
         complete = epoch_steps == len(loader)
         if args.checkpoint and complete and is_main:
             save_checkpoint(args.checkpoint, ddp, optimizer, epoch + 1, last_loss)
@@ -283,7 +295,7 @@ def main(argv=None):
 
     if bar is not None:
         bar.close()
-    acc = evaluate(ddp.module, test_ds, rank, world_size)
+    acc = evaluate(ddp.module, test_ds, rank, world_size, device)
     if is_main:
         print(f"final: loss={last_loss:.6f} accuracy={acc:.6f}", flush=True)
     # Keep rank 0's checkpoint write ahead of any rank's exit (torchrun restarts).

@@ -1,29 +1,69 @@
 #!/usr/bin/env bash
 # One command for a machine with a GPU (CI has none): builds ringdist with its
-# CUDA sources against the torch installed there, runs the CUDA tests and the
-# GPU kernel benchmark, and leaves what it measured in ${OUT:-gpu-check}/.
+# CUDA sources against the torch installed there, then runs, each bounded in
+# time so the whole fits one 10-minute device call:
+#   tests     the shared arithmetic, the CUDA kernels, collectives/hooks/DDP on
+#             CUDA tensors with several ranks on the one GPU
+#   kernels   benchmarks/cuda_kernels.py (kernels vs D2D copy, pinned copies)
+#   example   the torchrun DDP example on CUDA, 2 ranks on one GPU
+#   compare   ringdist vs gloo on CUDA tensors, 2 ranks on one GPU, alternating
+#   nccl      NCCL with 2 ranks on one GPU (its refusal is the record)
+# Pick stages as arguments (default: all). Results land in ${OUT:-gpu-check}/:
+# machine.txt, build.log, tests.log, cuda_kernels.json, compare_cuda.json, runs.log.
 # Installs into a private folder; nothing of the machine's Python changes.
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-check}
 PY=${PYTHON:-python3}
 SITE=${RINGDIST_GPU_SITE:-/tmp/ringdist-site}
+STAGES=${*:-tests kernels example compare nccl}
 mkdir -p "$OUT"
 { nvidia-smi || true; "$PY" -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } \
   2>&1 | tee "$OUT/machine.txt"
 
 start=$(date +%s)
 export TORCH_RINGDIST_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
-"$PY" -m pip install -q --no-build-isolation --no-deps --upgrade --target "$SITE" . 2>&1 | tee "$OUT/build.log"
+if ! "$PY" -m pip install -q --no-build-isolation --no-deps --upgrade --target "$SITE" . \
+    > "$OUT/build.log" 2>&1; then
+  tail -30 "$OUT/build.log"; echo "build failed"; exit 1
+fi
 echo "built in $(( $(date +%s) - start )) s" | tee -a "$OUT/build.log"
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+TORCHRUN=("$PY" -m torch.distributed.run --standalone --nproc-per-node 2)
 
-set +e
-"$PY" -P -m pytest tests/test_shared_arithmetic.py tests/test_cuda_kernels.py -q -rs "$@" 2>&1 \
-  | tee "$OUT/tests.log"
-tests=${PIPESTATUS[0]}
-"$PY" -P benchmarks/cuda_kernels.py --json "$OUT/cuda_kernels.json" 2>&1 | tee "$OUT/bench.log"
-bench=${PIPESTATUS[0]}
-set -e
-echo "tests exit $tests, benchmark exit $bench"
-[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
+failed=()
+stage() {  # stage NAME SECONDS COMMAND...: runs it bounded, appends to runs.log
+  local name=$1 limit=$2; shift 2
+  echo "==== $name ($(date -u +%FT%TZ))" | tee -a "$OUT/runs.log"
+  timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$OUT/runs.log"
+  local rc=${PIPESTATUS[0]}
+  echo "==== $name exit $rc" | tee -a "$OUT/runs.log"
+  [ "$rc" -eq 0 ] || failed+=("$name")
+}
+for s in $STAGES; do
+  case $s in
+    tests)
+      echo "==== tests" >> "$OUT/runs.log"
+      timeout -k 10 300 "$PY" -P -m pytest tests/test_shared_arithmetic.py tests/test_cuda_kernels.py \
+        tests/test_cuda_collectives.py -q -rs -x --timeout 240 2>&1 | tee "$OUT/tests.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || failed+=(tests) ;;
+    kernels)
+      stage kernels 120 "$PY" -P benchmarks/cuda_kernels.py --json "$OUT/cuda_kernels.json" ;;
+    example)
+      stage example 120 "${TORCHRUN[@]}" examples/train_ddp.py --device cuda --epochs 2 --no-progress \
+        --hook int8 --hook-option error_feedback=true ;;
+    compare)
+      stage compare 240 "$PY" -P benchmarks/compare.py --backends ringdist gloo --rounds 2 --nproc 2 \
+        --min-bytes 4K --max-bytes 256M --sweep-arg=--device=cuda --timeout 110 \
+        --out "/tmp/compare_cuda.json"
+      cp /tmp/compare_cuda.json "$OUT/" 2>/dev/null ;;
+    nccl)
+      # Expected to fail: NCCL takes one GPU per rank. The message is the record.
+      stage nccl 60 "${TORCHRUN[@]}" benchmarks/sweep.py --backend nccl --device cuda \
+        --max-bytes 1M --timeout 30
+      failed=("${failed[@]/nccl}") ;;
+    *) echo "unknown stage $s"; exit 2 ;;
+  esac
+done
+echo "stages: $STAGES; failed: ${failed[*]:-none}"
+[ -z "$(echo "${failed[*]:-}" | tr -d ' ')" ]

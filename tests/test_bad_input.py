@@ -75,6 +75,10 @@ CASES = {
         _f(4 * ws, torch.float64), _f(), async_op=True)),
     "reduce_scatter-mixed_dtypes": ("reduce_scatter", lambda r, ws: _pg().reduce_scatter(
         [_f()], [[_f(4, torch.float64) for _ in range(ws)]], dist.ReduceScatterOptions())),
+    # a device ringdist does not take (straight to the backend: torch's dispatch by device
+    # type would refuse it before any backend saw it)
+    "all_reduce-meta_device": ("all_reduce", lambda r, ws: _pg()._get_backend(torch.device("cpu")).allreduce(
+        [torch.ones(4, device="meta")], dist.AllreduceOptions())),
     # sparse and unsupported dtypes
     "all_reduce-sparse": ("all_reduce", lambda r, ws: dist.all_reduce(_f().to_sparse(), async_op=True)),
     "all_reduce-complex64": ("all_reduce", lambda r, ws: _pg().allreduce(

@@ -143,7 +143,7 @@ def rop(name: str):
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     # A fresh dense copy: .contiguous() may keep odd strides on size-1 views.
-    flat = torch.empty(t.numel(), dtype=t.dtype)
+    flat = torch.empty(t.numel(), dtype=t.dtype, device="cpu")
     flat.copy_(t.detach().reshape(-1))
     return flat.view(torch.uint8)
 
@@ -260,10 +260,14 @@ def payload(dtype: str, rank: int, n: int, salt: int = 0) -> torch.Tensor:
     """Random bytes (any bit pattern, NaNs included) for data-movement collectives."""
     g = torch.Generator().manual_seed(((rank * 1000003 + salt) * 1009 + n) * 31 + DTYPES.index(dtype))
     dt = tdtype(dtype)
+    # Drawn on the CPU, then moved to the default device (CUDA in test_cuda_collectives).
     if dtype == "bool":
-        return torch.randint(0, 2, (n,), generator=g).to(torch.bool)
-    size = torch.empty(0, dtype=dt).element_size()
-    return torch.randint(0, 256, (n * size,), dtype=torch.uint8, generator=g).view(dt)
+        bits = torch.randint(0, 2, (n,), generator=g, device="cpu").to(torch.bool)
+    else:
+        size = torch.empty(0, dtype=dt).element_size()
+        raw = torch.randint(0, 256, (n * size,), dtype=torch.uint8, generator=g, device="cpu")
+        bits = raw.view(dt)
+    return bits.to(torch.get_default_device())
 
 
 # ------------------------------------------------------------------ layouts

@@ -90,3 +90,17 @@ def test_hooks_reachable_after_plain_import():
     """)
     assert result.returncode == 0, result.stderr
     assert "HOOKS ['accumulate'" in result.stdout, result.stdout
+
+
+def test_cuda_registered_exactly_when_compiled():
+    """setup.py's build record (read at import torch, without loading the extension)
+    agrees with what the extension itself says it contains."""
+    result = _run("""
+        import torch.distributed as dist, torch_ringdist
+        from torch_ringdist._extension import load
+        print(dist.Backend.backend_capability["ringdist"], load().cuda_compiled())
+    """)
+    assert result.returncode == 0, result.stderr
+    devices, compiled = result.stdout.rsplit(" ", 1)
+    expected = ["cpu", "cuda"] if compiled.strip() == "True" else ["cpu"]
+    assert devices == str(expected), result.stdout

@@ -355,7 +355,7 @@ def _worker_main() -> None:
     try:
         import torch  # noqa: F401  (env is already set: this is the first torch import)
         import torch.distributed as dist
-        if backend == "ringdist":
+        if "ringdist" in backend:  # "ringdist", or a mixed form like "cpu:ringdist,cuda:nccl"
             import torch_ringdist  # noqa: F401  (registers the backend)
         store = dist.TCPStore(host, int(os.environ["MASTER_PORT"]), world_size, False,
                               timeout=datetime.timedelta(seconds=timeout_s))

@@ -36,6 +36,15 @@ def _create_backend(store, rank, world_size, timeout):
     return load().create_backend(store, rank, world_size, timeout, _bind_address(store))
 
 
+def _devices():
+    """The device types to register: "cuda" only where the build has CUDA code."""
+    try:
+        from torch_ringdist._build_config import CUDA
+    except ImportError:  # a source checkout that was never built
+        CUDA = False
+    return ["cpu", "cuda"] if CUDA else ["cpu"]
+
+
 def register_backend():
     """Registers "ringdist" once; safe to call repeatedly."""
     import torch.distributed as dist
@@ -44,5 +53,5 @@ def register_backend():
         return
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=_devices())
     logger.debug("registered torch.distributed backend %r", BACKEND_NAME)

@@ -11,24 +11,68 @@
 #include "csrc/common/cpu.h"
 #include "csrc/hooks/topk.h"
 #include "csrc/transport/mesh.h"
+#ifdef RINGDIST_CUDA
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "csrc/cuda/codec.h"
+#endif
 
 namespace py = pybind11;
 
 namespace {
 
+constexpr bool cudaCompiled() {
+#ifdef RINGDIST_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef RINGDIST_CUDA
+// The GPU round trip, queued on the current stream: the same encode/decode
+// as the wire path (csrc/cuda/codec.h), so the residual is exactly what the
+// compressed allreduce loses.
+void cudaRoundTrip(ringdist::Codec codec, const at::Tensor& in, at::Tensor& result,
+                   bool residual) {
+  const size_t count = static_cast<size_t>(in.numel());
+  if (count == 0) {
+    return;
+  }
+  c10::cuda::CUDAGuard guard(in.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(in.device().index()).stream();
+  at::Tensor wire = at::empty({static_cast<int64_t>(ringdist::encodedBytes(codec, count))},
+                              in.options().dtype(at::kByte));
+  ringdist::cuda::encode(codec, in.data_ptr<float>(), count, wire.data_ptr(), stream);
+  ringdist::cuda::decode(codec, wire.data_ptr(), count, result.data_ptr<float>(), stream);
+  if (residual) {
+    at::sub_out(result, in, result);  // one IEEE subtraction per element, as on the CPU
+  }
+}
+#endif
+
 at::Tensor codecRoundTrip(const at::Tensor& tensor, const std::string& name,
                           std::optional<at::Tensor> out, bool residual) {
   ringdist::Codec codec = ringdist::parseCodec(name);
-  TORCH_CHECK(tensor.device().is_cpu() && tensor.layout() == at::kStrided &&
-                  tensor.scalar_type() == at::kFloat,
-              "ringdist codec_roundtrip: expected a dense float32 CPU tensor, got ",
-              tensor.scalar_type(), " on ", tensor.device());
+  TORCH_CHECK((tensor.device().is_cpu() || (tensor.is_cuda() && cudaCompiled())) &&
+                  tensor.layout() == at::kStrided && tensor.scalar_type() == at::kFloat,
+              "ringdist codec_roundtrip: expected a dense float32 CPU",
+              cudaCompiled() ? " or CUDA" : "", " tensor, got ", tensor.scalar_type(), " on ",
+              tensor.device());
   at::Tensor in = tensor.contiguous();
   at::Tensor result = out.has_value() ? *out : at::empty_like(in);
   TORCH_CHECK(result.scalar_type() == at::kFloat && result.is_contiguous() &&
-                  result.numel() == in.numel() && result.device().is_cpu(),
-              "ringdist codec_roundtrip: out must be a contiguous float32 CPU tensor of ",
-              in.numel(), " elements");
+                  result.numel() == in.numel() && result.device() == in.device(),
+              "ringdist codec_roundtrip: out must be a contiguous float32 tensor of ",
+              in.numel(), " elements on ", in.device());
+#ifdef RINGDIST_CUDA
+  if (in.is_cuda()) {
+    cudaRoundTrip(codec, in, result, residual);
+    return result;
+  }
+#endif
   {
     py::gil_scoped_release release;
     if (residual) {
@@ -152,13 +196,8 @@ PYBIND11_MODULE(_C, m) {
   // version as the torch it runs with (python -m torch_ringdist checks).
   m.attr("built_with_torch") = std::to_string(TORCH_VERSION_MAJOR) + "." +
       std::to_string(TORCH_VERSION_MINOR) + "." + std::to_string(TORCH_VERSION_PATCH);
-  m.def("cuda_compiled", [] {
-#ifdef RINGDIST_CUDA
-    return true;
-#else
-    return false;
-#endif
-  }, "Whether this build of the extension contains ringdist's CUDA code");
+  m.def("cuda_compiled", &cudaCompiled,
+        "Whether this build of the extension contains ringdist's CUDA code");
   m.def("listen_address", &ringdist::chooseListenAddress, py::arg("ifname"), py::arg("store_host"),
         "The address a rank listens on: interface ifname's if given, else the local address "
         "that routes to store_host, loopback when the store is local or unknown");

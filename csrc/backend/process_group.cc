@@ -22,14 +22,19 @@ namespace {
 #define RD_CHECK_INPUT(cond, op, ...) \
   TORCH_CHECK(cond, "ringdist ", op, ": rank ", getRank(), ": ", __VA_ARGS__)
 
-// The engine works on flat memory: a contiguous tensor is used as is, any
-// other gets a contiguous copy that is written back after the operation.
+// The engine works on flat host memory: a contiguous CPU tensor is used as
+// is, any other CPU tensor gets a contiguous copy, a CUDA tensor a pinned host
+// twin that `stage` fills if the op reads it (device_stage.h). Copies are
+// written back after the operation (onto the group's stream for CUDA).
 struct Flat {
-  explicit Flat(const at::Tensor& t) : user(t), flat(t.is_contiguous() ? t : t.contiguous()) {}
+  Flat(const at::Tensor& t, DeviceStage* stage, bool read = true)
+      : user(t),
+        flat(stage != nullptr ? stage->hostTwin(t, read)
+                              : t.is_contiguous() ? t : t.contiguous()) {}
   void* data() const { return flat.data_ptr(); }
   void writeBack() const {
     if (!flat.is_same(user)) {
-      user.copy_(flat);
+      user.copy_(flat, /*non_blocking=*/true);  // host to host: synchronous
     }
   }
   at::Tensor user;
@@ -55,13 +60,20 @@ std::vector<T*> dataOf(const std::vector<Flat>& flats) {
   return ptrs;
 }
 
-std::vector<Flat> flatten(const std::vector<at::Tensor>& tensors) {
+std::vector<Flat> flatten(const std::vector<at::Tensor>& tensors, DeviceStage* stage,
+                          bool read = true) {
   std::vector<Flat> flats;
   flats.reserve(tensors.size());
   for (const auto& t : tensors) {
-    flats.emplace_back(t);
+    flats.emplace_back(t, stage, read);
   }
   return flats;
+}
+
+std::vector<at::Tensor> joined(std::initializer_list<std::vector<at::Tensor>> lists) {
+  std::vector<at::Tensor> all;
+  for (const auto& list : lists) all.insert(all.end(), list.begin(), list.end());
+  return all;
 }
 
 }  // namespace
@@ -82,6 +94,7 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
                                                std::move(mesh.ring), std::move(mesh.hostOf),
                                                rendezvous, options.collectives);
     worker_ = std::make_unique<Worker>(rank, std::move(comm));
+    stages_ = makeDeviceStages();
     logDebug(strCat("rank ", rank, "/", size, " ready; kernels: ", kernelFamily(),
                     "; segment bytes: ", options.collectives.segmentBytes));
   } catch (const Error& e) {
@@ -109,11 +122,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
                                                              OpType engineType,
                                                              std::vector<at::Tensor> outputs,
                                                              std::chrono::milliseconds timeout,
+                                                             std::shared_ptr<DeviceStage> stage,
                                                              Worker::Body body,
                                                              std::string statsKey) {
   ++sequenceNumber_;
   return worker_->enqueue(type, engineType, statsKey.empty() ? opTypeName(engineType) : statsKey,
-                          std::move(outputs), timeout, std::move(body));
+                          std::move(outputs), timeout, std::move(body), std::move(stage));
 }
 
 // ---------------------------------------------------------------- checks
@@ -126,8 +140,11 @@ DataType ProcessGroupRingdist::checkTensors(const char* op, const std::vector<at
     RD_CHECK_INPUT(t.defined(), op, "tensor ", i, " is undefined");
     RD_CHECK_INPUT(t.layout() == at::kStrided, op, "tensor ", i,
                    " is sparse (layout ", t.layout(), "); only dense tensors are supported");
-    RD_CHECK_INPUT(t.device().is_cpu(), op, "tensor ", i, " is on ", t.device(),
-                   "; ringdist's collectives take CPU tensors only so far (for GPU tensors use ",
+    RD_CHECK_INPUT(t.device().is_cpu() || t.is_cuda(), op, "tensor ", i, " is on ", t.device(),
+                   "; ringdist takes CPU and CUDA tensors");
+    RD_CHECK_INPUT(!t.is_cuda() || stages_ != nullptr, op, "tensor ", i, " is on ", t.device(),
+                   "; this build of ringdist has no CUDA support (rebuild it against a CUDA "
+                   "build of torch with TORCH_RINGDIST_CUDA=1, or use "
                    "backend=\"cpu:ringdist,cuda:nccl\")");
     RD_CHECK_INPUT(t.scalar_type() == tensors[0].scalar_type(), op, "tensors have mixed dtypes (",
                    tensors[0].scalar_type(), " and ", t.scalar_type(), ")");
@@ -170,6 +187,18 @@ void ProcessGroupRingdist::checkAllMatch(const char* op, const std::vector<at::T
   }
 }
 
+std::shared_ptr<DeviceStage> ProcessGroupRingdist::stageFor(const char* op,
+                                                            const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    RD_CHECK_INPUT(t.device() == tensors[0].device(), op, "tensors are on different devices (",
+                   tensors[0].device(), " and ", t.device(), ")");
+  }
+  if (tensors.empty() || !tensors[0].is_cuda()) {
+    return nullptr;
+  }
+  return stages_->begin(tensors[0].device());
+}
+
 void ProcessGroupRingdist::checkRoot(const char* op, int64_t root) {
   RD_CHECK_INPUT(root >= 0 && root < getSize(), op, "root rank ", root,
                  " is out of range for a group of size ", getSize());
@@ -184,11 +213,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::broadcast(
   RD_CHECK_INPUT(tensors.size() == 1, op, "expected one tensor, got ", tensors.size());
   checkRoot(op, opts.rootRank);
   RD_CHECK_INPUT(opts.rootTensor == 0, op, "rootTensor must be 0");
-  Flat flat(tensors[0]);
+  auto stage = stageFor(op, tensors);
+  Flat flat(tensors[0], stage.get());
   int root = static_cast<int>(opts.rootRank);
   size_t count = static_cast<size_t>(flat.flat.numel());
   return enqueue(c10d::OpType::BROADCAST, OpType::kBroadcast, tensors,
-                 effectiveTimeout(opts.timeout), [flat, count, dtype, root](Communicator& comm) {
+                 effectiveTimeout(opts.timeout), stage, [flat, count, dtype, root](Communicator& comm) {
                    ringdist::broadcast(comm, flat.data(), count, dtype, root);
                    flat.writeBack();
                  });
@@ -201,10 +231,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
   RD_CHECK_INPUT(tensors.size() == 1, op, "expected one tensor, got ", tensors.size(),
                  " (use allreduce_coalesced for several)");
   ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
-  Flat flat(tensors[0]);
+  auto stage = stageFor(op, tensors);
+  Flat flat(tensors[0], stage.get());
   size_t count = static_cast<size_t>(flat.flat.numel());
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
-                 effectiveTimeout(opts.timeout), [flat, count, dtype, reduceOp](Communicator& comm) {
+                 effectiveTimeout(opts.timeout), stage, [flat, count, dtype, reduceOp](Communicator& comm) {
                    ringdist::allreduce(comm, flat.data(), count, dtype, reduceOp);
                    flat.writeBack();
                  });
@@ -217,20 +248,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce_coalesced(
   ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
   // One allreduce over the concatenation: one pipeline instead of many
   // latency-bound small ones.
-  std::vector<at::Tensor> parts;
-  for (const auto& t : tensors) {
-    parts.push_back(t.reshape({-1}));
-  }
-  std::vector<at::Tensor> users = tensors;
+  auto stage = stageFor(op, tensors);
+  auto flats = flatten(tensors, stage.get());
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, OpType::kAllreduce, tensors,
-                 effectiveTimeout(opts.timeout), [parts, users, dtype, reduceOp](Communicator& comm) {
+                 effectiveTimeout(opts.timeout), stage, [flats, dtype, reduceOp](Communicator& comm) {
+                   std::vector<at::Tensor> parts;
+                   for (const auto& f : flats) parts.push_back(f.flat.reshape({-1}));
                    at::Tensor packed = at::cat(parts);
                    ringdist::allreduce(comm, packed.data_ptr(),
                                        static_cast<size_t>(packed.numel()), dtype, reduceOp);
                    int64_t offset = 0;
-                   for (const auto& u : users) {
-                     u.copy_(packed.narrow(0, offset, u.numel()).view(u.sizes()));
-                     offset += u.numel();
+                   for (const auto& f : flats) {
+                     f.flat.copy_(packed.narrow(0, offset, f.flat.numel()).view(f.flat.sizes()));
+                     offset += f.flat.numel();
+                     f.writeBack();
                    }
                  });
 }
@@ -242,12 +273,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce(std::vector<at::Tens
   RD_CHECK_INPUT(tensors.size() == 1, op, "expected one tensor, got ", tensors.size());
   checkRoot(op, opts.rootRank);
   ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
-  Flat flat(tensors[0]);
+  auto stage = stageFor(op, tensors);
+  Flat flat(tensors[0], stage.get());
   int root = static_cast<int>(opts.rootRank);
   size_t count = static_cast<size_t>(flat.flat.numel());
   bool isRoot = root == getRank();
   return enqueue(c10d::OpType::REDUCE, OpType::kReduce, tensors, effectiveTimeout(opts.timeout),
-                 [flat, count, dtype, reduceOp, root, isRoot](Communicator& comm) {
+                 stage, [flat, count, dtype, reduceOp, root, isRoot](Communicator& comm) {
                    ringdist::reduce(comm, flat.data(), count, dtype, reduceOp, root);
                    if (isRoot) {
                      flat.writeBack();
@@ -265,11 +297,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather(
   RD_CHECK_INPUT(static_cast<int>(outputs[0].size()) == getSize(), op, "the output list has ",
                  outputs[0].size(), " tensors; the group has ", getSize(), " ranks");
   checkAllMatch(op, outputs[0], "output", inputs[0], "input");
-  Flat in(inputs[0]);
-  auto outs = flatten(outputs[0]);
+  auto stage = stageFor(op, joined({inputs, outputs[0]}));
+  Flat in(inputs[0], stage.get());
+  auto outs = flatten(outputs[0], stage.get(), /*read=*/false);
   size_t count = static_cast<size_t>(in.flat.numel());
   return enqueue(c10d::OpType::ALLGATHER, OpType::kAllgather, outputs[0],
-                 effectiveTimeout(opts.timeout), [in, outs, count, dtype](Communicator& comm) {
+                 effectiveTimeout(opts.timeout), stage, [in, outs, count, dtype](Communicator& comm) {
                    auto ptrs = dataOf<void>(outs);
                    ringdist::allgather(comm, in.data(), ptrs.data(), count, dtype);
                    for (const auto& o : outs) o.writeBack();
@@ -303,12 +336,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_coalesced(
     }
   }
   checkTensors(op, allOutputs);
-  std::vector<at::Tensor> parts;
-  for (const auto& t : inputs) parts.push_back(t.reshape({-1}));
-  auto lists = outputLists;
+  auto stage = stageFor(op, joined({inputs, allOutputs}));
+  auto ins = flatten(inputs, stage.get());
+  std::vector<std::vector<Flat>> lists;
+  for (const auto& list : outputLists) lists.push_back(flatten(list, stage.get(), false));
   int size = getSize();
   return enqueue(c10d::OpType::ALLGATHER_COALESCED, OpType::kAllgather, allOutputs,
-                 effectiveTimeout(opts.timeout), [parts, lists, dtype, size](Communicator& comm) {
+                 effectiveTimeout(opts.timeout), stage, [ins, lists, dtype, size](Communicator& comm) {
+                   std::vector<at::Tensor> parts;
+                   for (const auto& f : ins) parts.push_back(f.flat.reshape({-1}));
                    at::Tensor packed = at::cat(parts);
                    at::Tensor gathered = at::empty({size, packed.numel()}, packed.options());
                    std::vector<void*> ptrs;
@@ -318,8 +354,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_coalesced(
                    for (int r = 0; r < size; ++r) {
                      int64_t offset = 0;
                      for (const auto& out : lists[static_cast<size_t>(r)]) {
-                       out.copy_(gathered[r].narrow(0, offset, out.numel()).view(out.sizes()));
-                       offset += out.numel();
+                       out.flat.copy_(gathered[r]
+                                          .narrow(0, offset, out.flat.numel())
+                                          .view(out.flat.sizes()));
+                       offset += out.flat.numel();
+                       out.writeBack();
                      }
                    }
                  });
@@ -338,18 +377,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgatherIntoTensors(
     std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
   RD_CHECK_INPUT(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ",
                  inputs.size(), " inputs");
-  std::vector<Flat> ins, outs;
   std::vector<DataType> dtypes;
   for (size_t i = 0; i < inputs.size(); ++i) {
     dtypes.push_back(checkTensors(op, {inputs[i], outputs[i]}));
     RD_CHECK_INPUT(outputs[i].numel() == inputs[i].numel() * getSize(), op, "output ", i,
                    " has ", outputs[i].numel(), " elements; expected input numel ",
                    inputs[i].numel(), " x world size ", getSize());
-    ins.emplace_back(inputs[i]);
-    outs.emplace_back(outputs[i]);
   }
+  auto stage = stageFor(op, joined({inputs, outputs}));
+  auto ins = flatten(inputs, stage.get());
+  auto outs = flatten(outputs, stage.get(), /*read=*/false);
   const int size = getSize();
-  return enqueue(type, OpType::kAllgather, outputs, effectiveTimeout(opts.timeout),
+  return enqueue(type, OpType::kAllgather, outputs, effectiveTimeout(opts.timeout), stage,
                  [ins, outs, dtypes, size](Communicator& comm) {
                    for (size_t i = 0; i < ins.size(); ++i) {
                      const size_t count = static_cast<size_t>(ins[i].flat.numel());
@@ -369,23 +408,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::gather(
   checkRoot(op, opts.rootRank);
   int root = static_cast<int>(opts.rootRank);
   bool isRoot = root == getRank();
-  std::vector<Flat> outs;
   std::vector<at::Tensor> results;
   if (isRoot) {
     RD_CHECK_INPUT(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), op,
                    "the root needs one output list of ", getSize(), " tensors");
     checkAllMatch(op, outputs[0], "output", inputs[0], "input");
-    outs = flatten(outputs[0]);
     results = outputs[0];
   } else {
     RD_CHECK_INPUT(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), op,
                    "only the root (rank ", root, ") may pass output tensors");
   }
-  Flat in(inputs[0]);
+  auto stage = stageFor(op, joined({inputs, results}));
+  auto outs = flatten(results, stage.get(), /*read=*/false);
+  Flat in(inputs[0], stage.get());
   size_t count = static_cast<size_t>(inputs[0].numel());
   int size = getSize();
   return enqueue(c10d::OpType::GATHER, OpType::kGather, results, effectiveTimeout(opts.timeout),
-                 [in, outs, count, dtype, root, size](Communicator& comm) {
+                 stage, [in, outs, count, dtype, root, size](Communicator& comm) {
                    std::vector<void*> ptrs(static_cast<size_t>(size), nullptr);
                    for (size_t r = 0; r < outs.size(); ++r) ptrs[r] = outs[r].data();
                    ringdist::gather(comm, in.data(), ptrs.data(), count, dtype, root);
@@ -401,21 +440,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::scatter(
   RD_CHECK_INPUT(outputs.size() == 1, op, "expected one output tensor, got ", outputs.size());
   checkRoot(op, opts.rootRank);
   int root = static_cast<int>(opts.rootRank);
-  std::vector<Flat> ins;
+  std::vector<at::Tensor> sources;
   if (root == getRank()) {
     RD_CHECK_INPUT(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), op,
                    "the root needs one input list of ", getSize(), " tensors");
     checkAllMatch(op, inputs[0], "input", outputs[0], "output");
-    ins = flatten(inputs[0]);
+    sources = inputs[0];
   } else {
     RD_CHECK_INPUT(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), op,
                    "only the root (rank ", root, ") may pass input tensors");
   }
-  Flat out(outputs[0]);
+  auto stage = stageFor(op, joined({outputs, sources}));
+  auto ins = flatten(sources, stage.get());
+  Flat out(outputs[0], stage.get(), /*read=*/false);
   size_t count = static_cast<size_t>(outputs[0].numel());
   int size = getSize();
   return enqueue(c10d::OpType::SCATTER, OpType::kScatter, outputs, effectiveTimeout(opts.timeout),
-                 [ins, out, count, dtype, root, size](Communicator& comm) {
+                 stage, [ins, out, count, dtype, root, size](Communicator& comm) {
                    std::vector<const void*> ptrs(static_cast<size_t>(size), nullptr);
                    for (size_t r = 0; r < ins.size(); ++r) ptrs[r] = ins[r].data();
                    ringdist::scatter(comm, ptrs.data(), out.data(), count, dtype, root);
@@ -434,11 +475,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter(
                  inputs[0].size(), " tensors; the group has ", getSize(), " ranks");
   checkAllMatch(op, inputs[0], "input", outputs[0], "output");
   ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
-  auto ins = flatten(inputs[0]);
-  Flat out(outputs[0]);
+  auto stage = stageFor(op, joined({outputs, inputs[0]}));
+  auto ins = flatten(inputs[0], stage.get());
+  Flat out(outputs[0], stage.get(), /*read=*/false);
   size_t count = static_cast<size_t>(outputs[0].numel());
   return enqueue(c10d::OpType::REDUCE_SCATTER, OpType::kReduceScatter, outputs,
-                 effectiveTimeout(opts.timeout), [ins, out, count, dtype, reduceOp](Communicator& comm) {
+                 effectiveTimeout(opts.timeout), stage, [ins, out, count, dtype, reduceOp](Communicator& comm) {
                    auto ptrs = dataOf<const void>(ins);
                    ringdist::reduceScatter(comm, ptrs.data(), out.data(), count, dtype, reduceOp);
                    out.writeBack();
@@ -466,7 +508,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduceScatterTensors(
     std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   RD_CHECK_INPUT(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ",
                  inputs.size(), " inputs");
-  std::vector<Flat> ins, outs;
   std::vector<DataType> dtypes;
   std::vector<ReduceOp> ops;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -475,11 +516,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduceScatterTensors(
     RD_CHECK_INPUT(inputs[i].numel() == outputs[i].numel() * getSize(), op, "input ", i, " has ",
                    inputs[i].numel(), " elements; expected output numel ", outputs[i].numel(),
                    " x world size ", getSize());
-    ins.emplace_back(inputs[i]);
-    outs.emplace_back(outputs[i]);
   }
+  auto stage = stageFor(op, joined({inputs, outputs}));
+  auto ins = flatten(inputs, stage.get());
+  auto outs = flatten(outputs, stage.get(), /*read=*/false);
   const int size = getSize();
-  return enqueue(type, OpType::kReduceScatter, outputs, effectiveTimeout(opts.timeout),
+  return enqueue(type, OpType::kReduceScatter, outputs, effectiveTimeout(opts.timeout), stage,
                  [ins, outs, dtypes, ops, size](Communicator& comm) {
                    for (size_t i = 0; i < ins.size(); ++i) {
                      const size_t count = static_cast<size_t>(outs[i].flat.numel());
@@ -524,10 +566,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall_base(
   };
   auto sendCounts = counts(input, inputSplitSizes, "input");
   auto recvCounts = counts(output, outputSplitSizes, "output");
-  Flat in(input);
-  Flat out(output);
+  auto stage = stageFor(op, {input, output});
+  Flat in(input, stage.get());
+  Flat out(output, stage.get(), /*read=*/false);
   return enqueue(c10d::OpType::ALLTOALL_BASE, OpType::kAlltoall, {output},
-                 effectiveTimeout(opts.timeout),
+                 effectiveTimeout(opts.timeout), stage,
                  [in, out, sendCounts, recvCounts, dtype, size](Communicator& comm) {
                    size_t elem = elementSize(dtype);
                    std::vector<const void*> ins;
@@ -560,10 +603,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall(std::vector<at::Te
     sendCounts.push_back(static_cast<uint64_t>(inputs[static_cast<size_t>(r)].numel()));
     recvCounts.push_back(static_cast<uint64_t>(outputs[static_cast<size_t>(r)].numel()));
   }
-  auto ins = flatten(inputs);
-  auto outs = flatten(outputs);
+  auto stage = stageFor(op, joined({inputs, outputs}));
+  auto ins = flatten(inputs, stage.get());
+  auto outs = flatten(outputs, stage.get(), /*read=*/false);
   return enqueue(c10d::OpType::ALLTOALL, OpType::kAlltoall, outputs, effectiveTimeout(opts.timeout),
-                 [ins, outs, sendCounts, recvCounts, dtype](Communicator& comm) {
+                 stage, [ins, outs, sendCounts, recvCounts, dtype](Communicator& comm) {
                    std::vector<const void*> inPtrs;
                    std::vector<void*> outPtrs;
                    for (const auto& i : ins) inPtrs.push_back(i.data());
@@ -576,7 +620,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall(std::vector<at::Te
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::barrier(const c10d::BarrierOptions& opts) {
   return enqueue(c10d::OpType::BARRIER, OpType::kBarrier, {}, effectiveTimeout(opts.timeout),
-                 [](Communicator& comm) { ringdist::barrier(comm); });
+                 nullptr, [](Communicator& comm) { ringdist::barrier(comm); });
 }
 
 // ---------------------------------------------------------------- point-to-point
@@ -593,7 +637,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::sendRecv(bool isSend,
   RD_CHECK_INPUT(!anySource || getSize() > 1, op, "a group of one rank has no other source");
   const auto type = isSend ? c10d::OpType::SEND
                            : anySource ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV;
-  at::Tensor flat = tensors[0].is_contiguous() ? tensors[0] : tensors[0].contiguous();
+  auto stage = stageFor(op, tensors);
+  at::Tensor flat = Flat(tensors[0], stage.get(), /*read=*/isSend).flat;
   const size_t bytes = static_cast<size_t>(flat.numel()) * elementSize(dtype);
   void* data = flat.data_ptr();
   return worker_->enqueueTransfer(
@@ -606,7 +651,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::sendRecv(bool isSend,
         } else {
           p2p.recv(data, bytes, dtype, peer, tag, [moved, peer] { moved(peer); });
         }
-      });
+      },
+      stage);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::send(std::vector<at::Tensor>& tensors,
@@ -648,12 +694,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
   RD_CHECK_INPUT(type == at::kFloat || type == at::kBFloat16 || type == at::kHalf, op,
                  "the tensor has dtype ", type,
                  "; compressed allreduce takes float32, bfloat16 or float16");
-  Flat flat(tensor);
+  auto stage = stageFor(op, {tensor});
+  Flat flat(tensor, stage.get());
   const bool widen = type != at::kFloat;
   size_t count = static_cast<size_t>(flat.flat.numel());
   std::string key = strCat(op, "/", ringdist::codecName(codec));
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kCompressedAllreduce, {tensor},
-                 effectiveTimeout(timeout), [flat, widen, count, codec, average](Communicator& comm) {
+                 effectiveTimeout(timeout), stage,
+                 [flat, widen, count, codec, average](Communicator& comm) {
                    // Half inputs are summed in float32 like everything else;
                    // the one rounding back happens here.
                    at::Tensor work = widen ? flat.flat.to(at::kFloat) : flat.flat;

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "csrc/backend/device_stage.h"
 #include "csrc/backend/worker.h"
 
 namespace ringdist {
@@ -107,6 +108,9 @@ class ProcessGroupRingdist : public c10d::Backend {
   DataType checkTensors(const char* op, const std::vector<at::Tensor>& tensors);
   ReduceOp checkReduceOp(const char* op, const c10d::ReduceOp& reduceOp, DataType dtype);
   void checkRoot(const char* op, int64_t root);
+  // The op's device stage: null for CPU tensors; an error for tensors on
+  // different devices.
+  std::shared_ptr<DeviceStage> stageFor(const char* op, const std::vector<at::Tensor>& tensors);
   // Every tensor of `list` (each a `what`) has the numel and dtype of `reference`.
   void checkAllMatch(const char* op, const std::vector<at::Tensor>& list, const char* what,
                      const at::Tensor& reference, const char* referenceName);
@@ -126,11 +130,13 @@ class ProcessGroupRingdist : public c10d::Backend {
   // the operation's name.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, OpType engineType,
                                          std::vector<at::Tensor> outputs,
-                                         std::chrono::milliseconds timeout, Worker::Body body,
+                                         std::chrono::milliseconds timeout,
+                                         std::shared_ptr<DeviceStage> stage, Worker::Body body,
                                          std::string statsKey = "");
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds requested) const;
 
   std::unique_ptr<Worker> worker_;
+  std::unique_ptr<DeviceStages> stages_;  // null without CUDA support
   std::vector<std::string> transports_;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequenceNumber_{0};

@@ -4,16 +4,33 @@
 
 namespace ringdist {
 
+namespace {
+
+c10::intrusive_ptr<c10::ivalue::Future> makeFuture(const DeviceStage* stage) {
+  auto type = c10::ListType::create(c10::TensorType::get());
+  if (stage == nullptr) {
+    return c10::make_intrusive<c10::ivalue::Future>(type);
+  }
+  return c10::make_intrusive<c10::ivalue::Future>(type, std::vector<c10::Device>{stage->device()});
+}
+
+}  // namespace
+
 RingdistWork::RingdistWork(int rank, c10d::OpType opType, const char* profilingTitle,
-                           std::vector<at::Tensor> outputs)
+                           std::vector<at::Tensor> outputs, std::shared_ptr<DeviceStage> stage)
     : c10d::Work(rank, opType, profilingTitle),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+      stage_(std::move(stage)),
+      future_(makeFuture(stage_.get())) {}
 
 bool RingdistWork::isCompleted() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return completed_;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_) {
+      return false;
+    }
+  }
+  return stage_ == nullptr || stage_->deviceDone();
 }
 
 bool RingdistWork::isSuccess() const {
@@ -41,8 +58,15 @@ bool RingdistWork::wait(std::chrono::milliseconds timeout) {
   if (exception_) {
     std::rethrow_exception(exception_);
   }
+  if (stage_) {
+    stage_->blockCurrentStream();
+  }
   return true;
 }
+
+// The copy-back is queued only once the host side finished, so the stream
+// wait needs the host side first.
+void RingdistWork::synchronize() { wait(::kNoTimeout); }
 
 int RingdistWork::sourceRank() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -62,7 +86,12 @@ void RingdistWork::markSuccess() {
     completed_ = true;
   }
   cv_.notify_all();
-  future_->markCompleted(c10::IValue(outputs_));
+  if (stage_) {
+    // A CUDA-aware future records its events on the current stream.
+    stage_->onStream([this] { future_->markCompleted(c10::IValue(outputs_)); });
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
 }
 
 void RingdistWork::markError(std::exception_ptr error) {

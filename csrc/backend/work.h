@@ -3,33 +3,40 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "csrc/backend/device_stage.h"
+
 namespace ringdist {
 
 // One queued operation. Completed by the backend's worker thread; wait()
 // blocks the caller, getFuture() holds the output tensors (DDP calls it on
-// every step) or the error.
+// every step) or the error. On CUDA tensors (`stage`, device_stage.h),
+// wait() and synchronize() also make the caller's current stream wait for the
+// op's device work, and the future is CUDA-aware (completed on the group's
+// stream), as NCCL's are.
 class RingdistWork : public c10d::Work {
  public:
   RingdistWork(int rank, c10d::OpType opType, const char* profilingTitle,
-               std::vector<at::Tensor> outputs);
+               std::vector<at::Tensor> outputs, std::shared_ptr<DeviceStage> stage = nullptr);
 
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   std::vector<at::Tensor> result() override;
   bool wait(std::chrono::milliseconds timeout = ::kNoTimeout) override;
-  void synchronize() override {}
+  void synchronize() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
   // Receives: the rank the message came from (dist.recv returns it).
   int sourceRank() const override;
   void setSourceRank(int rank);
 
+  DeviceStage* stage() const { return stage_.get(); }
   void markSuccess();
   void markError(std::exception_ptr error);
 
  private:
   std::vector<at::Tensor> outputs_;
+  std::shared_ptr<DeviceStage> stage_;
   int sourceRank_ = -1;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };

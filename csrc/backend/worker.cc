@@ -34,9 +34,10 @@ Worker::~Worker() { stop(); }
 c10::intrusive_ptr<RingdistWork> Worker::enqueue(c10d::OpType type, OpType engineType,
                                                  std::string statsKey,
                                                  std::vector<at::Tensor> outputs,
-                                                 std::chrono::milliseconds timeout, Body body) {
+                                                 std::chrono::milliseconds timeout, Body body,
+                                                 std::shared_ptr<DeviceStage> stage) {
   auto work = c10::make_intrusive<RingdistWork>(rank_, type, opTypeName(engineType),
-                                                std::move(outputs));
+                                                std::move(outputs), std::move(stage));
   Communicator& comm = *comm_;
   push(Task{work, true, engineType, std::move(statsKey), timeout,
             [&comm, body = std::move(body)] { body(comm); }});
@@ -46,8 +47,10 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueue(c10d::OpType type, OpType engin
 c10::intrusive_ptr<RingdistWork> Worker::enqueueTransfer(c10d::OpType type, const char* name,
                                                          at::Tensor user, at::Tensor flat,
                                                          std::chrono::milliseconds timeout,
-                                                         Post post) {
-  auto work = c10::make_intrusive<RingdistWork>(rank_, type, name, std::vector<at::Tensor>{user});
+                                                         Post post,
+                                                         std::shared_ptr<DeviceStage> stage) {
+  auto work = c10::make_intrusive<RingdistWork>(rank_, type, name, std::vector<at::Tensor>{user},
+                                                std::move(stage));
   Transfer entry{work, std::move(user), std::move(flat), std::make_shared<bool>(false),
                  std::make_shared<int>(-1)};
   // The body only posts the transfer; reapTransfers() completes the Work.
@@ -167,7 +170,16 @@ void Worker::run(Task& task) {
   const uint64_t recv0 = comm_->bytesReceived();
   try {
     comm_->beginOp(task.type, task.timeout);
-    task.body();
+    DeviceStage* stage = task.work->stage();
+    if (stage == nullptr) {
+      task.body();
+    } else {
+      stage->stageIn(started + task.timeout);
+      stage->onStream(task.body);
+      if (task.completesOnReturn) {
+        stage->recordDone();
+      }
+    }
   } catch (const std::exception& e) {
     std::string message = comm_->aborted() ? std::string(e.what()) : comm_->describeError(e.what());
     if (!comm_->aborted()) {
@@ -205,8 +217,17 @@ void Worker::reapTransfers() {
     Transfer done = std::move(transfers_[i]);
     transfers_.erase(transfers_.begin() + static_cast<long>(i));
     try {
-      if (!done.flat.is_same(done.user)) {
-        done.user.copy_(done.flat);
+      auto copyBack = [&done] {
+        // Only receives write; host to host, non_blocking is synchronous.
+        if (done.work->retrieveOpType() != c10d::OpType::SEND && !done.flat.is_same(done.user)) {
+          done.user.copy_(done.flat, /*non_blocking=*/true);
+        }
+      };
+      if (DeviceStage* stage = done.work->stage()) {
+        stage->onStream(copyBack);
+        stage->recordDone();
+      } else {
+        copyBack();
       }
       if (*done.source >= 0) {
         done.work->setSourceRank(*done.source);

@@ -47,15 +47,19 @@ class Worker {
 
   // Queues `body` as one operation; the Work completes when it returned (or
   // fails with the error it threw, which aborts the group).
+  // With a `stage` (CUDA tensors, device_stage.h) the body runs between the
+  // stage's stageIn() and recordDone().
   c10::intrusive_ptr<RingdistWork> enqueue(c10d::OpType type, OpType engineType,
                                            std::string statsKey, std::vector<at::Tensor> outputs,
-                                           std::chrono::milliseconds timeout, Body body);
-  // Queues a send or receive of `flat` (user's contiguous view or copy); the
-  // Work completes between operations once the bytes moved, after `flat` was
-  // copied back into `user`.
+                                           std::chrono::milliseconds timeout, Body body,
+                                           std::shared_ptr<DeviceStage> stage);
+  // Queues a send or receive of `flat` (user's contiguous view, copy or host
+  // twin); the Work completes between operations once the bytes moved, after
+  // `flat` was copied back into `user`.
   c10::intrusive_ptr<RingdistWork> enqueueTransfer(c10d::OpType type, const char* name,
                                                    at::Tensor user, at::Tensor flat,
-                                                   std::chrono::milliseconds timeout, Post post);
+                                                   std::chrono::milliseconds timeout, Post post,
+                                                   std::shared_ptr<DeviceStage> stage);
   // Changes the collectives' settings between the operations issued before
   // and after this call, on the worker, and waits until that happened.
   void configure(const std::function<void(CollectiveOptions&)>& change);

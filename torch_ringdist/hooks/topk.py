@@ -68,9 +68,12 @@ class TopKState(HookState):
             if residual is None or residual.numel() != n:
                 residual = torch.zeros(n, dtype=torch.float32)
                 self.residuals[bucket.index()] = residual
-        # Selection and scatter are fused C++ passes (csrc/hooks/topk.cc); only
+        # Selection and scatter are fused C++ passes on the host
+        # (csrc/hooks/topk.cc); a CUDA bucket is copied to the host for them (no
+        # GPU top-k kernels yet; its residual lives on the host too), and only
         # non-float32 buckets (no error feedback) go through a float32 copy.
-        x = buffer if buffer.dtype == torch.float32 else buffer.to(torch.float32)
+        on_host = buffer.dtype == torch.float32 and buffer.device.type == "cpu"
+        x = buffer if on_host else buffer.to("cpu", torch.float32)
         k = min(n, max(1, math.ceil(self.ratio * n)))
         # Values and int32 indices (as float32 bit patterns) in one all_gather.
         packed = torch.empty(2 * k, dtype=torch.float32)

@@ -1,0 +1,54 @@
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+namespace ringdist {
+
+// The CUDA side of one operation on CUDA tensors. The engine works on host
+// memory, so each CUDA tensor gets a pinned host twin, with NCCL's stream
+// semantics around it:
+//  - issue (caller's thread): an event on the caller's current stream; the
+//    twins are allocated and the tensors recorded on the group's stream for
+//    the caching allocator;
+//  - stageIn (worker, before the body): the group's stream waits for that
+//    event and copies the tensors the op reads into their twins; the worker
+//    waits for the copies, bounded by the op's deadline. Doing this on the
+//    worker, not at issue, orders it after the copy-back of every earlier op
+//    of the group, as one NCCL stream would;
+//  - onStream: the body and the copy-back (Flat::writeBack) run with the
+//    group's stream current, so the copies back queue there;
+//  - recordDone: the op's completion event, after the copy-back; the Work's
+//    wait()/synchronize() make the caller's current stream wait for it.
+// Operations on CPU tensors have no stage.
+class DeviceStage {
+ public:
+  virtual ~DeviceStage() = default;
+  virtual c10::Device device() const = 0;
+  // Pinned host memory shaped like `tensor`; filled by stageIn() if `read`.
+  virtual at::Tensor hostTwin(const at::Tensor& tensor, bool read) = 0;
+  virtual void stageIn(std::chrono::steady_clock::time_point deadline) = 0;
+  virtual void onStream(const std::function<void()>& fn) = 0;
+  virtual void recordDone() = 0;
+  // The caller's current stream waits for the completion event.
+  virtual void blockCurrentStream() = 0;
+  // Whether the device work of the op has finished (after recordDone()).
+  virtual bool deviceDone() = 0;
+};
+
+// One per process group: one stream per device, so the group's operations
+// stay in issue order on the GPU too.
+class DeviceStages {
+ public:
+  virtual ~DeviceStages() = default;
+  virtual std::shared_ptr<DeviceStage> begin(const c10::Device& device) = 0;
+};
+
+// Null when the extension was built without CUDA.
+std::unique_ptr<DeviceStages> makeDeviceStages();
+
+}  // namespace ringdist

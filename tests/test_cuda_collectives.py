@@ -1,0 +1,253 @@
+"""Collectives, point-to-point, hooks and DDP on CUDA tensors, several ranks on the one GPU.
+
+The collective matrix is test_collectives.py's own worker code run with CUDA as the
+default device (its inputs, outputs and float64/int64 references all live on the GPU;
+digests and comparisons copy to the host). The CUDA-only behaviour is checked against
+the same operation on CPU tensors in the same world (hooks bit for bit, DDP within
+float tolerance, since CPU and GPU matmuls round differently) and against closed forms.
+
+Needs a CUDA build of ringdist and a GPU; skipped otherwise (CI has no GPU).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import test_collectives as tc
+from torch_ringdist._extension import load
+from world import default_backend
+
+pytestmark = pytest.mark.skipif(
+    not (load().cuda_compiled() and torch.cuda.is_available()) or default_backend() != "ringdist",
+    reason="needs ringdist built with CUDA (TORCH_RINGDIST_CUDA=1), a GPU, and the ringdist backend")
+
+# Every rank on device 0: what NCCL refuses ("Duplicate GPU detected").
+WORLDS = [(2, "default"), (4, "default"), (2, "tcp"), (3, "64")]
+WORLD_IDS = [f"ws{w}-{s}" for w, s in WORLDS]
+world_params = pytest.mark.parametrize("ws,seg", WORLDS, ids=WORLD_IDS)
+
+
+def _on_cuda(rank, ws, case, *args, **kwargs):
+    """Runs test_collectives' worker function ``case`` with CUDA as the default device."""
+    torch.cuda.set_device(0)
+    with torch.device("cuda"):
+        return getattr(tc, case)(rank, ws, *args, **kwargs)
+
+
+def _run(world_factory, ws, seg, case, *args, **kwargs):
+    world = world_factory(ws, env=tc.world_env_for(ws, seg))
+    return world.run(_on_cuda, case, *args, timeout=300, **kwargs)
+
+
+# ------------------------------------------------------------ the collective matrix
+@world_params
+def test_cuda_all_reduce_every_dtype_and_op(world_factory, ws, seg):
+    res = _run(world_factory, ws, seg, "_case_all_reduce", tc.DTYPE_OPS,
+               tc.counts_for(seg, True), tc.DENSE)
+    tc.assert_cases(res)
+
+
+@world_params
+def test_cuda_all_reduce_async_and_strided(world_factory, ws, seg):
+    cases = [("float32", "SUM"), ("int64", "MAX"), ("bool", "BOR"), ("bfloat16", "AVG")]
+    tc.assert_cases(_run(world_factory, ws, seg, "_case_all_reduce", cases,
+                         tc.counts_for(seg, True), tc.DENSE, async_op=True))
+    tc.assert_cases(_run(world_factory, ws, seg, "_case_all_reduce", tc.LAYOUT_DTYPE_OPS,
+                         tc.SMALL_COUNTS, ["strided"]))
+
+
+@world_params
+def test_cuda_reduce_and_reduce_scatter(world_factory, ws, seg):
+    cases = [("float32", "SUM"), ("float16", "MAX"), ("int32", "BXOR"), ("bfloat16", "AVG")]
+    tc.assert_cases(_run(world_factory, ws, seg, "_case_reduce", cases, tc.SMALL_COUNTS,
+                         tc.DENSE), check_digests=False)
+    for variant in ("list", "list_strided", "tensor", "tensor_stacked", "tensor_strided"):
+        tc.assert_cases(_run(world_factory, ws, seg, "_case_reduce_scatter", cases,
+                             tc.counts_for(seg, True), variant))
+    for dtype, op in cases:
+        tc.assert_cases(_run(world_factory, ws, seg, "_case_all_reduce_coalesced", dtype, op,
+                             [0, 1, 7, 1001, 33]))
+
+
+@world_params
+def test_cuda_data_movement(world_factory, ws, seg):
+    dtypes = ["float32", "bfloat16", "int8", "bool", "int64"]
+    counts = tc.counts_for(seg, True)
+    tc.assert_cases(_run(world_factory, ws, seg, "_case_broadcast", dtypes, counts,
+                         tc.DENSE + ["strided"]))
+    for variant in ("list", "list_strided", "tensor", "tensor_stacked", "tensor_strided_input"):
+        tc.assert_cases(_run(world_factory, ws, seg, "_case_all_gather", dtypes, counts, variant))
+    for layout in ("contig", "strided"):
+        tc.assert_cases(_run(world_factory, ws, seg, "_case_gather", dtypes, tc.SMALL_COUNTS,
+                             layout))
+        tc.assert_cases(_run(world_factory, ws, seg, "_case_scatter", dtypes, tc.SMALL_COUNTS,
+                             layout))
+    for uneven in (False, True):
+        tc.assert_cases(_run(world_factory, ws, seg, "_case_all_to_all", dtypes, [0, 3, 1001],
+                             uneven))
+    for variant in ("even", "uneven", "noncontig_input", "noncontig_output"):
+        tc.assert_cases(_run(world_factory, ws, seg, "_case_all_to_all_single", dtypes,
+                             [0, 3, 1001], variant))
+
+
+@world_params
+def test_cuda_send_recv(world_factory, ws, seg):
+    tc.assert_cases(_run(world_factory, ws, seg, "_case_send_recv",
+                         ["float32", "int8", "bool"], tc.counts_for(seg, True)))
+
+
+# ------------------------------------------------------------ stream semantics
+def _w_streams(rank, ws):
+    torch.cuda.set_device(0)
+    out = {}
+    n = 1 << 20
+    # Queued behind slow work on the caller's stream: the op must see its result.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.zeros(n, device="cuda")
+        torch.cuda._sleep(50_000_000)  # tens of milliseconds of GPU time
+        x.fill_(rank + 1.0)
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()  # side stream now waits for the op's copy-back
+        y = x * 2    # queued on the side stream after the wait
+    side.synchronize()
+    want = 2.0 * ws * (ws + 1) / 2
+    out["ordered after the caller's stream"] = None if bool((y == want).all()) else \
+        f"got {y[0].item()} expected {want}"
+    # Two ops on one tensor without waiting in between: issue order holds on the GPU.
+    z = torch.full((n,), float(rank + 1), device="cuda")
+    w1 = dist.all_reduce(z, async_op=True)
+    w2 = dist.all_reduce(z, async_op=True)
+    w2.wait()
+    w1.wait()
+    want2 = float(ws * (ws * (ws + 1) // 2))
+    out["issue order"] = None if bool((z == want2).all()) else f"got {z[0].item()} want {want2}"
+    # The future is CUDA-aware: a callback sees the result and runs on the GPU.
+    v = torch.full((1000,), float(rank), device="cuda")
+    fut = dist.all_reduce(v, async_op=True).get_future().then(lambda f: f.value()[0] * 3)
+    got = fut.wait()
+    want3 = 3.0 * ws * (ws - 1) / 2
+    out["future chain"] = None if got.is_cuda and bool((got == want3).all()) else \
+        f"got {got[:3]} on {got.device}, want {want3}"
+    # synchronize(): the caller's stream waits; is_completed() once everything is done.
+    u = torch.ones(n, device="cuda")
+    work = dist.all_reduce(u, async_op=True)
+    work.synchronize()
+    s = u.sum()  # on the current stream, after the wait
+    torch.cuda.current_stream().synchronize()
+    out["synchronize"] = None if s.item() == n * ws and work.is_completed() else \
+        f"sum {s.item()} completed {work.is_completed()}"
+    # Mixed devices and a CPU tensor on the same group.
+    cpu = torch.full((5,), float(rank + 1))
+    dist.all_reduce(cpu)
+    out["cpu tensor on the same group"] = None if bool((cpu == ws * (ws + 1) / 2).all()) else \
+        f"got {cpu}"
+    try:
+        dist.all_gather([torch.empty(3, device="cuda") for _ in range(ws)], torch.ones(3))
+        out["mixed devices"] = "no error for a CPU input with CUDA outputs"
+    except RuntimeError as exc:
+        ok = "different devices" in str(exc) and f"rank {rank}" in str(exc)
+        out["mixed devices"] = None if ok else f"unclear error: {exc}"
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_cuda_stream_semantics(world_factory, ws):
+    tc.assert_cases(world_factory(ws).run(_w_streams, timeout=120), check_digests=False)
+
+
+# ------------------------------------------------------------ hooks and DDP
+def _bucket(buffer):
+    from torch_ringdist.hooks._base import VirtualBucket
+    return VirtualBucket(0, buffer, [buffer], [], True)
+
+
+def _w_hooks(rank, ws, steps):
+    """Each hook on a CUDA bucket against the same hook on the same CPU bucket, bit for bit."""
+    from torch_ringdist.hooks._registry import lookup, make_state
+
+    torch.cuda.set_device(0)
+    out = {}
+    for name, options in [("fp16", {}), ("bf16", {}), ("int8", {"error_feedback": True}),
+                          ("topk", {"ratio": 0.05}), ("allreduce", {})]:
+        cpu_state = make_state(name, **options)
+        gpu_state = make_state(name, **options)
+        hook = lookup(name).hook
+        for step in range(steps):
+            g = torch.Generator().manual_seed(1000 * rank + step)
+            grad = torch.randn(70001, generator=g) * (step + 1)
+            cpu_buf, gpu_buf = grad.clone(), grad.cuda()
+            a = hook(cpu_state, _bucket(cpu_buf)).wait()
+            b = hook(gpu_state, _bucket(gpu_buf)).wait()
+            same = b.is_cuda and torch.equal(a, b.cpu())
+            out[f"{name} step {step}"] = (None if same else
+                                          f"CUDA result differs ({(a - b.cpu()).abs().max()})",
+                                          tc.digest(b))
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_cuda_hooks_match_cpu(world_factory, ws):
+    tc.assert_cases(world_factory(ws).run(_w_hooks, 3, timeout=180))
+
+
+def _w_ddp(rank, ws, hook, steps):
+    """DDP on CUDA (every rank on device 0) against DDP on the CPU in the same world."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch_ringdist.hooks as hooks
+
+    torch.cuda.set_device(0)
+    finals = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 10)).to(device)
+        ddp = DDP(model, device_ids=[0] if device == "cuda" else None, bucket_cap_mb=0.01)
+        if hook != "none":
+            hooks.register(ddp, hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(steps):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(ddp(x.to(device)), y.to(device)).backward()
+            opt.step()
+        finals[device] = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+    diff = (finals["cpu"] - finals["cuda"]).abs().max().item()
+    # CPU and GPU matmuls round differently: close, not equal (compressed hooks amplify it).
+    tol = 1e-4 if hook == "none" else 2e-2
+    return {hook: (None if diff < tol else f"CUDA run differs from the CPU run by {diff}",
+                   tc.digest(finals["cuda"]))}
+
+
+@pytest.mark.parametrize("hook", ["none", "fp16", "int8", "topk", "powersgd"])
+def test_cuda_ddp_close_to_cpu_and_replicas_identical(world_factory, hook):
+    tc.assert_cases(world_factory(2).run(_w_ddp, hook, 12, timeout=180))
+
+
+# ------------------------------------------------------------ NCCL beside ringdist
+def _w_mixed_backend(rank, ws):
+    t = torch.full((4,), 2.0)
+    u = torch.full((4,), 3.0, device="cuda")
+    dist.all_reduce(t)
+    dist.all_reduce(u)
+    group = dist.distributed_c10d._get_default_group()
+    gpu_backend = type(group._get_backend(torch.device("cuda"))).__name__
+    ok = bool((t == 2.0 * ws).all()) and bool((u.cpu() == 3.0 * ws).all())
+    return {"cpu:ringdist,cuda:nccl": None if ok and gpu_backend == "ProcessGroupNCCL"
+            else f"t={t} u={u} cuda backend {gpu_backend}"}
+
+
+def test_cpu_ringdist_cuda_nccl_one_rank(tmp_path):
+    """The README's mixed form: ringdist for CPU tensors, NCCL for CUDA (one rank: NCCL
+    needs one GPU per rank)."""
+    from world import World
+
+    world = World(1, backend="cpu:ringdist,cuda:nccl")
+    try:
+        tc.assert_cases(world.run(_w_mixed_backend, timeout=60), check_digests=False)
+    finally:
+        world.close()
