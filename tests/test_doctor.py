@@ -62,3 +62,28 @@ def test_doctor_names_a_torch_version_mismatch(monkeypatch):
     assert len(problems) == 1
     assert other in problems[0] and torch.__version__ in problems[0]
     assert doctor.REINSTALL in problems[0]
+
+
+def test_load_names_a_torch_version_mismatch_before_any_symbol_error():
+    """setup.py records the torch it built against; loading the extension under another
+    minor raises one ImportError naming both versions and the fix."""
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch
+        import torch_ringdist._build_config as built
+        built.TORCH = "2.0.1"
+        from torch_ringdist._extension import load
+        try:
+            load()
+        except ImportError as exc:
+            print("ERROR", exc)
+        else:
+            print("LOADED")
+    """)
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ERROR"), out.stdout
+    assert "2.0.1" in out.stdout and torch.__version__ in out.stdout, out.stdout
+    assert doctor.REINSTALL in out.stdout, out.stdout

@@ -58,6 +58,21 @@ def _bound(codec, xs, ref):
     return u * (sum(x.abs() for x in xs) + ref.abs()) * 1.02 + 1e-30
 
 
+def _mixed_forms(rank, n, codec, avg, salt):
+    """The same allreduce with some ranks on the encoded form (what CUDA tensors use
+    around their GPU encode/decode) and the others on the plain form: the result decoded."""
+    from torch_ringdist._extension import load
+
+    x = _inputs(rank, n)
+    if (rank + salt) % 2:
+        _backend().allreduce_compressed(x, codec, avg).wait()
+        return x
+    T = load().testing
+    work = _backend()._allreduce_compressed_encoded(T.codec_encode(x, codec, "cpu"), n, codec, avg)
+    work.wait()
+    return T.codec_decode(work.result()[0], codec, n, "cpu")
+
+
 def _w_codecs(rank, world_size):
     import torch_ringdist
 
@@ -77,8 +92,10 @@ def _w_codecs(rank, world_size):
                     err = (y.double() - ref).abs()
                     bound = _bound(codec, [x / world_size if avg else x for x in xs], ref)
                     rms_ref = ref.pow(2).mean().sqrt().item() if n else 0.0
+                    mixed = _mixed_forms(rank, n, codec, avg, SIZES.index(n))
                     out["cases"][(segment, codec, n, avg)] = {
                         "bytes": y.numpy().tobytes(),
+                        "mixed_forms_same": mixed.numpy().tobytes() == y.numpy().tobytes(),
                         "within": bool((err <= bound).all()),
                         "worst": (err / bound).max().item() if n else 0.0,
                         "rel_rms": (err.pow(2).mean().sqrt().item() / rms_ref) if n else 0.0,
@@ -383,6 +400,8 @@ def test_codecs_error_identity_and_stats(world_factory):
                 case = r["cases"][key]
                 assert case["within"], (f"ws={world_size} {key} rank {rank}: error exceeds the "
                                         f"two-quantisation bound by x{case['worst']:.3g}")
+                assert case["mixed_forms_same"], (f"ws={world_size} {key} rank {rank}: encoded "
+                                                  "and plain forms mixed give another result")
         res = results[0]
         finite, rel = res["fp16_large"]
         assert finite and rel < 2 * ROUNDOFF["fp16"] * 1.02, res["fp16_large"]

@@ -17,18 +17,13 @@ import sys
 import torch
 
 import torch_ringdist
-from torch_ringdist._extension import load
+from torch_ringdist._extension import REINSTALL, load, minor
 from torch_ringdist._registration import _bind_address
 
 # Variables that change ringdist's behaviour (README's table), besides RINGDIST_*.
 RELATED_ENV = ("MASTER_ADDR", "MASTER_PORT", "TORCH_DISTRIBUTED_DEBUG",
                "TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCH_RINGDIST_CUDA", "TORCH_CUDA_ARCH_LIST",
                "OMP_NUM_THREADS")
-REINSTALL = "pip install --no-build-isolation --force-reinstall --no-deps torch_ringdist"
-
-
-def _minor(version: str) -> str:
-    return ".".join(version.split("+")[0].split(".")[:2])
 
 
 def _shared_memory() -> dict:
@@ -63,7 +58,7 @@ def collect() -> tuple[dict, list[str]]:
         return facts, problems
     facts["extension"] = ext.__file__
     facts["built_with_torch"] = ext.built_with_torch
-    if _minor(ext.built_with_torch) != _minor(torch.__version__):
+    if minor(ext.built_with_torch) != minor(torch.__version__):
         problems.append(
             f"torch_ringdist was built against torch {ext.built_with_torch} but torch "
             f"{torch.__version__} is installed; rebuild it for this torch: {REINSTALL}")

@@ -14,7 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "csrc/collectives/collectives.h"
 #include "csrc/common/error.h"
+#include "csrc/cuda/codec.h"
 #endif
 
 namespace ringdist {
@@ -84,25 +86,45 @@ class CudaStage final : public DeviceStage {
   }
 
   void stageIn(std::chrono::steady_clock::time_point deadline) override {
-    Event staged(device_.index());
     {
       c10::cuda::CUDAStreamGuard guard(stream_);
       issued_.block(stream_.stream());
       for (auto& [device, host] : reads_) {
         host.copy_(device, /*non_blocking=*/true);
       }
-      staged.record(stream_.stream());
     }
     reads_.clear();
-    auto sleep = std::chrono::microseconds(1);
-    while (!staged.query()) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        throw TimeoutError(strCat("Timed out waiting for ", device_,
-                                  " to finish the work queued before this operation and copy "
-                                  "its inputs to host memory"));
+    drain(deadline, "finish the work queued before this operation and copy its inputs to host "
+                    "memory");
+  }
+
+  void compressedAllreduce(Communicator& comm, const at::Tensor& tensor, Codec codec,
+                           bool average) override {
+    const size_t count = static_cast<size_t>(tensor.numel());
+    const cudaStream_t stream = stream_.stream();
+    c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream_);
+    // Half tensors are summed in float32 like everything else; the one
+    // rounding back happens at the end.
+    at::Tensor values = tensor.scalar_type() == at::kFloat && tensor.is_contiguous()
+                            ? tensor
+                            : tensor.to(at::kFloat).contiguous();
+    const auto bytes = static_cast<int64_t>(encodedBytes(codec, count));
+    at::Tensor wire = at::empty({bytes}, tensor.options().dtype(at::kByte));
+    auto pinned = wire.options().device(at::kCPU).pinned_memory(true);
+    at::Tensor hostIn = at::empty({bytes}, pinned);
+    at::Tensor hostOut = at::empty({bytes}, pinned);
+    if (count > 0) {
+      cuda::encode(codec, values.data_ptr<float>(), count, wire.data_ptr(), stream);
+      hostIn.copy_(wire, /*non_blocking=*/true);
+    }
+    drain(comm.deadline(), "encode the tensor and copy its encoding to host memory");
+    compressedAllreduceEncoded(comm, hostIn.data_ptr(), hostOut.data_ptr(), count, codec, average);
+    if (count > 0) {
+      wire.copy_(hostOut, /*non_blocking=*/true);
+      cuda::decode(codec, wire.data_ptr(), count, values.data_ptr<float>(), stream);
+      if (!values.is_same(tensor)) {
+        tensor.copy_(values);
       }
-      std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, std::chrono::duration_cast<std::chrono::microseconds>(kMaxPoll));
     }
   }
 
@@ -127,6 +149,21 @@ class CudaStage final : public DeviceStage {
   }
 
  private:
+  // Waits, bounded by the op's deadline, for what the group's stream has
+  // queued so far: the host is about to read what it copied out.
+  void drain(std::chrono::steady_clock::time_point deadline, const char* what) {
+    Event drained(device_.index());
+    drained.record(stream_.stream());
+    auto sleep = std::chrono::microseconds(1);
+    while (!drained.query()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw TimeoutError(strCat("Timed out waiting for ", device_, " to ", what));
+      }
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, std::chrono::duration_cast<std::chrono::microseconds>(kMaxPoll));
+    }
+  }
+
   c10::Device device_;
   c10::cuda::CUDAStream stream_;
   Event issued_;

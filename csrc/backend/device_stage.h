@@ -7,6 +7,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "csrc/codec/codec.h"
+#include "csrc/collectives/communicator.h"
+
 namespace ringdist {
 
 // The CUDA side of one operation on CUDA tensors. The engine works on host
@@ -38,6 +41,13 @@ class DeviceStage {
   virtual void blockCurrentStream() = 0;
   // Whether the device work of the op has finished (after recordDone()).
   virtual bool deviceDone() = 0;
+
+  // The compressed allreduce of a CUDA float tensor, run as the body (the
+  // group's stream current): encoded on the GPU, only the encoding copied to
+  // and from pinned host memory around the engine's encoded form
+  // (compressedAllreduceEncoded), decoded on the GPU.
+  virtual void compressedAllreduce(Communicator& comm, const at::Tensor& tensor, Codec codec,
+                                   bool average) = 0;
 };
 
 // One per process group: one stream per device, so the group's operations

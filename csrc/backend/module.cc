@@ -152,6 +152,12 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>(),
            "Allreduce (SUM, or AVG with average=True) with a lossy wire codec: 'fp16', 'bf16' "
            "or 'int8'; summed in float32; bitwise identical on every rank. Returns a Work.")
+      .def("_allreduce_compressed_encoded",
+           &ringdist::ProcessGroupRingdist::allreduceCompressedEncoded, py::arg("encoded"),
+           py::arg("count"), py::arg("codec"), py::arg("average") = false,
+           py::call_guard<py::gil_scoped_release>(),
+           "The encoded form CUDA tensors use (for tests): takes the encoding of `count` "
+           "float32 values, the Work's result is the encoding of the result")
       .def("stats", [](const ringdist::ProcessGroupRingdist& pg) {
              py::dict out;
              for (const auto& [name, s] : pg.stats()) {

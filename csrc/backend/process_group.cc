@@ -694,13 +694,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
   RD_CHECK_INPUT(type == at::kFloat || type == at::kBFloat16 || type == at::kHalf, op,
                  "the tensor has dtype ", type,
                  "; compressed allreduce takes float32, bfloat16 or float16");
+  std::string key = strCat(op, "/", ringdist::codecName(codec));
   auto stage = stageFor(op, {tensor});
-  Flat flat(tensor, stage.get());
+  if (stage) {
+    return enqueue(c10d::OpType::ALLREDUCE, OpType::kCompressedAllreduce, {tensor},
+                   effectiveTimeout(timeout), stage,
+                   [stage, tensor, codec, average](Communicator& comm) {
+                     stage->compressedAllreduce(comm, tensor, codec, average);
+                   },
+                   key);
+  }
+  Flat flat(tensor, nullptr);
   const bool widen = type != at::kFloat;
   size_t count = static_cast<size_t>(flat.flat.numel());
-  std::string key = strCat(op, "/", ringdist::codecName(codec));
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kCompressedAllreduce, {tensor},
-                 effectiveTimeout(timeout), stage,
+                 effectiveTimeout(timeout), nullptr,
                  [flat, widen, count, codec, average](Communicator& comm) {
                    // Half inputs are summed in float32 like everything else;
                    // the one rounding back happens here.
@@ -713,6 +721,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
                    flat.writeBack();
                  },
                  key);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressedEncoded(
+    const at::Tensor& encoded, int64_t count, const std::string& codecName, bool average) {
+  const char* op = "compressed_allreduce";
+  Codec codec = Codec::kInt8;
+  RD_CHECK_INPUT(codecFromName(codecName, &codec), op, "unknown codec '", codecName,
+                 "' (known: fp16, bf16, int8)");
+  RD_CHECK_INPUT(encoded.device().is_cpu() && encoded.scalar_type() == at::kByte &&
+                     encoded.is_contiguous() && count >= 0 &&
+                     encoded.numel() == static_cast<int64_t>(
+                                            encodedBytes(codec, static_cast<size_t>(count))),
+                 op, "the encoding must be a contiguous uint8 CPU tensor of ",
+                 encodedBytes(codec, static_cast<size_t>(std::max<int64_t>(count, 0))),
+                 " bytes for ", count, " values");
+  at::Tensor result = at::empty_like(encoded);
+  return enqueue(c10d::OpType::ALLREDUCE, OpType::kCompressedAllreduce, {result},
+                 timeout_, nullptr,
+                 [encoded, result, count, codec, average](Communicator& comm) {
+                   compressedAllreduceEncoded(comm, encoded.data_ptr(), result.data_ptr(),
+                                              static_cast<size_t>(count), codec, average);
+                 },
+                 strCat(op, "/", ringdist::codecName(codec)));
 }
 
 }  // namespace ringdist

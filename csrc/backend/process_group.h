@@ -98,6 +98,15 @@ class ProcessGroupRingdist : public c10d::Backend {
                                                      bool average,
                                                      std::chrono::milliseconds timeout);
 
+  // The engine's encoded form of the same operation (collectives.h), which
+  // CUDA tensors use around their GPU encode and decode: `encoded` is the
+  // encoding of `count` float32 values (a uint8 CPU tensor), the Work's
+  // result the encoding of the result. For tests on machines without a GPU.
+  c10::intrusive_ptr<c10d::Work> allreduceCompressedEncoded(const at::Tensor& encoded,
+                                                            int64_t count,
+                                                            const std::string& codec,
+                                                            bool average);
+
   // Per-operation statistics (worker.h), keyed by op name ("allreduce",
   // "compressed_allreduce/int8", ...).
   std::map<std::string, OpStats> stats() const { return worker_->stats(); }

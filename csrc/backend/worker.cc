@@ -174,7 +174,7 @@ void Worker::run(Task& task) {
     if (stage == nullptr) {
       task.body();
     } else {
-      stage->stageIn(started + task.timeout);
+      stage->stageIn(comm_->deadline());
       stage->onStream(task.body);
       if (task.completesOnReturn) {
         stage->recordDone();

@@ -56,6 +56,14 @@ void barrier(Communicator& comm);
 // identical on all ranks. See compressed_allreduce.cc.
 void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec codec,
                          bool average);
+// The same operation on an already encoded buffer: encodedIn holds the
+// encoding of all count elements (encodedBytes(codec, count)), encodedOut
+// receives the encoding of the result (same size); decoding it gives what
+// compressedAllreduce leaves in data. The wire is the same, so ranks using
+// either form can be in one operation. For CUDA tensors, which encode and
+// decode on the GPU so only encoded bytes cross PCIe.
+void compressedAllreduceEncoded(Communicator& comm, const void* encodedIn, void* encodedOut,
+                                size_t count, Codec codec, bool average);
 
 // Debug: every rank's `bytes` at `data` must be identical; all ranks compare
 // CRCs (one small allgather) and fail naming the ranks that differ.

@@ -117,6 +117,7 @@ class Communicator {
   // Starts an operation: names it in errors and arms its deadline.
   void beginOp(OpType type, std::chrono::milliseconds timeout);
   const char* opName() const { return opTypeName(opType_); }
+  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
 
   OpHeader makeHeader(OpType type, uint64_t count, DataType dtype, ReduceOp op, int root);
   // Sends `mine` to each of sendTo and checks the header from each of

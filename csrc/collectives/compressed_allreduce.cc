@@ -30,6 +30,11 @@
 // requantises per hop would compound N-1 times), and all ranks end with
 // bitwise identical results. Wire bytes per rank: (N-1)/N of the encoded
 // buffer in each phase, like an uncompressed ring with a narrower element.
+//
+// The encoded form (compressedAllreduceEncoded) starts from the whole
+// buffer's encoding and ends with the result's, skipping the encodes of
+// phase 1 and the decodes of phase 2; only the owner's chunk is decoded and
+// summed here, in scratch.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -47,7 +52,10 @@ size_t roundUp64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 class CompressedAllreduce {
  public:
-  CompressedAllreduce(Communicator& comm, float* data, size_t count, Codec codec, bool average);
+  // Plain form: data is encoded and decoded here. Encoded form: data is null,
+  // encodedIn is the whole buffer's encoding and encodedOut gets the result's.
+  CompressedAllreduce(Communicator& comm, float* data, const char* encodedIn, char* encodedOut,
+                      size_t count, Codec codec, bool average);
 
   void run() {
     postReceives();
@@ -66,8 +74,9 @@ class CompressedAllreduce {
   void phase2();
   void waitForSends();
 
-  // Encodes chunk c into the send area; sendNow: each segment leaves for
-  // its owner as soon as it is encoded.
+  // Encodes chunk c into the send area (plain form; the encoded form has it
+  // already); sendNow: each segment leaves for its owner as soon as it is
+  // encoded.
   void encodeChunk(size_t c, bool sendNow);
   // Receiver side of pacing: all but the tail of `peer`'s contribution arrived.
   bool contributionArrived(int peer);
@@ -96,6 +105,12 @@ class CompressedAllreduce {
     return elemOf(layout_.chunkOffset(c) + layout_.chunkLength(c)) - chunkBegin(c);
   }
   size_t encoded(size_t elements) const { return encodedBytes(codec_, elements); }
+  // Where segment j of chunk c's reduced encoding sits (whole-buffer layout).
+  char* gathered(size_t c, size_t j) const {
+    size_t begin, length;
+    segment(c, j, &begin, &length);
+    return gatherArea_ + encoded(begin);
+  }
   // Where segment j of chunk c sits inside a slot (encoded bytes from the chunk's start).
   size_t slotOffset(size_t c, size_t j) const {
     size_t begin, length;
@@ -106,19 +121,22 @@ class CompressedAllreduce {
   int rankAt(int offset) const { return comm_.ringRank(comm_.ringPos() + offset); }
 
   Communicator& comm_;
-  float* const data_;
+  float* const data_;  // null in the encoded form
   const size_t count_;
   const Codec codec_;
   const bool average_;
   const int n_;
   const size_t me_;
   const ChunkLayout layout_;  // over codec blocks
-  // Scratch: [whole-buffer encoding | N contribution slots for our chunk |
-  // N slots of reduced chunks].
+  // Scratch: [N contribution slots for our chunk | plain form: our
+  // encoding of the whole buffer, the reduced chunks' encodings (both in
+  // whole-buffer layout); encoded form: our chunk in float32].
   size_t slotBytes_ = 0;
-  char* sendArea_ = nullptr;
   char* recvArea_ = nullptr;
+  char* encodeArea_ = nullptr;    // plain form: where phase 1 encodes
+  const char* sendArea_ = nullptr;
   char* gatherArea_ = nullptr;
+  float* own_ = nullptr;          // our chunk's sum
   std::vector<int> peers_;
   std::vector<uint64_t> lastSend_;  // by peer: ticket of our latest send
   Tickets contribTicket_;           // [peer][segment of our chunk]
@@ -127,8 +145,8 @@ class CompressedAllreduce {
   bool allgatherGoSent_ = false;
 };
 
-CompressedAllreduce::CompressedAllreduce(Communicator& comm, float* data, size_t count,
-                                         Codec codec, bool average)
+CompressedAllreduce::CompressedAllreduce(Communicator& comm, float* data, const char* encodedIn,
+                                         char* encodedOut, size_t count, Codec codec, bool average)
     : comm_(comm),
       data_(data),
       count_(count),
@@ -147,11 +165,21 @@ CompressedAllreduce::CompressedAllreduce(Communicator& comm, float* data, size_t
   for (size_t c = 0; c < static_cast<size_t>(n_); ++c) {
     maxChunkEncoded = std::max(maxChunkEncoded, encoded(chunkElems(c)));
   }
-  const size_t sendBytes = roundUp64(encoded(count_));
   slotBytes_ = roundUp64(maxChunkEncoded);
-  sendArea_ = comm_.scratch(sendBytes + 2 * static_cast<size_t>(n_) * slotBytes_);
-  recvArea_ = sendArea_ + sendBytes;
-  gatherArea_ = recvArea_ + static_cast<size_t>(n_) * slotBytes_;
+  const size_t slotsBytes = static_cast<size_t>(n_) * slotBytes_;
+  if (data_ != nullptr) {
+    const size_t wholeBytes = roundUp64(encoded(count_));
+    recvArea_ = comm_.scratch(slotsBytes + 2 * wholeBytes);
+    encodeArea_ = recvArea_ + slotsBytes;
+    sendArea_ = encodeArea_;
+    gatherArea_ = encodeArea_ + wholeBytes;
+    own_ = data_ + chunkBegin(me_);
+  } else {
+    recvArea_ = comm_.scratch(slotsBytes + roundUp64(chunkElems(me_) * sizeof(float)));
+    sendArea_ = encodedIn;
+    gatherArea_ = encodedOut;
+    own_ = reinterpret_cast<float*>(recvArea_ + slotsBytes);
+  }
   // With two ranks there is one peer and nothing to pace; on one host there
   // is no shared link, and the hand-offs would only add latency.
   if (n_ > 2 && comm_.hostCount() > 1) {
@@ -185,16 +213,17 @@ void CompressedAllreduce::postReceives() {
   for (int s = 1; s < n_; ++s) {
     const size_t owner = static_cast<size_t>(rankAt(-s));
     forSegments(owner, [&](size_t j, size_t, size_t length) {
-      gatherTicket_[static_cast<size_t>(s)][j] = left.postRecv(
-          gatherArea_ + owner * slotBytes_ + slotOffset(owner, j), encoded(length));
+      gatherTicket_[static_cast<size_t>(s)][j] = left.postRecv(gathered(owner, j), encoded(length));
     });
   }
 }
 
 void CompressedAllreduce::encodeChunk(size_t c, bool sendNow) {
   forSegments(c, [&](size_t, size_t begin, size_t length) {
-    char* enc = sendArea_ + encoded(begin);
-    encode(codec_, data_ + begin, length, enc);
+    const char* enc = sendArea_ + encoded(begin);
+    if (data_ != nullptr) {
+      encode(codec_, data_ + begin, length, encodeArea_ + encoded(begin));
+    }
     if (sendNow) {
       send(static_cast<int>(c), enc, length);
       comm_.progress();
@@ -242,7 +271,6 @@ void CompressedAllreduce::phase1() {
 // Unpaced, each reduced segment leaves for the allgather at once.
 void CompressedAllreduce::reduceOwnChunk() {
   const int rank = comm_.rank();
-  char* ownGathered = gatherArea_ + me_ * slotBytes_;
   forSegments(me_, [&](size_t j, size_t begin, size_t length) {
     comm_.waitUntil([&] {
       for (int p : peers_) {
@@ -252,7 +280,7 @@ void CompressedAllreduce::reduceOwnChunk() {
       return true;
     });
     const size_t encOffset = slotOffset(me_, j);
-    float* out = data_ + begin;
+    float* out = own_ + (begin - chunkBegin(me_));
     for (int p = 0; p < n_; ++p) {
       const char* src = p == rank ? sendArea_ + encoded(begin)
                                   : recvArea_ + static_cast<size_t>(p) * slotBytes_ + encOffset;
@@ -270,13 +298,15 @@ void CompressedAllreduce::reduceOwnChunk() {
       pacer_->sendGo(comm_.left(), n_);  // (nearly) all of phase 1 is here
       allgatherGoSent_ = true;
     }
-    char* enc = ownGathered + encOffset;
+    char* enc = gathered(me_, j);
     encode(codec_, out, length, enc);
     if (!pacer_ && n_ > 1) {
       send(comm_.right(), enc, length);
       comm_.progress();
     }
-    decode(codec_, enc, length, out);
+    if (data_ != nullptr) {
+      decode(codec_, enc, length, out);
+    }
   });
 }
 
@@ -289,7 +319,7 @@ void CompressedAllreduce::phase2() {
     if (!allgatherGoSent_) pacer_->sendGo(comm_.left(), n_);  // an empty chunk has no segments
     pacer_->waitForTurn(right, n_, rankAt(n_ - 1));
     forSegments(me_, [&](size_t j, size_t, size_t length) {
-      send(right, gatherArea_ + me_ * slotBytes_ + slotOffset(me_, j), length);
+      send(right, gathered(me_, j), length);
     });
     comm_.progress();
   }
@@ -297,11 +327,13 @@ void CompressedAllreduce::phase2() {
     const size_t owner = static_cast<size_t>(rankAt(-s));
     forSegments(owner, [&](size_t j, size_t begin, size_t length) {
       comm_.waitUntil([&] { return left.recvDone(gatherTicket_[static_cast<size_t>(s)][j]); });
-      const char* enc = gatherArea_ + owner * slotBytes_ + slotOffset(owner, j);
+      const char* enc = gathered(owner, j);
       if (s < n_ - 1) {
         send(right, enc, length);
       }
-      decode(codec_, enc, length, data_ + begin);
+      if (data_ != nullptr) {
+        decode(codec_, enc, length, data_ + begin);
+      }
     });
   }
 }
@@ -317,10 +349,8 @@ void CompressedAllreduce::waitForSends() {
   });
 }
 
-}  // namespace
-
-void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec codec,
-                         bool average) {
+// Both forms send the same header: the wire is the same.
+void exchangeHeaders(Communicator& comm, size_t count, Codec codec, bool average) {
   RINGDIST_CHECK(isKnownCodec(static_cast<uint8_t>(codec)), "ringdist ", comm.opName(), ": rank ",
                  comm.rank(), ": unknown codec id ", static_cast<int>(codec));
   OpHeader header = comm.makeHeader(OpType::kCompressedAllreduce, count, DataType::kFloat32,
@@ -328,10 +358,26 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   header.variant = static_cast<uint8_t>(codec);
   const std::vector<int> peers = comm.others();
   comm.exchangeHeaders(header, peers, peers);
-  if (count == 0) {
-    return;
+}
+
+}  // namespace
+
+void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec codec,
+                         bool average) {
+  exchangeHeaders(comm, count, codec, average);
+  if (count > 0) {
+    CompressedAllreduce(comm, data, nullptr, nullptr, count, codec, average).run();
   }
-  CompressedAllreduce(comm, data, count, codec, average).run();
+}
+
+void compressedAllreduceEncoded(Communicator& comm, const void* encodedIn, void* encodedOut,
+                                size_t count, Codec codec, bool average) {
+  exchangeHeaders(comm, count, codec, average);
+  if (count > 0) {
+    CompressedAllreduce(comm, nullptr, static_cast<const char*>(encodedIn),
+                        static_cast<char*>(encodedOut), count, codec, average)
+        .run();
+  }
 }
 
 }  // namespace ringdist
