@@ -1,4 +1,5 @@
 """Registration of the "ringdist" backend with torch.distributed."""
+import atexit
 import logging
 import os
 
@@ -32,8 +33,22 @@ def _bind_address(store):
     return load().listen_address(os.environ.get("RINGDIST_SOCKET_IFNAME", ""), host)
 
 
+_exit_hook_registered = False
+
+
+def _shutdown_at_exit():
+    # Before Python finalizes: a ringdist worker thread still running then would be
+    # killed while dropping a tensor (it needs the GIL) and abort the process.
+    load()._shutdown_all()
+
+
 def _create_backend(store, rank, world_size, timeout):
-    return load().create_backend(store, rank, world_size, timeout, _bind_address(store))
+    global _exit_hook_registered
+    ext = load()
+    if not _exit_hook_registered:
+        atexit.register(_shutdown_at_exit)
+        _exit_hook_registered = True
+    return ext.create_backend(store, rank, world_size, timeout, _bind_address(store))
 
 
 def _devices():

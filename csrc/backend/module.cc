@@ -196,6 +196,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("create_backend", &ringdist::createBackend, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("bind_ip"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("_shutdown_all", &ringdist::shutdownAllBackends,
+        py::call_guard<py::gil_scoped_release>(),
+        "Shut down every live ringdist group (registered with atexit by torch_ringdist)");
   m.def("reduce_kernel_family", &ringdist::kernelFamily);
   ringdist::defineTestingModule(m);
   // The torch this extension was compiled against: it must be the same minor

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <mutex>
+
 #include "csrc/backend/dtypes.h"
 #include "csrc/backend/options.h"
 #include "csrc/backend/store_rendezvous.h"
@@ -672,11 +675,38 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::recvAnysource(std::vector<a
   return sendRecv(false, tensors, -1, tag);
 }
 
+namespace {
+
+// Every group this process created, for shutdownAllBackends().
+std::mutex gLiveMutex;
+std::vector<c10::weak_intrusive_ptr<ProcessGroupRingdist>> gLive;
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store,
                                                 int rank, int size,
                                                 std::chrono::milliseconds timeout,
                                                 const std::string& bindIp) {
-  return c10::make_intrusive<ProcessGroupRingdist>(store, rank, size, timeout, bindIp);
+  auto backend = c10::make_intrusive<ProcessGroupRingdist>(store, rank, size, timeout, bindIp);
+  std::lock_guard<std::mutex> lock(gLiveMutex);
+  gLive.erase(std::remove_if(gLive.begin(), gLive.end(), [](const auto& w) { return w.expired(); }),
+              gLive.end());
+  gLive.emplace_back(backend);
+  return backend;
+}
+
+void shutdownAllBackends() {
+  std::vector<c10::intrusive_ptr<ProcessGroupRingdist>> live;
+  {
+    std::lock_guard<std::mutex> lock(gLiveMutex);
+    for (auto& weak : gLive) {
+      if (auto strong = weak.lock()) live.push_back(std::move(strong));
+    }
+    gLive.clear();
+  }
+  for (auto& backend : live) {
+    backend->shutdown();
+  }
 }
 
 

@@ -156,4 +156,10 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
                                                 std::chrono::milliseconds timeout,
                                                 const std::string& bindIp);
 
+// Shuts down every group still alive (what destroy_process_group would do),
+// at interpreter exit, before Python finalizes: a worker thread that still
+// runs then, and drops a tensor, would need the GIL, which a finalizing
+// Python never gives back (the thread is unwound and the process aborts).
+void shutdownAllBackends();
+
 }  // namespace ringdist

@@ -186,12 +186,16 @@ void Worker::run(Task& task) {
       comm_->abort(message);
     }
     failTransfers(message);
+    task.body = nullptr;
     recordStats(task, started, sent0, recv0);
     if (!task.work->isCompleted()) {
       task.work->markError(asDistError(message));
     }
     return;
   }
+  // The body's tensors go before the Work completes: once the caller's wait()
+  // returns, the process may exit, and dropping a tensor needs the GIL.
+  task.body = nullptr;
   // Before completion: callbacks may run further (inline) operations.
   recordStats(task, started, sent0, recv0);
   if (task.completesOnReturn) {
