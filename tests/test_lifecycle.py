@@ -218,3 +218,63 @@ def test_exit_without_destroy_is_quiet(tmp_path):
         noise = (out.stdout.replace("done\n", "", 1) + out.stderr).strip()
         assert out.returncode == 0 and out.stdout.startswith("done") and not noise, \
             f"attempt {attempt}: exit {out.returncode}\n{noise[-4000:]}"
+
+
+# ---------------------------------------- one-rank groups run on the caller
+def _one_rank_inline(rank, ws, n_threads, n_ops):
+    """World size 1: CPU ops complete on the calling thread when the worker is idle (no
+    hand-off). Issue order, nested ops from completion callbacks (waited for inside the
+    callback, as PowerSGD does) and several threads issuing at once must all still hold."""
+    import threading
+
+    import torch_ringdist
+
+    out = {}
+    t = torch.arange(6, dtype=torch.float32)
+    work = dist.all_reduce(t, async_op=True)
+    out["complete at return"] = work.is_completed()
+
+    def nested(fut):
+        inner = fut.value()[0] * 2
+        dist.all_reduce(inner)  # issued and waited for inside the callback
+        return inner
+
+    got = dist.all_reduce(t.clone(), async_op=True).get_future().then(nested).wait()
+    out["nested op in a callback"] = torch.equal(got, t * 2)
+    # A compressed allreduce (quantises even alone) followed by a plain one on the same tensor:
+    # the plain one must see the compressed result.
+    x = torch.linspace(-3, 3, 1000)
+    expected = x.clone()
+    torch_ringdist.all_reduce(expected, codec="int8")
+    y = x.clone()
+    w1 = torch_ringdist.all_reduce(y, codec="int8", async_op=True)
+    w2 = dist.all_reduce(y, async_op=True)
+    w2.wait()
+    w1.wait()
+    out["issue order with a compressed op"] = torch.equal(y, expected)
+    errors = []
+
+    def hammer(k):
+        try:
+            for i in range(n_ops):
+                v = torch.full((17,), float(k * n_ops + i))
+                dist.all_reduce(v)
+                dist.broadcast(v, 0)
+                if not bool((v == k * n_ops + i).all()):
+                    errors.append(f"thread {k} op {i}: {v[:3]}")
+        except Exception as exc:  # noqa: BLE001  (reported to the parent)
+            errors.append(f"thread {k}: {exc!r}")
+
+    threads = [threading.Thread(target=hammer, args=(k,)) for k in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    out["threads"] = errors[:5] or ("hung" if any(th.is_alive() for th in threads) else None)
+    return out
+
+
+def test_one_rank_group_runs_inline_in_order(world_factory):
+    res = world_factory(1).run(_one_rank_inline, 4, 300, timeout=120)[0]
+    assert res == {"complete at return": True, "nested op in a callback": True,
+                   "issue order with a compressed op": True, "threads": None}, res

@@ -129,8 +129,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
                                                              Worker::Body body,
                                                              std::string statsKey) {
   ++sequenceNumber_;
+  // One rank: no peers, no transfers; CPU work runs on the caller when the
+  // worker is idle (Worker::enqueue).
+  const bool inlineIfIdle = getSize() == 1 && stage == nullptr;
   return worker_->enqueue(type, engineType, statsKey.empty() ? opTypeName(engineType) : statsKey,
-                          std::move(outputs), timeout, std::move(body), std::move(stage));
+                          std::move(outputs), timeout, std::move(body), std::move(stage),
+                          inlineIfIdle);
 }
 
 // ---------------------------------------------------------------- checks

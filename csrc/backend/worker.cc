@@ -35,13 +35,40 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueue(c10d::OpType type, OpType engin
                                                  std::string statsKey,
                                                  std::vector<at::Tensor> outputs,
                                                  std::chrono::milliseconds timeout, Body body,
-                                                 std::shared_ptr<DeviceStage> stage) {
+                                                 std::shared_ptr<DeviceStage> stage,
+                                                 bool inlineIfIdle) {
   auto work = c10::make_intrusive<RingdistWork>(rank_, type, opTypeName(engineType),
                                                 std::move(outputs), std::move(stage));
   Communicator& comm = *comm_;
-  push(Task{work, true, engineType, std::move(statsKey), timeout,
-            [&comm, body = std::move(body)] { body(comm); }});
+  Task task{work, true, engineType, std::move(statsKey), timeout,
+            [&comm, body = std::move(body)] { body(comm); }};
+  if (!(inlineIfIdle && tryRunInline(task))) {
+    push(std::move(task));
+  }
   return work;
+}
+
+bool Worker::tryRunInline(Task& task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_ || !queue_.empty() || workerRunning_ || inlineRunning_) {
+      return false;
+    }
+    inlineRunning_ = true;
+    inlineThread_.store(std::this_thread::get_id());
+  }
+  run(task);
+  bool wake = false;  // the worker sleeps unless something was queued meanwhile
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inlineRunning_ = false;
+    inlineThread_.store(std::thread::id());
+    wake = stop_ || !queue_.empty();
+  }
+  if (wake) {
+    cv_.notify_all();
+  }
+  return true;
 }
 
 c10::intrusive_ptr<RingdistWork> Worker::enqueueTransfer(c10d::OpType type, const char* name,
@@ -92,7 +119,8 @@ void Worker::configure(const std::function<void(CollectiveOptions&)>& change) {
 // reaches that callback at the same point of its op sequence, so the order
 // stays the same on all ranks, and waiting cannot deadlock.
 void Worker::push(Task task) {
-  if (std::this_thread::get_id() == threadId_.load()) {
+  const auto self = std::this_thread::get_id();
+  if (self == threadId_.load() || self == inlineThread_.load()) {
     run(task);
     return;
   }
@@ -116,6 +144,8 @@ void Worker::loop() {
     task = Task{};  // drop captured tensors before waiting again
     pollAnySource();
     reapTransfers();
+    std::lock_guard<std::mutex> lock(mutex_);
+    workerRunning_ = false;
   }
   comm_->close(std::chrono::duration_cast<std::chrono::milliseconds>(kTeardownWait));
   reapTransfers();
@@ -126,9 +156,14 @@ void Worker::loop() {
 bool Worker::next(Task* task) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
+    if (inlineRunning_) {  // a caller holds the engine (tryRunInline)
+      cv_.wait(lock, [&] { return !inlineRunning_; });
+      continue;
+    }
     if (!queue_.empty()) {
       *task = std::move(queue_.front());
       queue_.pop_front();
+      workerRunning_ = true;
       return true;
     }
     if (stop_) {

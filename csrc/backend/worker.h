@@ -48,11 +48,15 @@ class Worker {
   // Queues `body` as one operation; the Work completes when it returned (or
   // fails with the error it threw, which aborts the group).
   // With a `stage` (CUDA tensors, device_stage.h) the body runs between the
-  // stage's stageIn() and recordDone().
+  // stage's stageIn() and recordDone(). inlineIfIdle (groups of one rank,
+  // which have no transfers): when nothing is queued or running, the calling
+  // thread runs the operation itself, in the same order, while the worker
+  // waits, and the Work is complete on return: no thread hand-off.
   c10::intrusive_ptr<RingdistWork> enqueue(c10d::OpType type, OpType engineType,
                                            std::string statsKey, std::vector<at::Tensor> outputs,
                                            std::chrono::milliseconds timeout, Body body,
-                                           std::shared_ptr<DeviceStage> stage);
+                                           std::shared_ptr<DeviceStage> stage,
+                                           bool inlineIfIdle = false);
   // Queues a send or receive of `flat` (user's contiguous view, copy or host
   // twin); the Work completes between operations once the bytes moved, after
   // `flat` was copied back into `user`.
@@ -96,6 +100,8 @@ class Worker {
   };
 
   void push(Task task);
+  // Runs `task` on the calling thread if the worker is idle; false otherwise.
+  bool tryRunInline(Task& task);
   void loop();
   // Waits for the next task; meanwhile keeps point-to-point traffic moving.
   // False once stopping with nothing queued.
@@ -121,6 +127,9 @@ class Worker {
   std::condition_variable cv_;
   std::deque<Task> queue_;
   bool stop_ = false;
+  bool workerRunning_ = false;  // the worker thread is running a task
+  bool inlineRunning_ = false;  // a caller is running one (tryRunInline); the worker waits
+  std::atomic<std::thread::id> inlineThread_{};
 
   // The worker changes the communicator's options under this lock; other
   // threads read them under it.

@@ -209,6 +209,9 @@ void CompressedAllreduce::postReceives() {
     if (pacer_ && k > n_ - k) pacer_->expectGo(q, k);
     if (pacer_ && k == 1) pacer_->expectGo(q, n_);
   }
+  if (n_ == 1) {
+    return;  // no allgather: one rank has no left neighbour
+  }
   Channel& left = comm_.channel(comm_.left());
   for (int s = 1; s < n_; ++s) {
     const size_t owner = static_cast<size_t>(rankAt(-s));
@@ -313,6 +316,9 @@ void CompressedAllreduce::reduceOwnChunk() {
 // Step s forwards to the right the chunk received at step s-1 (step 0: our
 // own), segment by segment; each arrival is decoded.
 void CompressedAllreduce::phase2() {
+  if (n_ == 1) {
+    return;  // our chunk is the whole buffer, already reduced
+  }
   const int right = comm_.right();
   Channel& left = comm_.channel(comm_.left());
   if (pacer_) {
