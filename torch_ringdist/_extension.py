@@ -9,15 +9,25 @@ def minor(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
+def build_record():
+    """What setup.py recorded of this build (`CUDA`, `TORCH`), readable without loading
+    the extension; None in a source checkout that was never built."""
+    try:
+        from torch_ringdist import _build_config
+    except ImportError:
+        return None
+    return _build_config
+
+
 def _check_torch_version():
     """The extension only works with the torch minor version it was compiled against:
     say so before a symbol error would (setup.py records that version)."""
-    try:
-        from torch_ringdist._build_config import TORCH as built_with
-    except ImportError:  # a source checkout that was never built: the import below explains
+    record = build_record()
+    if record is None:  # the import in load() explains
         return
     import torch
 
+    built_with = record.TORCH
     if minor(built_with) != minor(torch.__version__):
         raise ImportError(
             f"torch_ringdist was built against torch {built_with}, but torch {torch.__version__} "
@@ -25,10 +35,18 @@ def _check_torch_version():
             f"{REINSTALL}")
 
 
+_loaded = None
+
+
 def load():
+    """The extension module (hooks call this per bucket: the checks run once)."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
     _check_torch_version()
     try:
-        return importlib.import_module("torch_ringdist._C")
+        _loaded = importlib.import_module("torch_ringdist._C")
+        return _loaded
     except ImportError as exc:
         import torch
 

@@ -3,7 +3,7 @@ import atexit
 import logging
 import os
 
-from torch_ringdist._extension import load
+from torch_ringdist._extension import build_record, load
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +53,8 @@ def _create_backend(store, rank, world_size, timeout):
 
 def _devices():
     """The device types to register: "cuda" only where the build has CUDA code."""
-    try:
-        from torch_ringdist._build_config import CUDA
-    except ImportError:  # a source checkout that was never built
-        CUDA = False
-    return ["cpu", "cuda"] if CUDA else ["cpu"]
+    record = build_record()
+    return ["cpu", "cuda"] if record is not None and record.CUDA else ["cpu"]
 
 
 def register_backend():

@@ -26,14 +26,18 @@ namespace {
   TORCH_CHECK(cond, "ringdist ", op, ": rank ", getRank(), ": ", __VA_ARGS__)
 
 // The engine works on flat host memory: a contiguous CPU tensor is used as
-// is, any other CPU tensor gets a contiguous copy, a CUDA tensor a pinned host
-// twin that `stage` fills if the op reads it (device_stage.h). Copies are
-// written back after the operation (onto the group's stream for CUDA).
+// is, any other CPU tensor gets contiguous memory (a copy if the op reads it),
+// a CUDA tensor a pinned host twin that `stage` fills if the op reads it
+// (device_stage.h). Outputs (read = false) are written whole by the engine;
+// they are written back after the operation (onto the group's stream for
+// CUDA).
 struct Flat {
   Flat(const at::Tensor& t, DeviceStage* stage, bool read = true)
-      : user(t),
-        flat(stage != nullptr ? stage->hostTwin(t, read)
-                              : t.is_contiguous() ? t : t.contiguous()) {}
+      : user(t), flat(stage != nullptr ? stage->hostTwin(t, read) : hostFlat(t, read)) {}
+  static at::Tensor hostFlat(const at::Tensor& t, bool read) {
+    if (t.is_contiguous()) return t;
+    return read ? t.contiguous() : at::empty(t.sizes(), t.options());
+  }
   void* data() const { return flat.data_ptr(); }
   void writeBack() const {
     if (!flat.is_same(user)) {
@@ -204,6 +208,13 @@ std::shared_ptr<DeviceStage> ProcessGroupRingdist::stageFor(const char* op,
     return nullptr;
   }
   return stages_->begin(tensors[0].device());
+}
+
+Codec ProcessGroupRingdist::checkCodec(const char* op, const std::string& name) {
+  Codec codec = Codec::kInt8;
+  RD_CHECK_INPUT(codecFromName(name, &codec), op, "unknown codec '", name,
+                 "' (known: fp16, bf16, int8)");
+  return codec;
 }
 
 void ProcessGroupRingdist::checkRoot(const char* op, int64_t root) {
@@ -720,9 +731,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
     at::Tensor& tensor, const std::string& codecName, bool average,
     std::chrono::milliseconds timeout) {
   const char* op = "compressed_allreduce";
-  Codec codec = Codec::kInt8;
-  RD_CHECK_INPUT(codecFromName(codecName, &codec), op, "unknown codec '", codecName,
-                 "' (known: fp16, bf16, int8)");
+  const Codec codec = checkCodec(op, codecName);
   checkTensors(op, {tensor});
   const auto type = tensor.scalar_type();
   RD_CHECK_INPUT(type == at::kFloat || type == at::kBFloat16 || type == at::kHalf, op,
@@ -760,9 +769,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressedEncoded(
     const at::Tensor& encoded, int64_t count, const std::string& codecName, bool average) {
   const char* op = "compressed_allreduce";
-  Codec codec = Codec::kInt8;
-  RD_CHECK_INPUT(codecFromName(codecName, &codec), op, "unknown codec '", codecName,
-                 "' (known: fp16, bf16, int8)");
+  const Codec codec = checkCodec(op, codecName);
   RD_CHECK_INPUT(encoded.device().is_cpu() && encoded.scalar_type() == at::kByte &&
                      encoded.is_contiguous() && count >= 0 &&
                      encoded.numel() == static_cast<int64_t>(

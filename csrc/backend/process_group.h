@@ -117,6 +117,7 @@ class ProcessGroupRingdist : public c10d::Backend {
   DataType checkTensors(const char* op, const std::vector<at::Tensor>& tensors);
   ReduceOp checkReduceOp(const char* op, const c10d::ReduceOp& reduceOp, DataType dtype);
   void checkRoot(const char* op, int64_t root);
+  Codec checkCodec(const char* op, const std::string& name);
   // The op's device stage: null for CPU tensors; an error for tensors on
   // different devices.
   std::shared_ptr<DeviceStage> stageFor(const char* op, const std::vector<at::Tensor>& tensors);

@@ -105,12 +105,6 @@ class CompressedAllreduce {
     return elemOf(layout_.chunkOffset(c) + layout_.chunkLength(c)) - chunkBegin(c);
   }
   size_t encoded(size_t elements) const { return encodedBytes(codec_, elements); }
-  // Where segment j of chunk c's reduced encoding sits (whole-buffer layout).
-  char* gathered(size_t c, size_t j) const {
-    size_t begin, length;
-    segment(c, j, &begin, &length);
-    return gatherArea_ + encoded(begin);
-  }
   // Where segment j of chunk c sits inside a slot (encoded bytes from the chunk's start).
   size_t slotOffset(size_t c, size_t j) const {
     size_t begin, length;
@@ -215,8 +209,9 @@ void CompressedAllreduce::postReceives() {
   Channel& left = comm_.channel(comm_.left());
   for (int s = 1; s < n_; ++s) {
     const size_t owner = static_cast<size_t>(rankAt(-s));
-    forSegments(owner, [&](size_t j, size_t, size_t length) {
-      gatherTicket_[static_cast<size_t>(s)][j] = left.postRecv(gathered(owner, j), encoded(length));
+    forSegments(owner, [&](size_t j, size_t begin, size_t length) {
+      gatherTicket_[static_cast<size_t>(s)][j] =
+          left.postRecv(gatherArea_ + encoded(begin), encoded(length));
     });
   }
 }
@@ -301,7 +296,7 @@ void CompressedAllreduce::reduceOwnChunk() {
       pacer_->sendGo(comm_.left(), n_);  // (nearly) all of phase 1 is here
       allgatherGoSent_ = true;
     }
-    char* enc = gathered(me_, j);
+    char* enc = gatherArea_ + encoded(begin);
     encode(codec_, out, length, enc);
     if (!pacer_ && n_ > 1) {
       send(comm_.right(), enc, length);
@@ -324,8 +319,8 @@ void CompressedAllreduce::phase2() {
   if (pacer_) {
     if (!allgatherGoSent_) pacer_->sendGo(comm_.left(), n_);  // an empty chunk has no segments
     pacer_->waitForTurn(right, n_, rankAt(n_ - 1));
-    forSegments(me_, [&](size_t j, size_t, size_t length) {
-      send(right, gathered(me_, j), length);
+    forSegments(me_, [&](size_t, size_t begin, size_t length) {
+      send(right, gatherArea_ + encoded(begin), length);
     });
     comm_.progress();
   }
@@ -333,7 +328,7 @@ void CompressedAllreduce::phase2() {
     const size_t owner = static_cast<size_t>(rankAt(-s));
     forSegments(owner, [&](size_t j, size_t begin, size_t length) {
       comm_.waitUntil([&] { return left.recvDone(gatherTicket_[static_cast<size_t>(s)][j]); });
-      const char* enc = gathered(owner, j);
+      const char* enc = gatherArea_ + encoded(begin);
       if (s < n_ - 1) {
         send(right, enc, length);
       }
