@@ -13,6 +13,7 @@ architectures as for any torch extension.
 """
 import glob
 import os
+import subprocess
 
 from setuptools import setup
 
@@ -68,6 +69,22 @@ def sources(pattern):
     return sorted(glob.glob(os.path.join("csrc", "**", pattern), recursive=True))
 
 
+def shared_libstdcxx():
+    """Link arguments that make the extension use the shared libstdc++ torch uses.
+
+    Where the compiler has only the static archive (no libstdc++.so development
+    link; seen on a GPU machine's image), -lstdc++ silently links a private copy
+    of libstdc++ into the extension. Its iostream locale is never initialized,
+    and the first number formatted into a message crashes the process.
+    """
+    try:
+        found = subprocess.run([os.environ.get("CXX", "c++"), "-print-file-name=libstdc++.so"],
+                               capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [] if os.path.isabs(found) else ["-l:libstdc++.so.6"]
+
+
 debug = bool(os.environ.get("RINGDIST_DEBUG_BUILD"))
 # -ffp-contract=off: no a * b + c fused into one rounding behind the code's back
 # (GCC does it in AVX2+FMA code by default), so every kernel rounds each
@@ -80,7 +97,7 @@ if debug:
 common = dict(
     name="torch_ringdist._C",
     include_dirs=[ROOT],
-    extra_link_args=["-fsanitize=address,undefined"] if debug else [],
+    extra_link_args=(["-fsanitize=address,undefined"] if debug else []) + shared_libstdcxx(),
 )
 
 def write_build_config(cuda):

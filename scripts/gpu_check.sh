@@ -44,8 +44,8 @@ for s in $STAGES; do
   case $s in
     tests)
       echo "==== tests" >> "$OUT/runs.log"
-      timeout -k 10 300 "$PY" -P -m pytest tests/test_shared_arithmetic.py tests/test_cuda_kernels.py \
-        tests/test_cuda_collectives.py -q -rs -x --timeout 240 2>&1 | tee "$OUT/tests.log"
+      timeout -k 10 300 "$PY" -P -m pytest tests/test_shared_arithmetic.py tests/test_cuda_kernels.py tests/test_doctor.py \
+        tests/test_cuda_collectives.py -q -rs --timeout 100 2>&1 | tee "$OUT/tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || failed+=(tests) ;;
     kernels)
       stage kernels 120 "$PY" -P benchmarks/cuda_kernels.py --json "$OUT/cuda_kernels.json" ;;

@@ -1,5 +1,7 @@
 """The GPU reduce kernels (csrc/cuda/reduce.cu) against the CPU kernels, bit for bit, for
-every dtype and op, on awkward sizes. Needs a CUDA build of ringdist and a GPU; skipped
+every dtype and op, on awkward sizes. NaN results compare equal whatever their payload:
+the GPU returns its one canonical NaN where x86 passes an operand's NaN on (IEEE 754
+leaves the payload open); measured on an H100 that is the only difference. Needs a CUDA build of ringdist and a GPU; skipped
 otherwise (CI compiles the CUDA sources but has no GPU: tests/test_shared_arithmetic.py
 covers the shared element arithmetic there).
 """
@@ -17,6 +19,13 @@ pytestmark = pytest.mark.skipif(
 T = _C.testing
 
 
+def _same_bits_or_both_nan(got, expected):
+    if not got.is_floating_point():
+        return _same_bits(got, expected)
+    nan = torch.isnan(expected)
+    return torch.equal(torch.isnan(got), nan) and _same_bits(got[~nan], expected[~nan])
+
+
 @pytest.mark.parametrize("n", [1, 255, 4099, (1 << 20) + 3])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 def test_cuda_reduce_matches_cpu_kernel(dtype, n):
@@ -30,7 +39,7 @@ def test_cuda_reduce_matches_cpu_kernel(dtype, n):
                 T.cuda_reduce(a.cuda(), b.cuda(), op)
             continue
         got = T.cuda_reduce(a.cuda(), b.cuda(), op).cpu()
-        assert _same_bits(got, expected), f"{dtype} {op} n={n}: GPU differs from the CPU kernel"
+        assert _same_bits_or_both_nan(got, expected), f"{dtype} {op} n={n}: GPU differs from the CPU kernel"
 
 
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.bool],
@@ -39,7 +48,7 @@ def test_cuda_divide_matches_cpu_kernel(dtype):
     x, _ = _operands(dtype, 4099, seed=7)
     for divisor in (2, 3, 7):
         expected = T.divide_kernel(x, divisor)
-        assert _same_bits(T.cuda_divide(x.cuda(), divisor).cpu(), expected), (dtype, divisor)
+        assert _same_bits_or_both_nan(T.cuda_divide(x.cuda(), divisor).cpu(), expected), (dtype, divisor)
 
 
 def test_cuda_reduce_runs_on_the_current_stream():

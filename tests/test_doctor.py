@@ -87,3 +87,13 @@ def test_load_names_a_torch_version_mismatch_before_any_symbol_error():
     assert out.stdout.startswith("ERROR"), out.stdout
     assert "2.0.1" in out.stdout and torch.__version__ in out.stdout, out.stdout
     assert doctor.REINSTALL in out.stdout, out.stdout
+
+
+def test_extension_uses_the_shared_libstdcxx():
+    """A private static libstdc++ in the extension (a compiler without the libstdc++.so
+    link) crashed every rank at init on a GPU machine: its iostreams were never set up."""
+    out = subprocess.run(["readelf", "-d", load().__file__], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    needed = [line.split("[")[-1].rstrip("]") for line in out.stdout.splitlines() if "NEEDED" in line]
+    assert "libstdc++.so.6" in needed, needed
