@@ -6,7 +6,8 @@
 #             CUDA tensors with several ranks on the one GPU
 #   kernels   benchmarks/cuda_kernels.py (kernels vs D2D copy, pinned copies)
 #   example   the torchrun DDP example on CUDA, 2 ranks on one GPU
-#   compare   ringdist vs gloo on CUDA tensors, 2 ranks on one GPU, alternating
+#   compare   ringdist (GPU to GPU, and staged) vs gloo on CUDA tensors, 2 ranks on one
+#             GPU, alternating
 #   nccl      NCCL with 2 ranks on one GPU (its refusal is the record)
 # Pick stages as arguments (default: all). Results land in ${OUT:-gpu-check}/:
 # machine.txt, build.log, tests.log, cuda_kernels.json, compare_cuda.json, runs.log.
@@ -53,7 +54,9 @@ for s in $STAGES; do
       stage example 120 "${TORCHRUN[@]}" examples/train_ddp.py --device cuda --epochs 2 --no-progress \
         --hook int8 --hook-option error_feedback=true ;;
     compare)
-      stage compare 240 "$PY" -P benchmarks/compare.py --backends ringdist gloo --rounds 2 --nproc 2 \
+      # ringdist GPU to GPU (CUDA IPC), ringdist staged through pinned host memory, gloo.
+      stage compare 300 "$PY" -P benchmarks/compare.py --backends ringdist staged=ringdist gloo \
+        --label-env staged:RINGDIST_CUDA_IPC_BYTES=0 --rounds 2 --nproc 2 \
         --min-bytes 4K --max-bytes 256M --sweep-arg=--device=cuda --timeout 110 \
         --out "/tmp/compare_cuda.json"
       cp /tmp/compare_cuda.json "$OUT/" 2>/dev/null ;;

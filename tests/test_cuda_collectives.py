@@ -22,10 +22,19 @@ pytestmark = pytest.mark.skipif(
     not (load().cuda_compiled() and torch.cuda.is_available()) or default_backend() != "ringdist",
     reason="needs ringdist built with CUDA (TORCH_RINGDIST_CUDA=1), a GPU, and the ringdist backend")
 
-# Every rank on device 0: what NCCL refuses ("Duplicate GPU detected").
-WORLDS = [(2, "default"), (4, "default"), (2, "tcp"), (3, "64")]
+# Every rank on device 0: what NCCL refuses ("Duplicate GPU detected"). Allreduce goes
+# GPU to GPU through CUDA IPC buffers, except in "staged" (pinned host memory); "ipc64K"
+# makes those buffers tiny, so large allreduces go through in many pieces.
+WORLDS = [(2, "default"), (4, "default"), (2, "tcp"), (3, "64"), (3, "ipc64K"), (2, "staged")]
 WORLD_IDS = [f"ws{w}-{s}" for w, s in WORLDS]
 world_params = pytest.mark.parametrize("ws,seg", WORLDS, ids=WORLD_IDS)
+IPC_BYTES = {"ipc64K": "65536", "staged": "0"}
+
+
+def _env(ws, seg):
+    if seg in IPC_BYTES:
+        return {"RINGDIST_CUDA_IPC_BYTES": IPC_BYTES[seg]}
+    return tc.world_env_for(ws, seg)
 
 
 def _on_cuda(rank, ws, case, *args, **kwargs):
@@ -36,8 +45,41 @@ def _on_cuda(rank, ws, case, *args, **kwargs):
 
 
 def _run(world_factory, ws, seg, case, *args, **kwargs):
-    world = world_factory(ws, env=tc.world_env_for(ws, seg))
+    world = world_factory(ws, env=_env(ws, seg))
     return world.run(_on_cuda, case, *args, timeout=300, **kwargs)
+
+
+# ------------------------------------------------------------ GPU to GPU = the CPU path
+def _w_same_bits_as_cpu(rank, ws, counts):
+    """all_reduce on CUDA tensors against all_reduce of the same values on CPU tensors in
+    the same world, bit for bit: the GPU path combines each element in the CPU path's
+    order (rank order for small buffers, ring order for large ones)."""
+    torch.cuda.set_device(0)
+    out = {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32):
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX):
+            for n in counts:
+                g = torch.Generator().manual_seed(7919 * rank + n)
+                x = (torch.randn(n, generator=g) * 100).to(dtype)
+                cpu, gpu = x.clone(), x.cuda()
+                dist.all_reduce(cpu, op=op)
+                dist.all_reduce(gpu, op=op)
+                got = gpu.cpu()
+                same = torch.equal(got.view(torch.int16 if dtype.itemsize == 2 else torch.int32),
+                                   cpu.view(torch.int16 if dtype.itemsize == 2 else torch.int32))
+                key = f"{dtype} {op} n={n}"
+                out[key] = (None if same else
+                            f"differs from the CPU path ({(got.double() - cpu.double()).abs().max()})",
+                            tc.digest(got))
+    return out
+
+
+@pytest.mark.parametrize("ws,seg", [(2, "default"), (3, "default"), (4, "ipc64K")],
+                         ids=["ws2", "ws3", "ws4-ipc64K"])
+def test_cuda_all_reduce_same_bits_as_cpu(world_factory, ws, seg):
+    counts = [1, 5, 1000, 16385, 300001]  # both sides of the 64 KiB one-round threshold
+    tc.assert_cases(world_factory(ws, env=_env(ws, seg)).run(_w_same_bits_as_cpu, counts,
+                                                             timeout=240))
 
 
 # ------------------------------------------------------------ the collective matrix

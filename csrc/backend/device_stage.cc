@@ -10,11 +10,11 @@
 
 #include <map>
 #include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "csrc/collectives/collectives.h"
+#include "csrc/collectives/device_allreduce.h"
 #include "csrc/common/error.h"
 #include "csrc/cuda/codec.h"
 #endif
@@ -23,14 +23,11 @@ namespace ringdist {
 
 #ifndef RINGDIST_CUDA
 
-std::unique_ptr<DeviceStages> makeDeviceStages() { return nullptr; }
+std::unique_ptr<DeviceStages> makeDeviceStages(size_t) { return nullptr; }
 
 #else
 
 namespace {
-
-// Longest sleep between polls while the worker waits for the GPU.
-constexpr auto kMaxPoll = std::chrono::microseconds(200);
 
 class Event {
  public:
@@ -63,10 +60,26 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// What a group keeps per GPU: its stream (issue order on the GPU), a waiter
+// for host-side waits, and the same-host device allreduce's shared buffers.
+struct DeviceLane {
+  DeviceLane(c10::DeviceIndex device, size_t deviceBufferBytes)
+      : stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)),
+        waiter(device),
+        allreduce(device, deviceBufferBytes) {}
+  c10::cuda::CUDAStream stream;
+  cuda::StreamWaiter waiter;  // used by the worker thread only
+  DeviceAllreduce allreduce;
+};
+
 class CudaStage final : public DeviceStage {
  public:
-  CudaStage(const c10::Device& device, c10::cuda::CUDAStream stream)
-      : device_(device), stream_(stream), issued_(device.index()), done_(device.index()) {
+  CudaStage(const c10::Device& device, std::shared_ptr<DeviceLane> lane)
+      : device_(device),
+        lane_(std::move(lane)),
+        stream_(lane_->stream),
+        issued_(device.index()),
+        done_(device.index()) {
     c10::cuda::CUDAGuard guard(device_);
     issued_.record(c10::cuda::getCurrentCUDAStream(device_.index()).stream());
   }
@@ -86,6 +99,7 @@ class CudaStage final : public DeviceStage {
   }
 
   void stageIn(std::chrono::steady_clock::time_point deadline) override {
+    const bool reads = !reads_.empty();
     {
       c10::cuda::CUDAStreamGuard guard(stream_);
       issued_.block(stream_.stream());
@@ -94,8 +108,10 @@ class CudaStage final : public DeviceStage {
       }
     }
     reads_.clear();
-    drain(deadline, "finish the work queued before this operation and copy its inputs to host "
-                    "memory");
+    if (reads) {  // else nothing on the host reads GPU memory: stream order suffices
+      drain(deadline, "finish the work queued before this operation and copy its inputs to "
+                      "host memory");
+    }
   }
 
   void compressedAllreduce(Communicator& comm, const at::Tensor& tensor, Codec codec,
@@ -128,6 +144,17 @@ class CudaStage final : public DeviceStage {
     }
   }
 
+  void allreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
+                 ReduceOp op) override {
+    c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream_);
+    at::Tensor flat = tensor.is_contiguous() ? tensor : tensor.contiguous();  // on our stream
+    lane_->allreduce.run(comm, flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, op,
+                         stream_.stream());
+    if (!flat.is_same(tensor)) {
+      tensor.copy_(flat, /*non_blocking=*/true);
+    }
+  }
+
   void onStream(const std::function<void()>& fn) override {
     c10::cuda::CUDAStreamGuard guard(stream_);
     fn();
@@ -152,19 +179,11 @@ class CudaStage final : public DeviceStage {
   // Waits, bounded by the op's deadline, for what the group's stream has
   // queued so far: the host is about to read what it copied out.
   void drain(std::chrono::steady_clock::time_point deadline, const char* what) {
-    Event drained(device_.index());
-    drained.record(stream_.stream());
-    auto sleep = std::chrono::microseconds(1);
-    while (!drained.query()) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        throw TimeoutError(strCat("Timed out waiting for ", device_, " to ", what));
-      }
-      std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, std::chrono::duration_cast<std::chrono::microseconds>(kMaxPoll));
-    }
+    lane_->waiter.wait(stream_.stream(), deadline, what);
   }
 
   c10::Device device_;
+  std::shared_ptr<DeviceLane> lane_;
   c10::cuda::CUDAStream stream_;
   Event issued_;
   Event done_;
@@ -173,25 +192,28 @@ class CudaStage final : public DeviceStage {
 
 class CudaStages final : public DeviceStages {
  public:
+  explicit CudaStages(size_t deviceBufferBytes) : deviceBufferBytes_(deviceBufferBytes) {}
+
   std::shared_ptr<DeviceStage> begin(const c10::Device& device) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = streams_.find(device.index());
-    if (it == streams_.end()) {
-      it = streams_.emplace(device.index(),
-                            c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()))
-               .first;
+    auto& lane = lanes_[device.index()];
+    if (lane == nullptr) {
+      lane = std::make_shared<DeviceLane>(device.index(), deviceBufferBytes_);
     }
-    return std::make_shared<CudaStage>(device, it->second);
+    return std::make_shared<CudaStage>(device, lane);
   }
 
  private:
+  const size_t deviceBufferBytes_;
   std::mutex mutex_;
-  std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams_;
+  std::map<c10::DeviceIndex, std::shared_ptr<DeviceLane>> lanes_;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceStages> makeDeviceStages() { return std::make_unique<CudaStages>(); }
+std::unique_ptr<DeviceStages> makeDeviceStages(size_t deviceBufferBytes) {
+  return std::make_unique<CudaStages>(deviceBufferBytes);
+}
 
 #endif
 

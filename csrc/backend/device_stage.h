@@ -48,6 +48,12 @@ class DeviceStage {
   // (compressedAllreduceEncoded), decoded on the GPU.
   virtual void compressedAllreduce(Communicator& comm, const at::Tensor& tensor, Codec codec,
                                    bool average) = 0;
+
+  // The allreduce of a CUDA tensor when every rank of the group is on this
+  // host, run as the body: device to device through memory the ranks share
+  // (csrc/collectives/device_allreduce.h); no host twin.
+  virtual void allreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
+                         ReduceOp op) = 0;
 };
 
 // One per process group: one stream per device, so the group's operations
@@ -58,7 +64,8 @@ class DeviceStages {
   virtual std::shared_ptr<DeviceStage> begin(const c10::Device& device) = 0;
 };
 
-// Null when the extension was built without CUDA.
-std::unique_ptr<DeviceStages> makeDeviceStages();
+// Null when the extension was built without CUDA. deviceBufferBytes: see
+// CollectiveOptions.
+std::unique_ptr<DeviceStages> makeDeviceStages(size_t deviceBufferBytes);
 
 }  // namespace ringdist

@@ -87,6 +87,11 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
   o.collectives.checkResults = envFlag("RINGDIST_CHECK_RESULTS", false);
   o.collectives.maxUnexpectedBytes =
       envBytes("RINGDIST_MAX_UNEXPECTED_BYTES", kDefaultMaxUnexpectedBytes, 0);
+  o.collectives.deviceBufferBytes =
+      envBytes("RINGDIST_CUDA_IPC_BYTES", kDefaultDeviceBufferBytes, 0);
+  RINGDIST_CHECK(o.collectives.deviceBufferBytes == 0 || o.collectives.deviceBufferBytes >= 4096,
+                 "ringdist: RINGDIST_CUDA_IPC_BYTES must be 0 (off) or >= 4096, got ",
+                 o.collectives.deviceBufferBytes);
   o.collectives.corruptResultAt = envBytes("RINGDIST_TEST_CORRUPT_RESULT", 0, 0);
 
   o.debug = envFlag("RINGDIST_DEBUG", false) ||

@@ -97,11 +97,15 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
     setDebugEnabled(options.debug);
     Mesh mesh = connectMesh(*rendezvous, rank, size, options.mesh);
     transports_ = mesh.transportOf;
+    const bool oneHost = std::all_of(mesh.hostOf.begin(), mesh.hostOf.end(),
+                                     [&](int host) { return host == mesh.hostOf[0]; });
     auto comm = std::make_unique<Communicator>(rank, size, std::move(mesh.channels),
                                                std::move(mesh.ring), std::move(mesh.hostOf),
                                                rendezvous, options.collectives);
     worker_ = std::make_unique<Worker>(rank, std::move(comm));
-    stages_ = makeDeviceStages();
+    stages_ = makeDeviceStages(options.collectives.deviceBufferBytes);
+    deviceAllreduce_ = stages_ != nullptr && size > 1 && oneHost &&
+                       options.collectives.deviceBufferBytes > 0;
     logDebug(strCat("rank ", rank, "/", size, " ready; kernels: ", kernelFamily(),
                     "; segment bytes: ", options.collectives.segmentBytes));
   } catch (const Error& e) {
@@ -250,6 +254,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
                  " (use allreduce_coalesced for several)");
   ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
   auto stage = stageFor(op, tensors);
+  if (stage != nullptr && deviceAllreduce_) {  // GPU to GPU, on this host
+    at::Tensor tensor = tensors[0];
+    return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
+                   effectiveTimeout(opts.timeout), stage,
+                   [stage, tensor, dtype, reduceOp](Communicator& comm) {
+                     stage->allreduce(comm, tensor, dtype, reduceOp);
+                   });
+  }
   Flat flat(tensors[0], stage.get());
   size_t count = static_cast<size_t>(flat.flat.numel());
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,

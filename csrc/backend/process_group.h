@@ -147,6 +147,8 @@ class ProcessGroupRingdist : public c10d::Backend {
 
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<DeviceStages> stages_;  // null without CUDA support
+  // CUDA allreduce goes GPU to GPU (every rank on this host, not turned off).
+  bool deviceAllreduce_ = false;
   std::vector<std::string> transports_;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequenceNumber_{0};

@@ -184,15 +184,15 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
   reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
   const bool small = count * elementSize(dtype) <= comm.options().smallAllreduceBytes;
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
-  // The algorithm travels in the header: ranks must agree on it.
-  enum : uint8_t { kRing = 0, kOneShot = 1, kHierarchical = 2 };
-  header.variant = small ? kOneShot : comm.hierarchical() ? kHierarchical : kRing;
+  header.variant = small                ? kOneShotAllreduce
+                   : comm.hierarchical() ? kHierarchicalAllreduce
+                                         : kRingAllreduce;
   if (n > 1 && count > 0 && small) {
     oneShotAllreduce(comm, data, count, dtype, op, header);
   } else {
     comm.exchangeRingHeaders(header);
     if (n > 1 && count > 0) {  // AVG over one rank divides by one
-      if (header.variant == kHierarchical) {
+      if (header.variant == kHierarchicalAllreduce) {
         hierarchicalAllreduce(comm, data, count, dtype, op);
       } else {
         ringAllreduce(comm, data, count, dtype, op);

@@ -15,6 +15,14 @@ namespace ringdist {
 // Each first exchanges OpHeaders, so ranks that disagree fail cleanly.
 // Pointer arrays indexed "by rank" have comm.size() entries.
 
+// Allreduce algorithms; travel in OpHeader::variant, so ranks must agree.
+enum AllreduceVariant : uint8_t {
+  kRingAllreduce = 0,
+  kOneShotAllreduce = 1,      // small buffers: one round
+  kHierarchicalAllreduce = 2, // several hosts with several ranks each
+  kDeviceAllreduce = 3,       // GPU memory of one host's ranks (device_allreduce.h)
+};
+
 // In place: data (count elements) becomes the reduction over all ranks.
 void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op);
 

@@ -59,6 +59,11 @@ constexpr size_t kDefaultSmallAllreduceBytes = 64 * 1024;
 // A point-to-point message that arrives before its receive is buffered; its
 // size comes from the wire, so it is bounded before anything is allocated.
 constexpr size_t kDefaultMaxUnexpectedBytes = size_t{1} << 30;
+// CUDA allreduce among the ranks of one host: the GPU memory each rank shares
+// with the others (CUDA IPC). Larger buffers go through in pieces of this
+// size, three barriers each; 64 MiB keeps those to a few per large gradient
+// bucket for little memory.
+constexpr size_t kDefaultDeviceBufferBytes = 64 << 20;
 
 struct CollectiveOptions {
   size_t segmentBytes = kDefaultSegmentBytes;  // ranks must agree (checked per op)
@@ -70,6 +75,8 @@ struct CollectiveOptions {
   // After every allreduce and broadcast, ranks compare a CRC of their results.
   bool checkResults = false;
   size_t maxUnexpectedBytes = kDefaultMaxUnexpectedBytes;
+  // 0: CUDA allreduce stages through host memory on one host too.
+  size_t deviceBufferBytes = kDefaultDeviceBufferBytes;
   // Testing only: flip one bit of this process's k-th checked result.
   uint64_t corruptResultAt = 0;
 };

@@ -1,6 +1,7 @@
 """PowerSGD: torch's implementation, with a checkpoint that resumes exactly."""
 
 import logging
+import types
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as _torch_powersgd
@@ -9,6 +10,38 @@ from torch_ringdist.hooks._base import HookState
 from torch_ringdist.hooks._registry import add_hook
 
 logger = logging.getLogger(__name__)
+
+
+class _CudaSkippingCpu:
+    """``torch.cuda`` whose ``synchronize`` ignores CPU devices."""
+
+    def __getattr__(self, name):
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def synchronize(device=None):
+        if device is None or torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+
+class _TorchForCpuBuckets:
+    """``torch`` as torch's PowerSGD hook sees it for CPU buckets."""
+
+    cuda = _CudaSkippingCpu()
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+# torch's hook calls torch.cuda.synchronize(<the bucket's device>) whenever a GPU is
+# visible, which raises for a CPU bucket ("Expected a cuda device, but got: cpu"), with
+# any backend. The same code, seeing a torch whose synchronize skips CPU devices, serves
+# CPU buckets on GPU machines.
+_powersgd_for_cpu_buckets = types.FunctionType(
+    _torch_powersgd.powerSGD_hook.__code__,
+    {**vars(_torch_powersgd), "torch": _TorchForCpuBuckets()},
+    "powerSGD_hook", _torch_powersgd.powerSGD_hook.__defaults__,
+    _torch_powersgd.powerSGD_hook.__closure__)
 
 
 class PowerSGDState(HookState):
@@ -63,7 +96,8 @@ class PowerSGDState(HookState):
     def _run(self, bucket, provisional):
         if bucket.is_last():
             self.iteration += 1
-        return _torch_powersgd.powerSGD_hook(self.inner, bucket)
+        hook = _torch_powersgd.powerSGD_hook if bucket.buffer().is_cuda else _powersgd_for_cpu_buckets
+        return hook(self.inner, bucket)
 
 
 def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future[torch.Tensor]:

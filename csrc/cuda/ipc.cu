@@ -1,0 +1,105 @@
+#include "csrc/cuda/ipc.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "csrc/common/error.h"
+
+namespace ringdist {
+namespace cuda {
+
+namespace {
+
+// Longest sleep between polls of a stream: long enough not to burn a core
+// beside a GPU-bound peer, short next to the copies it waits for.
+constexpr auto kMaxPoll = std::chrono::microseconds(50);
+
+void check(cudaError_t err, const char* what) {
+  RINGDIST_CHECK(err == cudaSuccess, "ringdist cuda: ", what, ": ", cudaGetErrorString(err));
+}
+
+// Runs with `device` current and restores the caller's device afterwards.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() { (void)cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace
+
+SharedBuffer::SharedBuffer(int device, size_t bytes) : device_(device), bytes_(bytes) {
+  DeviceScope scope(device_);
+  check(cudaMalloc(&data_, bytes_), "cudaMalloc of the buffer shared with same-host ranks");
+}
+
+SharedBuffer::~SharedBuffer() {
+  DeviceScope scope(device_);
+  (void)cudaFree(data_);
+}
+
+BufferRecord SharedBuffer::record() const {
+  DeviceScope scope(device_);
+  cudaIpcMemHandle_t handle;
+  check(cudaIpcGetMemHandle(&handle, data_), "cudaIpcGetMemHandle");
+  BufferRecord record{};
+  std::memcpy(record.handle, &handle, sizeof(handle));
+  record.bytes = bytes_;
+  record.valid = 1;
+  return record;
+}
+
+MappedBuffer::MappedBuffer(int device, const BufferRecord& record) : device_(device) {
+  DeviceScope scope(device_);
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, record.handle, sizeof(handle));
+  check(cudaIpcOpenMemHandle(&data_, handle, cudaIpcMemLazyEnablePeerAccess),
+        "cudaIpcOpenMemHandle of a same-host rank's buffer");
+}
+
+MappedBuffer::~MappedBuffer() {
+  DeviceScope scope(device_);
+  (void)cudaIpcCloseMemHandle(data_);
+}
+
+void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes > 0) {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+  }
+}
+
+StreamWaiter::StreamWaiter(int device) : device_(device) {
+  DeviceScope scope(device_);
+  check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+}
+
+StreamWaiter::~StreamWaiter() {
+  DeviceScope scope(device_);
+  (void)cudaEventDestroy(event_);
+}
+
+void StreamWaiter::wait(cudaStream_t stream, std::chrono::steady_clock::time_point deadline,
+                        const char* what) {
+  check(cudaEventRecord(event_, stream), "cudaEventRecord");
+  auto sleep = std::chrono::microseconds(1);
+  while (true) {
+    cudaError_t status = cudaEventQuery(event_);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) check(status, what);
+    (void)cudaGetLastError();  // cudaErrorNotReady is not an error: clear it
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw TimeoutError(strCat("Timed out waiting for the GPU to ", what));
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, kMaxPoll);
+  }
+}
+
+}  // namespace cuda
+}  // namespace ringdist
