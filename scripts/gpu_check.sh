@@ -56,7 +56,8 @@ for s in $STAGES; do
     compare)
       # ringdist GPU to GPU (CUDA IPC), ringdist staged through pinned host memory, gloo.
       stage compare 300 "$PY" -P benchmarks/compare.py --backends ringdist staged=ringdist gloo \
-        --label-env staged:RINGDIST_CUDA_IPC_BYTES=0 --rounds 2 --nproc 2 \
+        --label-env staged:RINGDIST_CUDA_IPC_BYTES=0 --label-env ringdist:RINGDIST_CUDA_IPC_MIN_BYTES=0 \
+        --rounds 2 --nproc 2 \
         --min-bytes 4K --max-bytes 256M --sweep-arg=--device=cuda --timeout 110 \
         --out "/tmp/compare_cuda.json"
       cp /tmp/compare_cuda.json "$OUT/" 2>/dev/null ;;

@@ -92,6 +92,8 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
   RINGDIST_CHECK(o.collectives.deviceBufferBytes == 0 || o.collectives.deviceBufferBytes >= 4096,
                  "ringdist: RINGDIST_CUDA_IPC_BYTES must be 0 (off) or >= 4096, got ",
                  o.collectives.deviceBufferBytes);
+  o.collectives.deviceMinBytes =
+      envBytes("RINGDIST_CUDA_IPC_MIN_BYTES", kDefaultDeviceMinBytes, 0);
   o.collectives.corruptResultAt = envBytes("RINGDIST_TEST_CORRUPT_RESULT", 0, 0);
 
   o.debug = envFlag("RINGDIST_DEBUG", false) ||

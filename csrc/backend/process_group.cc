@@ -106,6 +106,7 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
     stages_ = makeDeviceStages(options.collectives.deviceBufferBytes);
     deviceAllreduce_ = stages_ != nullptr && size > 1 && oneHost &&
                        options.collectives.deviceBufferBytes > 0;
+    deviceMinBytes_ = options.collectives.deviceMinBytes;
     logDebug(strCat("rank ", rank, "/", size, " ready; kernels: ", kernelFamily(),
                     "; segment bytes: ", options.collectives.segmentBytes));
   } catch (const Error& e) {
@@ -254,7 +255,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
                  " (use allreduce_coalesced for several)");
   ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
   auto stage = stageFor(op, tensors);
-  if (stage != nullptr && deviceAllreduce_) {  // GPU to GPU, on this host
+  if (stage != nullptr && deviceAllreduce_ &&
+      tensors[0].numel() * tensors[0].element_size() >= static_cast<int64_t>(deviceMinBytes_)) {
+    // GPU to GPU, on this host
     at::Tensor tensor = tensors[0];
     return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
                    effectiveTimeout(opts.timeout), stage,

@@ -149,6 +149,7 @@ class ProcessGroupRingdist : public c10d::Backend {
   std::unique_ptr<DeviceStages> stages_;  // null without CUDA support
   // CUDA allreduce goes GPU to GPU (every rank on this host, not turned off).
   bool deviceAllreduce_ = false;
+  size_t deviceMinBytes_ = 0;  // smaller ones stage through host memory
   std::vector<std::string> transports_;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequenceNumber_{0};

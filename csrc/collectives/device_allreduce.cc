@@ -13,7 +13,8 @@
 //     own output, then publishes the result in its buffer;
 //  3. every rank copies the other chunks from their owners' buffers.
 // The last barrier keeps the next piece from overwriting a buffer that a
-// peer still reads. Only control messages cross the host links.
+// peer still reads; the first piece's first barrier is the exchange of op
+// headers. Only control messages cross the host links.
 //
 // Each element is combined in the order the host path (allreduce.cc) would
 // combine it: rank order up to smallAllreduceBytes, otherwise along the ring
@@ -74,17 +75,18 @@ void DeviceAllreduce::run(Communicator& comm, void* data, size_t count, DataType
   reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
   header.variant = kDeviceAllreduce;
-  comm.exchangeHeaders(header, comm.others(), comm.others());
-  if (count == 0 || comm.size() == 1) return;
-  if (state_ == State::kNew) setUp(comm);
+  // Set-up is collective itself: a rank running another operation fails its
+  // exchange with a clear error.
+  if (count > 0 && state_ == State::kNew) setUp(comm);
   char* bytes = static_cast<char*>(data);
-  if (state_ == State::kUnusable) {
-    runStaged(comm, bytes, count, dtype, op, stream);
+  if (count == 0 || state_ == State::kUnusable) {
+    comm.exchangeHeaders(header, comm.others(), comm.others());
+    if (count > 0) runStaged(comm, bytes, count, dtype, op, stream);
   } else {
     const size_t pieceElems = std::max<size_t>(1, pieceBytes_ / elementSize(dtype));
     for (size_t offset = 0; offset < count; offset += pieceElems) {
       runPiece(comm, bytes, offset, std::min(pieceElems, count - offset), count, dtype, op,
-               stream);
+               stream, offset == 0 ? &header : nullptr);
     }
   }
   if (comm.options().checkResults) {
@@ -147,7 +149,8 @@ void DeviceAllreduce::setUp(Communicator& comm) {
 }
 
 void DeviceAllreduce::runPiece(Communicator& comm, char* data, size_t offset, size_t length,
-                               size_t count, DataType dtype, ReduceOp op, cudaStream_t stream) {
+                               size_t count, DataType dtype, ReduceOp op, cudaStream_t stream,
+                               const OpHeader* header) {
   const int n = comm.size();
   const size_t me = static_cast<size_t>(comm.rank());
   const size_t elem = elementSize(dtype);
@@ -155,7 +158,11 @@ void DeviceAllreduce::runPiece(Communicator& comm, char* data, size_t offset, si
 
   cuda::copyAsync(buffers_[me], piece, length * elem, stream);
   waitFor(comm, stream, "copy the input into the buffer shared with the other ranks");
-  barrier(comm);
+  if (header != nullptr) {  // the first barrier also checks that all ranks agree
+    comm.exchangeHeaders(*header, comm.others(), comm.others());
+  } else {
+    barrier(comm);
+  }
 
   const ChunkLayout parts(length, n, elem, elem);
   const ChunkLayout whole(count, n, elem, elem);

@@ -35,8 +35,9 @@ class DeviceAllreduce {
  private:
   enum class State { kNew, kReady, kUnusable };
   void setUp(Communicator& comm);
+  // header: the op's, exchanged as the first barrier (first piece only).
   void runPiece(Communicator& comm, char* data, size_t offset, size_t length, size_t count,
-                DataType dtype, ReduceOp op, cudaStream_t stream);
+                DataType dtype, ReduceOp op, cudaStream_t stream, const OpHeader* header);
   void runStaged(Communicator& comm, char* data, size_t count, DataType dtype, ReduceOp op,
                  cudaStream_t stream);
   void waitFor(Communicator& comm, cudaStream_t stream, const char* what);

@@ -64,6 +64,9 @@ constexpr size_t kDefaultMaxUnexpectedBytes = size_t{1} << 30;
 // size, three barriers each; 64 MiB keeps those to a few per large gradient
 // bucket for little memory.
 constexpr size_t kDefaultDeviceBufferBytes = 64 << 20;
+// Smaller CUDA allreduces stage through host memory even on one host: the
+// GPU-to-GPU path costs a few barriers and GPU round trips per operation.
+constexpr size_t kDefaultDeviceMinBytes = 0;
 
 struct CollectiveOptions {
   size_t segmentBytes = kDefaultSegmentBytes;  // ranks must agree (checked per op)
@@ -77,6 +80,7 @@ struct CollectiveOptions {
   size_t maxUnexpectedBytes = kDefaultMaxUnexpectedBytes;
   // 0: CUDA allreduce stages through host memory on one host too.
   size_t deviceBufferBytes = kDefaultDeviceBufferBytes;
+  size_t deviceMinBytes = kDefaultDeviceMinBytes;
   // Testing only: flip one bit of this process's k-th checked result.
   uint64_t corruptResultAt = 0;
 };
