@@ -77,3 +77,15 @@ def test_cuda_codecs_match_cpu_codecs(codec, n):
         expected = T.codec_decode(cpu, codec, n, "cpu", add)
         got = T.codec_decode(cpu.cuda(), codec, n, "cuda", None if add is None else add.cuda())
         assert_same_decoding(x, got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8],
+                         ids=lambda d: str(d).replace("torch.", ""))
+def test_cuda_reduce_on_unaligned_views(dtype):
+    """Views that start off a 16-byte boundary take the element-wise kernel; the aligned
+    bulk and its tail take the vector kernel: both must give the CPU kernel's bits."""
+    a, b = _operands(dtype, 4099, seed=11)
+    for start in (1, 3, 8):
+        x, y = a[start:].contiguous(), b[start:].contiguous()
+        got = T.cuda_reduce(a.cuda()[start:], b.cuda()[start:], "sum").cpu()
+        assert _same_bits_or_both_nan(got, T.reduce_kernel(x, y, "sum")), (dtype, start)

@@ -31,6 +31,29 @@ __global__ void combineKernel(S* dst, const S* a, const S* b, size_t n) {
   }
 }
 
+// The same, 16 bytes per load and store (8 halves, 4 floats...): the halves
+// otherwise reach only ~60-70% of copy bandwidth with 2-byte accesses.
+// Pointers 16-byte aligned; `vectors` counts 16-byte groups.
+template <typename T, typename Op, typename S = typename ew::Storage<T>::type>
+__global__ void combineVectorKernel(uint4* dst, const uint4* a, const uint4* b, size_t vectors) {
+  constexpr int kPer = sizeof(uint4) / sizeof(S);
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t v = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
+       v += stride) {
+    const uint4 va = a[v];
+    const uint4 vb = b[v];
+    uint4 out;
+    const S* ea = reinterpret_cast<const S*>(&va);
+    const S* eb = reinterpret_cast<const S*>(&vb);
+    S* eo = reinterpret_cast<S*>(&out);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      eo[k] = ew::apply<T, Op>(ea[k], eb[k]);
+    }
+    dst[v] = out;
+  }
+}
+
 template <typename T, typename S = typename ew::Storage<T>::type>
 __global__ void divideKernel(S* data, size_t n, int divisor) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -56,9 +79,20 @@ void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b
     using T = typename decltype(elementTag)::type;
     using Op = typename decltype(opTag)::type;
     using S = typename ew::Storage<T>::type;
-    if (count > 0) {
-      combineKernel<T, Op><<<blocksFor(count), kThreads, 0, stream>>>(
-          static_cast<S*>(dst), static_cast<const S*>(a), static_cast<const S*>(b), count);
+    constexpr size_t kPer = sizeof(uint4) / sizeof(S);
+    const bool aligned = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(a) |
+                           reinterpret_cast<uintptr_t>(b)) % sizeof(uint4)) == 0;
+    const size_t vectors = aligned ? count / kPer : 0;
+    if (vectors > 0) {
+      combineVectorKernel<T, Op><<<blocksFor(vectors), kThreads, 0, stream>>>(
+          static_cast<uint4*>(dst), static_cast<const uint4*>(a), static_cast<const uint4*>(b),
+          vectors);
+    }
+    const size_t done = vectors * kPer;
+    if (count > done) {
+      combineKernel<T, Op><<<blocksFor(count - done), kThreads, 0, stream>>>(
+          static_cast<S*>(dst) + done, static_cast<const S*>(a) + done,
+          static_cast<const S*>(b) + done, count - done);
     }
   });
   if (count > 0) {
