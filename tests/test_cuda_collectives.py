@@ -23,18 +23,19 @@ pytestmark = pytest.mark.skipif(
     reason="needs ringdist built with CUDA (TORCH_RINGDIST_CUDA=1), a GPU, and the ringdist backend")
 
 # Every rank on device 0: what NCCL refuses ("Duplicate GPU detected"). Allreduce goes
-# GPU to GPU through CUDA IPC buffers, except in "staged" (pinned host memory); "ipc64K"
-# makes those buffers tiny, so large allreduces go through in many pieces.
+# GPU to GPU through CUDA IPC buffers from RINGDIST_CUDA_IPC_MIN_BYTES (default 2 MiB) up,
+# staged through pinned host memory below; "ipc" and "ipc64K" take the GPU-to-GPU path at
+# every size, "ipc64K" with tiny buffers (large allreduces in many pieces); "staged" never.
 WORLDS = [(2, "default"), (4, "default"), (2, "tcp"), (3, "64"), (3, "ipc64K"), (2, "staged")]
 WORLD_IDS = [f"ws{w}-{s}" for w, s in WORLDS]
 world_params = pytest.mark.parametrize("ws,seg", WORLDS, ids=WORLD_IDS)
-IPC_BYTES = {"ipc64K": "65536", "staged": "0"}
+IPC_ENV = {"ipc": {"RINGDIST_CUDA_IPC_MIN_BYTES": "0"},
+           "ipc64K": {"RINGDIST_CUDA_IPC_MIN_BYTES": "0", "RINGDIST_CUDA_IPC_BYTES": "65536"},
+           "staged": {"RINGDIST_CUDA_IPC_BYTES": "0"}}
 
 
 def _env(ws, seg):
-    if seg in IPC_BYTES:
-        return {"RINGDIST_CUDA_IPC_BYTES": IPC_BYTES[seg]}
-    return tc.world_env_for(ws, seg)
+    return dict(IPC_ENV[seg]) if seg in IPC_ENV else tc.world_env_for(ws, seg)
 
 
 def _on_cuda(rank, ws, case, *args, **kwargs):
@@ -74,7 +75,7 @@ def _w_same_bits_as_cpu(rank, ws, counts):
     return out
 
 
-@pytest.mark.parametrize("ws,seg", [(2, "default"), (3, "default"), (4, "ipc64K")],
+@pytest.mark.parametrize("ws,seg", [(2, "ipc"), (3, "ipc"), (4, "ipc64K")],
                          ids=["ws2", "ws3", "ws4-ipc64K"])
 def test_cuda_all_reduce_same_bits_as_cpu(world_factory, ws, seg):
     counts = [1, 5, 1000, 16385, 300001]  # both sides of the 64 KiB one-round threshold

@@ -5,6 +5,8 @@ from a checkpoint. spawned.py describes the worlds.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import re
 import time
 
@@ -278,3 +280,19 @@ def test_one_rank_group_runs_inline_in_order(world_factory):
     res = world_factory(1).run(_one_rank_inline, 4, 300, timeout=120)[0]
     assert res == {"complete at return": True, "nested op in a callback": True,
                    "issue order with a compressed op": True, "threads": None}, res
+
+
+@pytest.mark.parametrize("name,value,expected", [
+    ("RINGDIST_CUDA_IPC_BYTES", "100", "must be 0 (off) or >= 4096"),
+    ("RINGDIST_CUDA_IPC_MIN_BYTES", "-1", "must be >= 0"),
+    ("RINGDIST_SEGMENT_BYTES", "12Q", "is not an integer"),
+])
+def test_bad_setting_fails_init_naming_it(tmp_path, name, value, expected):
+    script = ("import torch.distributed as dist, torch_ringdist\n"
+              f"dist.init_process_group('ringdist', init_method='file://{tmp_path}/store', "
+              "rank=0, world_size=1)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGDIST_")}
+    env[name] = value
+    out = subprocess.run([sys.executable, "-P", "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and name in out.stderr and expected in out.stderr, out.stderr[-2000:]

@@ -65,8 +65,10 @@ constexpr size_t kDefaultMaxUnexpectedBytes = size_t{1} << 30;
 // bucket for little memory.
 constexpr size_t kDefaultDeviceBufferBytes = 64 << 20;
 // Smaller CUDA allreduces stage through host memory even on one host: the
-// GPU-to-GPU path costs a few barriers and GPU round trips per operation.
-constexpr size_t kDefaultDeviceMinBytes = 0;
+// GPU-to-GPU path waits for the GPU three times per piece, and with ranks
+// sharing a GPU each wait costs a context switch (~270 us measured on an
+// H100). There it wins from 4 MiB and loses at 1 MiB (docs/perf/gpu_h100.md).
+constexpr size_t kDefaultDeviceMinBytes = 2 << 20;
 
 struct CollectiveOptions {
   size_t segmentBytes = kDefaultSegmentBytes;  // ranks must agree (checked per op)
