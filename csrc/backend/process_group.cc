@@ -8,6 +8,7 @@
 
 #include "csrc/backend/dtypes.h"
 #include "csrc/backend/options.h"
+#include "csrc/backend/sparse_allreduce.h"
 #include "csrc/backend/store_rendezvous.h"
 #include "csrc/codec/codec.h"
 #include "csrc/collectives/collectives.h"
@@ -250,6 +251,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::broadcast(
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) {
+    return allreduceSparse(tensors[0], opts);
+  }
   DataType dtype = checkTensors(op, tensors);
   RD_CHECK_INPUT(tensors.size() == 1, op, "expected one tensor, got ", tensors.size(),
                  " (use allreduce_coalesced for several)");
@@ -272,6 +276,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
                    ringdist::allreduce(comm, flat.data(), count, dtype, reduceOp);
                    flat.writeBack();
                  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceSparse(
+    at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
+  const char* op = "allreduce";
+  RD_CHECK_INPUT(tensor.layout() == at::kSparse, op, "sparse tensors must be COO (layout ",
+                 tensor.layout(), ")");
+  RD_CHECK_INPUT(tensor.device().is_cpu(), op, "sparse tensors must be on the CPU, got ",
+                 tensor.device());
+  DataType dtype = DataType::kFloat32;
+  RD_CHECK_INPUT(toDataType(tensor.scalar_type(), &dtype) && dtype != DataType::kBool, op,
+                 "unsupported dtype ", tensor.scalar_type(), " for a sparse tensor");
+  RD_CHECK_INPUT(opts.reduceOp.op_ == c10d::ReduceOp::SUM, op,
+                 "sparse tensors support SUM only, got reduce op ", opts.reduceOp.op_);
+  std::vector<at::Tensor> outputs{tensor};
+  return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, outputs,
+                 effectiveTimeout(opts.timeout), nullptr,
+                 [tensor](Communicator& comm) { sparseAllreduce(comm, tensor); }, "allreduce_sparse");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce_coalesced(

@@ -35,6 +35,9 @@ class ProcessGroupRingdist : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
+  // Sparse COO CPU tensors, SUM: sparse_allreduce.h.
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(at::Tensor& tensor,
+                                                 const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
