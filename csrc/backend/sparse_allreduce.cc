@@ -1,6 +1,7 @@
 #include "csrc/backend/sparse_allreduce.h"
 
 #include <ATen/ATen.h>
+#include <ATen/native/SparseTensorUtils.h>
 
 #include <algorithm>
 #include <vector>
@@ -49,9 +50,12 @@ void allgatherBlocks(Communicator& comm, const at::Tensor& mine, std::vector<at:
 void sparseAllreduce(Communicator& comm, at::Tensor tensor) {
   const int n = comm.size();
   const int64_t dims = tensor.dim();
+  // Coalesced first (as gloo does): repeated rows are summed before they travel.
+  const at::Tensor local = tensor.coalesce();
+  const int64_t coalescedNnz = local._nnz();
   // Layout first: ranks must agree on it before they exchange sizes.
   const std::vector<int64_t> meta = allgatherInts(
-      comm, {dims, tensor.sparse_dim(), tensor.dense_dim(), tensor._nnz()});
+      comm, {dims, tensor.sparse_dim(), tensor.dense_dim(), coalescedNnz});
   for (int r = 0; r < n; ++r) {
     const int64_t* theirs = meta.data() + 4 * r;
     RINGDIST_CHECK(theirs[0] == dims && theirs[1] == tensor.sparse_dim(), "rank ", r,
@@ -67,8 +71,8 @@ void sparseAllreduce(Communicator& comm, at::Tensor tensor) {
                    ", this rank one of ", shapeText(meta.data() + 4 * comm.rank(), mySizes.data(), dims));
   }
 
-  const at::Tensor indices = tensor._indices().contiguous();
-  const at::Tensor values = tensor._values().contiguous();
+  const at::Tensor indices = local._indices().contiguous();
+  const at::Tensor values = local._values().contiguous();
   DataType dtype = DataType::kFloat32;
   toDataType(values.scalar_type(), &dtype);  // checked at the call
   std::vector<at::Tensor> indexBlocks, valueBlocks;
@@ -84,7 +88,10 @@ void sparseAllreduce(Communicator& comm, at::Tensor tensor) {
   at::Tensor result = at::sparse_coo_tensor(at::cat(indexBlocks, 1), at::cat(valueBlocks, 0),
                                             tensor.sizes(), values.options().layout(at::kSparse))
                           .coalesce();
-  tensor.copy_(result);
+  // The result's indices and values become the tensor's (what copy_ would do, minus the copy).
+  at::sparse::get_sparse_impl(tensor)->set_indices_and_values_unsafe(result._indices(),
+                                                                     result._values());
+  tensor._coalesced_(true);
 }
 
 }  // namespace ringdist

@@ -7,9 +7,9 @@
 namespace ringdist {
 
 // SUM allreduce of a sparse COO CPU tensor, in place (the tensor's indices and
-// values are replaced by the result's, as gloo does). Every rank's indices and
-// values go to every rank (an all-gather of each rank's own size), are
-// concatenated in rank order and coalesced; every rank builds the same
+// values are replaced by the result's, as gloo does). Each rank coalesces its
+// tensor; every rank's indices and values go to every rank (an all-gather of
+// each rank's own size), are concatenated in rank order and coalesced; every rank builds the same
 // concatenation and coalesces it alike, so results are identical everywhere.
 // Gathering, not a dense allreduce: a sparse gradient (the embedding rows a
 // batch touched) is a small part of its dense size, and N x nnz rows cost
