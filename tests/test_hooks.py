@@ -310,6 +310,8 @@ RESUME_CASES = {
     # 12 steps end on an averaging step (3 global + 3 x 3 local): replicas agree.
     "local_sgd": ("local_sgd", {"start_step": 3, "period": 3, "codec": "int8"}),
     "accumulate": ("accumulate", {"steps": 2, "hook": "int8", "error_feedback": True}),
+    # Saved with two exchanges in flight per bucket: drained into the checkpoint.
+    "delayed": ("delayed", {"staleness": 2, "hook": "int8", "error_feedback": True}),
 }
 
 

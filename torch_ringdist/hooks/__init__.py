@@ -2,7 +2,8 @@
 
     import torch_ringdist.hooks as hooks
     state = hooks.register(ddp_model, "int8", error_feedback=True)
-    hooks.available()   # ['accumulate', 'allreduce', 'bf16', 'fp16', 'int8', 'local_sgd', 'powersgd', 'topk']
+    hooks.available()   # ['accumulate', 'allreduce', 'bf16', 'delayed', 'fp16', 'int8', 'local_sgd',
+                        #  'powersgd', 'topk']
 
 Every hook has torch's signature ``hook(state, bucket) -> Future[Tensor]`` and
 averages over the group (DDP does not divide when a hook is registered). Each
@@ -20,6 +21,7 @@ from torch_ringdist.hooks._registry import lookup as _lookup
 from torch_ringdist.hooks.accumulate import AccumulateState, accumulate_hook
 from torch_ringdist.hooks.compress import (AllreduceState, CodecState, allreduce_hook, bf16_hook,
                                            fp16_hook, int8_hook)
+from torch_ringdist.hooks.delayed import DelayedState, delayed_hook
 from torch_ringdist.hooks.local_sgd import LocalSGDState, local_sgd_hook
 from torch_ringdist.hooks.powersgd import PowerSGDState, powersgd_hook
 from torch_ringdist.hooks.topk import TopKState, topk_hook
@@ -72,6 +74,6 @@ def register(model, name: str, state: HookState | None = None, optimizer=None, *
 __all__ = [
     "available", "register", "make_state", "HookState", "VirtualBucket",
     "AllreduceState", "CodecState", "TopKState", "PowerSGDState", "LocalSGDState",
-    "AccumulateState", "allreduce_hook", "fp16_hook", "bf16_hook", "int8_hook", "topk_hook",
-    "powersgd_hook", "local_sgd_hook", "accumulate_hook",
+    "AccumulateState", "DelayedState", "allreduce_hook", "fp16_hook", "bf16_hook", "int8_hook",
+    "topk_hook", "powersgd_hook", "local_sgd_hook", "accumulate_hook", "delayed_hook",
 ]
