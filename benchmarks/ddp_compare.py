@@ -96,6 +96,9 @@ def summarise(configs, runs, baseline):
             "round_medians_s": [r["step_time_median_s"] for r in rs],
             "speedup_vs_" + baseline: base / med,
             "wire_bytes_per_step": statistics.fmean(r["wire_bytes_per_step"] for r in rs),
+            "straggle_ms": rs[0].get("straggle_ms", 0),
+            "others_step_time_median_s": statistics.median(
+                r.get("others_step_time_median_s", r["step_time_median_s"]) for r in rs),
             "wire_bytes_kind": rs[0]["wire_bytes_kind"],
             "final_loss": finals[0], "final_loss_rounds": finals,
             "eval_loss_final": rs[0]["eval_loss_final"],
@@ -105,8 +108,10 @@ def summarise(configs, runs, baseline):
 
 
 def table(rows, baseline, hosts, rate):
-    out = [f"| config | median step (ms) | speedup vs {baseline} | bytes/step/rank | final loss |",
-           "|---|---:|---:|---:|---:|"]
+    straggle = any(r.get("straggle_ms") for r in rows)
+    out = [f"| config | median step (ms) | speedup vs {baseline} | bytes/step/rank | final loss |"
+           + (" other ranks' step (ms) |" if straggle else ""),
+           "|---|---:|---:|---:|---:|" + ("---:|" if straggle else "")]
     for r in rows:
         est = " (est.)" if r["backend"] != "ringdist" else ""
         spread = "/".join(f"{t * 1e3:.0f}" for t in r["round_medians_s"])
@@ -115,7 +120,8 @@ def table(rows, baseline, hosts, rate):
             loss += " (" + "/".join(f"{x:.5f}" for x in r["final_loss_rounds"]) + ")"
         out.append(f"| {r['label']} | {r['step_time_median_s'] * 1e3:.0f} (rounds {spread}) | "
                    f"x{r['speedup_vs_' + baseline]:.2f} | "
-                   f"{r['wire_bytes_per_step'] / 1e6:.2f} MB{est} | {loss} |")
+                   f"{r['wire_bytes_per_step'] / 1e6:.2f} MB{est} | {loss} |"
+                   + (f" {r['others_step_time_median_s'] * 1e3:.0f} |" if straggle else ""))
     return "\n".join(out)
 
 

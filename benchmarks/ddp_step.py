@@ -27,6 +27,7 @@ torch_ringdist.hooks.register; "none" keeps DDP's own allreduce. Other backends:
 import argparse
 import datetime
 import os
+import random
 import statistics
 import sys
 import time
@@ -115,6 +116,9 @@ def add_workload_args(p):
                    help="DDP bucket_cap_mb (default: DDP's own, 25 MiB buckets with a 1 MiB "
                         "first bucket; any value given also caps the first bucket, as in DDP)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--straggle", type=float, default=0,
+                   help="the last rank sleeps a random 0..MS milliseconds at the start of each "
+                        "step; also reports the other ranks' step time")
     p.add_argument("--ifname", default=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
                    help="GLOO_SOCKET_IFNAME (gloo under test and the bookkeeping group)")
 
@@ -166,7 +170,9 @@ def main():
             return loss_fn(ddp.module(x_eval), y_eval).item()
 
     initial_eval = eval_loss()
-    times, losses = [], []
+    times, others, losses = [], [], []
+    straggler = args.straggle > 0 and rank == n - 1
+    late = random.Random(args.seed + 99)
     measured_bytes = None
     t_all = time.monotonic()
     for step in range(args.warmup + args.steps):
@@ -175,18 +181,21 @@ def main():
         xb, yb = x[step % args.batches], y[step % args.batches]
         dist.barrier(group=book)
         t0 = time.perf_counter()
+        if straggler:
+            time.sleep(late.uniform(0, args.straggle) / 1e3)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(ddp(xb), yb)
         loss.backward()  # returns once DDP's bucket allreduces (or hooks) have finished
         opt.step()
         dt = time.perf_counter() - t0
-        # Slowest rank's time and the mean loss, on the bookkeeping group.
-        tally = torch.tensor([dt, loss.item() / n], dtype=torch.float64)
-        dist.all_reduce(tally[:1], op=dist.ReduceOp.MAX, group=book)
-        dist.all_reduce(tally[1:], op=dist.ReduceOp.SUM, group=book)
-        losses.append(tally[1].item())
+        # Slowest rank's time, the slowest non-straggler's, and the mean loss (bookkeeping group).
+        tally = torch.tensor([dt, 0.0 if straggler else dt, loss.item() / n], dtype=torch.float64)
+        dist.all_reduce(tally[:2], op=dist.ReduceOp.MAX, group=book)
+        dist.all_reduce(tally[2:], op=dist.ReduceOp.SUM, group=book)
+        losses.append(tally[2].item())
         if step >= args.warmup:
             times.append(tally[0].item())
+            others.append(tally[1].item())
     wall = time.monotonic() - t_all
 
     if args.backend == "ringdist":
@@ -210,7 +219,9 @@ def main():
               f"{median * 1e3:.1f} ms (min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f}; "
               f"{args.steps} steps after {args.warmup} warm-up) wire {measured_bytes / 1e6:.2f} "
               f"MB/step/rank{' (est.)' if args.backend != 'ringdist' else ''} "
-              f"loss {losses[-1]:.5f} eval {initial_eval:.5f} -> {final_eval:.5f}", flush=True)
+              f"loss {losses[-1]:.5f} eval {initial_eval:.5f} -> {final_eval:.5f}"
+              + (f" others' median step {statistics.median(others) * 1e3:.1f} ms (straggle "
+                 f"0..{args.straggle:g} ms)" if args.straggle else ""), flush=True)
         if args.json:
             out = {
                 "machine": machine_info(),
@@ -222,6 +233,8 @@ def main():
                           "bucket_cap_mb": args.bucket_cap_mb or "DDP default (25, first 1 MiB)"},
                 "steps": args.steps, "warmup": args.warmup,
                 "step_time_median_s": median, "step_times_s": times,
+                "straggle_ms": args.straggle,
+                "others_step_time_median_s": statistics.median(others),
                 "wire_bytes_per_step": measured_bytes, "wire_bytes_kind": bytes_kind,
                 "wire_bytes_by_op_total": per_op,
                 "final_loss": losses[-1], "losses": losses,

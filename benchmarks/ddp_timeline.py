@@ -8,7 +8,8 @@ Run under netns_hosts.sh like ddp_step.py (same model, data and options):
 
 Rank 0 prints, per measured step, the times (ms from the step's start) at which the
 forward ended, DDP called the hook for bucket i (Hi@call-return) and its future completed
-(Di@), backward returned and the optimizer finished. The summary gives medians and the
+(Di@), backward returned and the optimizer finished. With --hook delayed, Xi@ marks when
+the exchange of bucket i started in an earlier step completed: while this step computed. The summary gives medians and the
 wire-bound floor of this step:
 
     floor = first hook call + wire bytes per step / link rate + optimizer
@@ -48,11 +49,15 @@ def tcp_retransmits():
 
 
 def timed(hook, events, clock):
-    """hook wrapped to log its call, its return and its future's completion."""
+    """hook wrapped to log its call, its return and its future's completion; for the
+    delayed hook also when the exchange it started completes (X: in a later step)."""
     def wrapper(state, bucket):
         index, called = bucket.index(), clock()
         fut = hook(state, bucket)
         events.append(("hook", index, called, clock()))
+        queue = getattr(state, "pending", {}).get(index)
+        if queue and not isinstance(queue[-1][0], torch.Tensor):
+            queue[-1][0].then(lambda f: events.append(("exchanged", index, clock())))
 
         def done(f):
             events.append(("done", index, clock()))
@@ -133,7 +138,8 @@ def main():
     if rank == 0:
         for i, r in enumerate(rows):
             marks = " ".join(f"H{e[1]}@{e[2]:.1f}-{e[3]:.1f}" if e[0] == "hook"
-                             else f"D{e[1]}@{e[2]:.1f}" for e in r["events"])
+                             else f"{'D' if e[0] == 'done' else 'X'}{e[1]}@{e[2]:.1f}"
+                             for e in r["events"])
             print(f"step {i}: fwd {r['forward']:.1f} | {marks} | bwd_end {r['backward_end']:.1f}"
                   f" opt {r['optimizer']:.1f}")
         med = {k: statistics.median(r[k] for r in rows)
