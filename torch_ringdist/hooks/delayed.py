@@ -23,15 +23,17 @@ class DelayedState(HookState):
 
     Update rules (``correction``):
 
+    - ``"local"`` (default; Delayed Gradient Averaging): the step applies this rank's own
+      gradient of step t plus the correction ``average(t - s) - own(t - s)``. Nothing is
+      applied late, but replicas differ by the last ``staleness`` local terms (with plain
+      SGD the parameters differ by exactly lr x those terms); rank 0's checkpoint is rank
+      0's view, and each rank saves its own hook state to resume bitwise.
     - ``"average"`` (Pipe-SGD): the step applies the average of the gradients of step
       t - staleness. Every gradient is applied exactly once, ``staleness`` steps late, and
       replicas stay bitwise identical. The ``staleness`` steps after the first apply no
-      update (their gradients arrive later).
-    - ``"local"`` (Delayed Gradient Averaging): the step applies this rank's own gradient of
-      step t plus the correction ``average(t - s) - own(t - s)``. Nothing is applied late,
-      but replicas differ by the last ``staleness`` local terms (with plain SGD the
-      parameters differ by exactly lr x those terms); a checkpoint of rank 0 is therefore
-      rank 0's view, and every rank must save its own hook state to resume bitwise.
+      update (their gradients arrive later). A stale step acts like extra momentum: with
+      SGD momentum 0.9 at the digits example's lr 0.1 it does not converge (accuracy 0.45
+      where synchronous DDP reaches 0.967, local 0.964), so lower the momentum or lr.
 
     The first backward pass (DDP's provisional buckets) is synchronous in both rules.
     ``torch.save(state)`` waits for the exchanges in flight and saves their results, so a
@@ -39,7 +41,7 @@ class DelayedState(HookState):
 
     Args:
         staleness: steps between an exchange's start and its use (default 1).
-        correction: ``"average"`` (default) or ``"local"``.
+        correction: ``"local"`` (default) or ``"average"``.
         hook: the wrapped hook's name (default ``"allreduce"``; ``"int8"``, ``"bf16"``,
             ``"fp16"``, ``"topk"``... compress the delayed exchanges), or its state.
         **options: the wrapped hook's options (e.g. ``error_feedback=True``).
@@ -52,7 +54,7 @@ class DelayedState(HookState):
     __slots__ = ("staleness", "correction", "inner", "pending")
     _saved = ("staleness", "correction", "inner", "pending")
 
-    def __init__(self, staleness: int = 1, correction: str = "average", hook="allreduce",
+    def __init__(self, staleness: int = 1, correction: str = "local", hook="allreduce",
                  process_group=None, **options):
         super().__init__(process_group)
         if int(staleness) < 1:
