@@ -80,7 +80,9 @@ CASES = {
     "all_reduce-meta_device": ("all_reduce", lambda r, ws: _pg()._get_backend(torch.device("cpu")).allreduce(
         [torch.ones(4, device="meta")], dist.AllreduceOptions())),
     # sparse and unsupported dtypes
-    "all_reduce-sparse": ("all_reduce", lambda r, ws: dist.all_reduce(_f().to_sparse(), async_op=True)),
+    "all_reduce-sparse_MAX": ("all_reduce", lambda r, ws: dist.all_reduce(
+        _f().to_sparse(), op=dist.ReduceOp.MAX, async_op=True)),
+    "broadcast-sparse": ("broadcast", lambda r, ws: dist.broadcast(_f().to_sparse(), 0, async_op=True)),
     "all_reduce-complex64": ("all_reduce", lambda r, ws: _pg().allreduce(
         [_f(4, torch.complex64)], dist.AllreduceOptions())),
     # (the public all_reduce/broadcast pass complex tensors on as real views: legal)
@@ -105,7 +107,7 @@ CASES = {
 
 # Gloo reference run only: cases gloo accepts (so there is nothing to check) ...
 GLOO_GAPS = {
-    "all_reduce-sparse": "gloo supports sparse all_reduce",
+    "all_reduce-sparse_MAX": "gloo's sparse all_reduce has its own rules",
     "all_reduce-complex64": "gloo supports complex tensors",
     "broadcast-complex64": "gloo supports complex tensors",
 }
