@@ -200,6 +200,27 @@ class Launched:
         self.kill()
 
 
+def torchrun_output(script: str, *args, nproc: int = 2, timeout: float = 120, attempts: int = 3,
+                    cwd=None) -> str:
+    """Run ``script args`` under torchrun as a user would; its combined output. Fails the test
+    on a timeout or a non-zero exit; retries when the port was taken. Never hangs."""
+    import pytest
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    out = ""
+    for _ in range(attempts):
+        cmd = torchrun_cmd(nproc, script, *args)
+        with Launched([cmd], [env], cwd=cwd, merge_stderr=True) as run:
+            [(returncode, out, _)] = run.communicate(timeout)
+        if run.timed_out:
+            pytest.fail(f"torchrun timed out after {timeout}s: {' '.join(cmd)}\n{out[-6000:]}")
+        if port_clash(returncode, out):
+            continue
+        assert returncode == 0, f"exit code {returncode}: {' '.join(cmd)}\n{out[-6000:]}"
+        return out
+    pytest.fail(f"no free port after {attempts} attempts\n{out[-3000:]}")
+
+
 def launch(world, mode, env=None, rank_env=None, timeout=120):
     """Runs `world` ranks of scripts/shm_worker.py in `mode`; `env` applies to every rank,
     rank_env[r] to rank r only. Returns [(returncode, stdout, stderr)] by rank; never hangs."""

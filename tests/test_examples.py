@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from procs import Launched, port_clash, torchrun_cmd
+from procs import torchrun_output
 from world import default_backend
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,21 +21,11 @@ MIN_ACCURACY = 0.8
 pytest.importorskip("sklearn")
 
 
-def torchrun(*args, nproc=2, backend=None, attempts=3):
+def torchrun(*args, nproc=2, backend=None):
     """Run the example under torchrun; returns its combined output. Never hangs."""
     backend = backend or default_backend()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    for _ in range(attempts):
-        cmd = torchrun_cmd(nproc, EXAMPLE, "--backend", backend, "--no-progress", *args)
-        with Launched([cmd], [env], cwd=REPO, merge_stderr=True) as run:
-            [(returncode, out, _)] = run.communicate(TIMEOUT_S)
-        if run.timed_out:
-            pytest.fail(f"torchrun timed out after {TIMEOUT_S}s: {' '.join(cmd)}\n{out[-6000:]}")
-        if port_clash(returncode, out):
-            continue
-        assert returncode == 0, f"exit code {returncode}: {' '.join(cmd)}\n{out[-6000:]}"
-        return out
-    pytest.fail(f"no free port after {attempts} attempts\n{out[-3000:]}")
+    return torchrun_output(EXAMPLE, "--backend", backend, "--no-progress", *args, nproc=nproc,
+                           timeout=TIMEOUT_S, cwd=REPO)
 
 
 def final(out):

@@ -1,0 +1,36 @@
+"""examples/fsdp2_train.py through torchrun: FSDP2 over a DeviceMesh of ringdist gives gloo's
+losses exactly, and a run resumed from a DCP checkpoint continues with the uninterrupted
+run's losses exactly (1-D mesh of 2 ranks; 2x2 replicate x shard mesh of 4 ranks)."""
+import os
+import re
+
+import pytest
+
+from procs import torchrun_output
+from world import default_backend
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(REPO, "examples", "fsdp2_train.py")
+STEP = re.compile(r"^step (\d+) loss (\S+)$", re.M)
+
+pytestmark = pytest.mark.skipif(default_backend() != "ringdist", reason="compares with gloo itself")
+
+
+def losses(*args, nproc):
+    out = torchrun_output(EXAMPLE, *args, nproc=nproc, timeout=180, cwd=REPO)
+    found = [(int(s), v) for s, v in STEP.findall(out)]
+    assert found, out[-3000:]
+    return found, out
+
+
+@pytest.mark.parametrize("nproc,mesh", [(2, []), (4, ["--mesh", "2x2"])], ids=["1d-2", "2x2"])
+def test_fsdp2_matches_gloo_and_resumes_exactly(tmp_path, nproc, mesh):
+    steps = ["--steps", "6"]
+    ours, _ = losses(*steps, *mesh, nproc=nproc)
+    theirs, _ = losses(*steps, *mesh, "--backend", "gloo", nproc=nproc)
+    assert ours == theirs, f"ringdist {ours}\ngloo {theirs}"
+    resumed, out = losses(*steps, *mesh, "--save-at", "3", "--ckpt", str(tmp_path / "ckpt"),
+                          nproc=nproc)
+    assert "resumed from" in out and resumed == ours, f"resumed {resumed}\nstraight {ours}"
+    assert [s for s, _ in ours] == list(range(6))
+    assert float(ours[-1][1]) < float(ours[0][1])  # it learns
