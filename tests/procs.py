@@ -201,9 +201,9 @@ class Launched:
 
 
 def torchrun_output(script: str, *args, nproc: int = 2, timeout: float = 120, attempts: int = 3,
-                    cwd=None) -> str:
+                    cwd=None, check: bool = True) -> str:
     """Run ``script args`` under torchrun as a user would; its combined output. Fails the test
-    on a timeout or a non-zero exit; retries when the port was taken. Never hangs."""
+    on a timeout or (check) a non-zero exit; retries when the port was taken. Never hangs."""
     import pytest
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -216,7 +216,7 @@ def torchrun_output(script: str, *args, nproc: int = 2, timeout: float = 120, at
             pytest.fail(f"torchrun timed out after {timeout}s: {' '.join(cmd)}\n{out[-6000:]}")
         if port_clash(returncode, out):
             continue
-        assert returncode == 0, f"exit code {returncode}: {' '.join(cmd)}\n{out[-6000:]}"
+        assert returncode == 0 or not check, f"exit code {returncode}: {' '.join(cmd)}\n{out[-6000:]}"
         return out
     pytest.fail(f"no free port after {attempts} attempts\n{out[-3000:]}")
 

@@ -16,8 +16,8 @@ STEP = re.compile(r"^step (\d+) loss (\S+)$", re.M)
 pytestmark = pytest.mark.skipif(default_backend() != "ringdist", reason="compares with gloo itself")
 
 
-def losses(*args, nproc):
-    out = torchrun_output(EXAMPLE, *args, nproc=nproc, timeout=180, cwd=REPO)
+def losses(*args, nproc, check=True):
+    out = torchrun_output(EXAMPLE, *args, nproc=nproc, timeout=180, cwd=REPO, check=check)
     found = [(int(s), v) for s, v in STEP.findall(out)]
     assert found, out[-3000:]
     return found, out
@@ -27,7 +27,9 @@ def losses(*args, nproc):
 def test_fsdp2_matches_gloo_and_resumes_exactly(tmp_path, nproc, mesh):
     steps = ["--steps", "6"]
     ours, _ = losses(*steps, *mesh, nproc=nproc)
-    theirs, _ = losses(*steps, *mesh, "--backend", "gloo", nproc=nproc)
+    # gloo's run sometimes aborts at interpreter exit after FSDP2 ("terminate called without
+    # an active exception", ~1 run in 10 here), after all its losses were printed.
+    theirs, _ = losses(*steps, *mesh, "--backend", "gloo", nproc=nproc, check=False)
     assert ours == theirs, f"ringdist {ours}\ngloo {theirs}"
     resumed, out = losses(*steps, *mesh, "--save-at", "3", "--ckpt", str(tmp_path / "ckpt"),
                           nproc=nproc)
