@@ -45,6 +45,7 @@ def timed(fn, iters):
 
 def rank_main(rank, nproc, backend, store_path, args, queue):
     import torch_ringdist  # noqa: F401  (registers the backend)
+    torch.set_num_threads(1)  # as under torchrun: no intra-op threads beside the ranks
     dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
                             world_size=nproc)
     result = {}

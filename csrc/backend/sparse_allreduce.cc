@@ -85,9 +85,16 @@ void sparseAllreduce(Communicator& comm, at::Tensor tensor) {
   }
   allgatherBlocks(comm, indices, indexBlocks, DataType::kInt64);
   allgatherBlocks(comm, values, valueBlocks, dtype);
-  at::Tensor result = at::sparse_coo_tensor(at::cat(indexBlocks, 1), at::cat(valueBlocks, 0),
-                                            tensor.sizes(), values.options().layout(at::kSparse))
-                          .coalesce();
+  // Each block is a rank's coalesced tensor: summing them in rank order is a linear merge
+  // each (sparse add of coalesced operands), cheaper than sorting the concatenation.
+  at::Tensor result;
+  for (int r = 0; r < n; ++r) {
+    at::Tensor part = at::_sparse_coo_tensor_unsafe(indexBlocks[static_cast<size_t>(r)],
+                                                    valueBlocks[static_cast<size_t>(r)],
+                                                    tensor.sizes(), values.options());
+    part._coalesced_(true);
+    result = r == 0 ? part : result.add(part);
+  }
   // The result's indices and values become the tensor's (what copy_ would do, minus the copy).
   at::sparse::get_sparse_impl(tensor)->set_indices_and_values_unsafe(result._indices(),
                                                                      result._values());
