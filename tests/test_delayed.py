@@ -9,6 +9,7 @@
 The functions named ``_w_*`` run inside the world's ranks (tests/world.py).
 """
 import collections
+import time
 
 import pytest
 import torch
@@ -161,3 +162,41 @@ def test_delayed_rejects_bad_options(world_factory):
     msgs = world_factory(1).run(_w_rejects, timeout=60)[0]
     assert "staleness must be >= 1" in msgs[0] and "correction must be one of" in msgs[1] \
         and "cannot wrap" in msgs[2], msgs
+
+
+def _busy(seconds):
+    """Pure-Python work that holds the GIL: nothing else in this process runs Python."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _w_overlap(rank, ws):
+    import torch_ringdist.hooks as hooks
+
+    torch.manual_seed(0)
+    model = nn.Linear(512, 512)  # 1 MB of gradients, one bucket
+    ddp = DDP(model)
+    state = hooks.register(ddp, "delayed", hook="allreduce")
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    out = {}
+    for step in range(4):
+        x = torch.randn(8, 512, generator=torch.Generator().manual_seed(step + 10 * rank))
+        opt.zero_grad()
+        ddp(x).square().mean().backward()
+        if step == 0:
+            continue
+        # backward returned without waiting for this step's exchange ...
+        [(started, _)] = [entry for queue in state.pending.values() for entry in queue]
+        # ... which completes while this thread computes, holding the GIL: the backend's
+        # worker moves it on its own.
+        _busy(1.0)
+        out[f"step {step}"] = started.done()
+        opt.step()
+    return out
+
+
+def test_delayed_exchange_completes_while_python_computes(world_factory):
+    results = world_factory(2).run(_w_overlap, timeout=120)
+    for rank, res in enumerate(results):
+        assert res and all(res.values()), f"rank {rank}: exchange not done after 1 s of compute: {res}"
