@@ -44,3 +44,18 @@ def make_state(name: str, **options) -> HookState:
         return factory(**options)
     except TypeError as exc:
         raise ValueError(f"torch_ringdist.hooks: bad options for hook {name!r}: {exc}") from exc
+
+
+def inner_state(wrapper: str, hook, refused, process_group, options: dict) -> HookState:
+    """The state of the hook a wrapping hook (``accumulate``, ``delayed``) runs: ``hook`` itself
+    if it is a state, else a new state of the hook it names, with ``options``. ``refused``:
+    names the wrapper cannot wrap."""
+    if isinstance(hook, HookState):
+        if options:
+            raise ValueError(f"torch_ringdist.hooks.{wrapper}: options go to the inner hook "
+                             "only when it is given by name")
+        return hook
+    if hook in refused:
+        what = "itself" if hook == wrapper else repr(hook)
+        raise ValueError(f"torch_ringdist.hooks.{wrapper}: cannot wrap {what}")
+    return make_state(hook, process_group=process_group, **options)

@@ -5,7 +5,7 @@ import logging
 import torch
 
 from torch_ringdist.hooks._base import HookState, completed_future
-from torch_ringdist.hooks._registry import add_hook, make_state
+from torch_ringdist.hooks._registry import add_hook, inner_state
 
 logger = logging.getLogger(__name__)
 
@@ -46,15 +46,7 @@ class AccumulateState(HookState):
         if steps < 1:
             raise ValueError(f"torch_ringdist.hooks.accumulate: steps must be >= 1, got {steps}")
         self.steps = int(steps)
-        if isinstance(hook, HookState):
-            if options:
-                raise ValueError("torch_ringdist.hooks.accumulate: options go to the inner hook "
-                                 "only when it is given by name")
-            self.inner = hook
-        else:
-            if hook == "accumulate":
-                raise ValueError("torch_ringdist.hooks.accumulate: cannot wrap itself")
-            self.inner = make_state(hook, process_group=process_group, **options)
+        self.inner = inner_state("accumulate", hook, ("accumulate",), process_group, options)
 
     def bind(self, ddp_model) -> None:
         super().bind(ddp_model)

@@ -6,7 +6,7 @@ import logging
 import torch
 
 from torch_ringdist.hooks._base import HookState, VirtualBucket, completed_future
-from torch_ringdist.hooks._registry import add_hook, make_state
+from torch_ringdist.hooks._registry import add_hook, inner_state
 
 logger = logging.getLogger(__name__)
 
@@ -64,15 +64,8 @@ class DelayedState(HookState):
                              f"{CORRECTIONS}, got {correction!r}")
         self.staleness = int(staleness)
         self.correction = correction
-        if isinstance(hook, HookState):
-            if options:
-                raise ValueError("torch_ringdist.hooks.delayed: options go to the inner hook "
-                                 "only when it is given by name")
-            self.inner = hook
-        else:
-            if hook in ("delayed", "local_sgd", "accumulate"):
-                raise ValueError(f"torch_ringdist.hooks.delayed: cannot wrap {hook!r}")
-            self.inner = make_state(hook, process_group=process_group, **options)
+        self.inner = inner_state("delayed", hook, ("delayed", "local_sgd", "accumulate"),
+                                 process_group, options)
         # bucket index -> exchanges in flight, oldest first: (future or result, own gradient)
         self.pending: dict[int, collections.deque] = {}
 
