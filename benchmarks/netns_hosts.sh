@@ -7,6 +7,9 @@
 #   netns_hosts.sh run [--hosts N] [--rate 10gbit] [--procs-per-host P] -- SCRIPT ARGS...
 #       build, verify the link, then launch `torchrun SCRIPT ARGS` in every host with
 #       --nnodes N --node-rank i, rendezvous on host0 (10.77.0.1); tear down.
+#   netns_hosts.sh commands [--hosts N] [--rate none] -- 'CMD0' 'CMD1' ...
+#       build, then run shell command CMDi in host i (one per host; e.g. the README's
+#       multi-host torchrun commands with host0's address 10.77.0.1); tear down.
 #   netns_hosts.sh clean
 #       remove leftovers of an earlier run (namespaces named rdbench-*).
 #
@@ -43,7 +46,7 @@ PORT=29500
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PYTHON="${PYTHON:-$(python3 -c 'import sys; print(sys.executable)')}"
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 log() { echo "[netns_hosts] $*" >&2; }
 die() { log "error: $*"; exit 2; }
 
@@ -103,8 +106,8 @@ flock -w 60 9 || die "another netns_hosts.sh run holds /run/${PREFIX}.lock"
 if [[ "$CMD" == clean ]]; then
     clean_all; log "removed ${PREFIX}-* namespaces"; exit 0
 fi
-[[ "$CMD" == verify || "$CMD" == run ]] || usage 2
-[[ "$CMD" != run || $# -gt 0 ]] || die "run needs -- SCRIPT [ARGS...]"
+[[ "$CMD" == verify || "$CMD" == run || "$CMD" == commands ]] || usage 2
+[[ "$CMD" == verify || $# -gt 0 ]] || die "$CMD needs -- SCRIPT [ARGS...] (run) or one command per host (commands)"
 
 CHILD_PIDS=()
 on_exit() {
@@ -293,6 +296,10 @@ fi
 # run: one torchrun per host, in that host's namespace, hostname and /dev/shm.
 export RDBENCH_HOSTS="$HOSTS" RDBENCH_RATE="$RATE" RDBENCH_PROCS_PER_HOST="$PROCS"
 export RDBENCH_VERIFIED_GBITPS="$GBITS" RDBENCH_RING_GBITPS="$RING_GBITS" OMP_NUM_THREADS=1
+if [[ "$CMD" == commands ]]; then
+    (( $# == HOSTS )) || die "commands: $# commands given for $HOSTS hosts"
+    HOST_CMDS=("$@")
+fi
 LAUNCH=()
 for (( i = 0; i < HOSTS; i++ )); do
     ns="$(ns_host "$i")"
@@ -300,12 +307,16 @@ for (( i = 0; i < HOSTS; i++ )); do
     log_file="/tmp/${PREFIX}-tmp/h$i.log"
     # Host 0 prints (it holds rank 0); the others log to a file shown on failure.
     [[ $i -eq 0 ]] && log_file=/dev/stdout
+    if [[ "$CMD" == commands ]]; then
+        argv=(bash -c "${HOST_CMDS[$i]}")
+    else
+        argv=("$PYTHON" -m torch.distributed.run --nnodes "$HOSTS" --node-rank "$i"
+              --nproc-per-node "$PROCS" --master-addr "$(addr_of 0)" --master-port "$PORT" "$@")
+    fi
     ip netns exec "$ns" unshare --uts --mount --propagation private -- \
         env TMPDIR="/tmp/${PREFIX}-tmp/h$i" RDBENCH_HOST="$i" \
         bash -c 'hostname "$1"; mount -t tmpfs -o size=50% rdbench-shm /dev/shm; shift; exec "$@"' \
-        _ "$ns" "$PYTHON" -m torch.distributed.run \
-        --nnodes "$HOSTS" --node-rank "$i" --nproc-per-node "$PROCS" \
-        --master-addr "$(addr_of 0)" --master-port "$PORT" "$@" >"$log_file" 2>&1 &
+        _ "$ns" "${argv[@]}" >"$log_file" 2>&1 &
     LAUNCH+=($!)
     CHILD_PIDS+=($!)
 done
