@@ -94,9 +94,22 @@ cxx_flags = ["-O3", "-ffp-contract=off", "-fvisibility=hidden", "-Wall", "-Wno-s
 if debug:
     cxx_flags = ["-O0", "-g", "-ffp-contract=off", "-fsanitize=address,undefined",
                  "-fno-omit-frame-pointer"]
+
+
+def torch_feature_macros():
+    """Macros for c10d features that only some supported torch versions have."""
+    header = os.path.join(cpp_extension.include_paths()[0], "torch", "csrc", "distributed",
+                          "c10d", "Backend.hpp")
+    with open(header) as f:
+        text = f.read()
+    # Backend::shrink (dist.shrink_group), torch >= 2.10.
+    return [("RINGDIST_HAVE_SHRINK", "1")] if "supportsShrinking" in text else []
+
+
 common = dict(
     name="torch_ringdist._C",
     include_dirs=[ROOT],
+    define_macros=torch_feature_macros(),
     extra_link_args=(["-fsanitize=address,undefined"] if debug else []) + shared_libstdcxx(),
 )
 
@@ -119,9 +132,8 @@ if with_cuda:
     nvcc_flags = ["-O3", "-fmad=false", "-Xcompiler", "-fvisibility=hidden"]
     extension = cpp_extension.CUDAExtension(
         sources=sources("*.cc") + sources("*.cu"),
-        define_macros=[("RINGDIST_CUDA", "1")],
         extra_compile_args={"cxx": cxx_flags + ["-Wno-interference-size"], "nvcc": nvcc_flags},
-        **common,
+        **dict(common, define_macros=common["define_macros"] + [("RINGDIST_CUDA", "1")]),
     )
 else:
     extension = cpp_extension.CppExtension(

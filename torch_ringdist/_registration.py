@@ -57,12 +57,36 @@ def _devices():
     return ["cpu", "cuda"] if record is not None and record.CUDA else ["cpu"]
 
 
+def _mend_shrunk_groups(c10d):
+    """dist.shrink_group registers the shrunk backend as GLOO for CPU (torch assumes gloo or
+    nccl); DDP's logger then treats our backend as ProcessGroupGloo and crashes. Register it
+    as what init_process_group makes of a third-party backend: CUSTOM, on our devices."""
+    create = getattr(c10d, "_create_shrunk_process_group", None)
+    if create is None or getattr(create, "_ringdist_mended", False):
+        return
+
+    def create_shrunk(new_backend, *args, **kwargs):
+        pg = create(new_backend, *args, **kwargs)
+        if new_backend.name() == BACKEND_NAME:
+            import torch
+
+            custom = c10d.ProcessGroup.BackendType.CUSTOM
+            for device in _devices():
+                pg._register_backend(torch.device(device), custom, new_backend)
+            pg._set_default_backend(custom)
+        return pg
+
+    create_shrunk._ringdist_mended = True
+    c10d._create_shrunk_process_group = create_shrunk
+
+
 def register_backend():
     """Registers "ringdist" once; safe to call repeatedly."""
     import torch.distributed as dist
 
     if not dist.is_available():
         return
+    _mend_shrunk_groups(dist.distributed_c10d)
     if BACKEND_NAME in dist.Backend.backend_list:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=_devices())

@@ -96,6 +96,13 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
       envBytes("RINGDIST_CUDA_IPC_MIN_BYTES", kDefaultDeviceMinBytes, 0);
   o.collectives.corruptResultAt = envBytes("RINGDIST_TEST_CORRUPT_RESULT", 0, 0);
 
+  const int64_t shrinkSeconds = envInt(
+      "RINGDIST_SHRINK_TIMEOUT",
+      std::chrono::duration_cast<std::chrono::seconds>(kDefaultShrinkTimeout).count());
+  RINGDIST_CHECK(shrinkSeconds > 0, "ringdist: RINGDIST_SHRINK_TIMEOUT must be > 0 seconds, got ",
+                 shrinkSeconds);
+  o.shrinkTimeout = std::chrono::seconds(shrinkSeconds);
+
   o.debug = envFlag("RINGDIST_DEBUG", false) ||
       envString("TORCH_DISTRIBUTED_DEBUG", "") == "DETAIL";
   return o;

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
 #include <mutex>
@@ -88,13 +90,34 @@ std::vector<at::Tensor> joined(std::initializer_list<std::vector<at::Tensor>> li
 
 // ---------------------------------------------------------------- set-up
 
+// Registers a group for shutdownAllBackends() (defined with the registry below).
+void trackBackend(const c10::intrusive_ptr<ProcessGroupRingdist>& backend);
+
+namespace {
+
+Options checkedOptions(int rank, int size, std::chrono::milliseconds timeout,
+                       const std::string& bindIp) {
+  try {
+    return optionsFromEnvironment(rank, size, timeout, bindIp);
+  } catch (const Error& e) {
+    C10_THROW_ERROR(DistBackendError, c10::str("ringdist init: rank ", rank, ": ", e.what()));
+  }
+}
+
+}  // namespace
+
 ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, std::chrono::milliseconds timeout,
                                            const std::string& bindIp)
-    : c10d::Backend(rank, size), timeout_(timeout) {
+    : ProcessGroupRingdist(store, rank, size, timeout,
+                           checkedOptions(rank, size, timeout, bindIp)) {}
+
+ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size, std::chrono::milliseconds timeout,
+                                           const ringdist::Options& options)
+    : c10d::Backend(rank, size), store_(store), options_(options), timeout_(timeout) {
   auto rendezvous = std::make_shared<StoreRendezvous>(store);
   try {
-    const ringdist::Options options = optionsFromEnvironment(rank, size, timeout, bindIp);
     setDebugEnabled(options.debug);
     Mesh mesh = connectMesh(*rendezvous, rank, size, options.mesh);
     transports_ = mesh.transportOf;
@@ -120,6 +143,59 @@ ProcessGroupRingdist::~ProcessGroupRingdist() { shutdown(); }
 void ProcessGroupRingdist::shutdown() { worker_->stop(); }
 
 void ProcessGroupRingdist::abort() { worker_->abort(); }
+
+#ifdef RINGDIST_HAVE_SHRINK
+c10::intrusive_ptr<c10d::Backend> ProcessGroupRingdist::shrink(
+    const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+    const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) {
+  constexpr int kShrinkAbort = 1;  // torch.distributed.SHRINK_ABORT
+  std::vector<int64_t> excluded = ranksToExclude;
+  std::sort(excluded.begin(), excluded.end());
+  RD_CHECK_INPUT(!excluded.empty(), "shrink", "no rank to exclude");
+  RD_CHECK_INPUT(std::adjacent_find(excluded.begin(), excluded.end()) == excluded.end(), "shrink",
+                 "rank ", *std::adjacent_find(excluded.begin(), excluded.end()),
+                 " is excluded twice");
+  RD_CHECK_INPUT(excluded.front() >= 0 && excluded.back() < getSize(), "shrink",
+                 "excluded ranks must be in [0, ", getSize(), "), got ", c10::Join(",", excluded));
+  RD_CHECK_INPUT(!std::binary_search(excluded.begin(), excluded.end(), getRank()), "shrink",
+                 "this rank is excluded; only the survivors call shrink");
+  RD_CHECK_INPUT(static_cast<int>(excluded.size()) < getSize(), "shrink", "every rank excluded");
+  RD_CHECK_INPUT((shrinkFlags & ~kShrinkAbort) == 0, "shrink", "unknown flags ", shrinkFlags);
+  if (shrinkFlags & kShrinkAbort) {
+    abort();
+  }
+  const int newRank = getRank() - static_cast<int>(std::lower_bound(excluded.begin(),
+                                                                    excluded.end(), getRank()) -
+                                                   excluded.begin());
+  const int newSize = getSize() - static_cast<int>(excluded.size());
+  std::vector<int> survivors;
+  for (int r = 0; r < getSize(); ++r) {
+    if (!std::binary_search(excluded.begin(), excluded.end(), r)) survivors.push_back(r);
+  }
+  // Survivors that were given the same exclusions meet under the same fresh
+  // prefix: a new secret and new addresses that excluded ranks never read.
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      c10::str("ringdist/shrink", shrinks_++, "/without", c10::Join(",", excluded), "/"), store_);
+  ringdist::Options options = options_;
+  options.collectives = worker_->options();  // settings changed since init included
+  options.mesh.timeout = std::min(timeout_, std::chrono::milliseconds(options.shrinkTimeout));
+  c10::intrusive_ptr<ProcessGroupRingdist> shrunk;
+  try {
+    shrunk = c10::make_intrusive<ProcessGroupRingdist>(store, newRank, newSize, timeout_, options);
+  } catch (const std::exception& e) {
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str("ringdist shrink: rank ", getRank(), " (new rank ", newRank, " of ",
+                             newSize, "): the survivors (ranks ", c10::Join(",", survivors),
+                             ") did not all connect within ",
+                             options.mesh.timeout.count(), " ms; a survivor died, or was given "
+                             "other ranks to exclude (RINGDIST_SHRINK_TIMEOUT): ", e.what()));
+  }
+  // torch destroys this group next; the excluded ranks will not say goodbye.
+  worker_->closeWithoutWaiting();
+  trackBackend(shrunk);
+  return shrunk;
+}
+#endif
 
 void ProcessGroupRingdist::setSegmentBytes(size_t bytes) {
   TORCH_CHECK(bytes > 0, "ringdist: rank ", getRank(), ": segment size must be positive");
@@ -735,15 +811,19 @@ std::vector<c10::weak_intrusive_ptr<ProcessGroupRingdist>> gLive;
 
 }  // namespace
 
+void trackBackend(const c10::intrusive_ptr<ProcessGroupRingdist>& backend) {
+  std::lock_guard<std::mutex> lock(gLiveMutex);
+  gLive.erase(std::remove_if(gLive.begin(), gLive.end(), [](const auto& w) { return w.expired(); }),
+              gLive.end());
+  gLive.emplace_back(backend);
+}
+
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store,
                                                 int rank, int size,
                                                 std::chrono::milliseconds timeout,
                                                 const std::string& bindIp) {
   auto backend = c10::make_intrusive<ProcessGroupRingdist>(store, rank, size, timeout, bindIp);
-  std::lock_guard<std::mutex> lock(gLiveMutex);
-  gLive.erase(std::remove_if(gLive.begin(), gLive.end(), [](const auto& w) { return w.expired(); }),
-              gLive.end());
-  gLive.emplace_back(backend);
+  trackBackend(backend);
   return backend;
 }
 

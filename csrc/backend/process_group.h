@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "csrc/backend/device_stage.h"
+#include "csrc/common/options.h"
 #include "csrc/backend/worker.h"
 
 namespace ringdist {
@@ -18,8 +19,11 @@ namespace ringdist {
 // the same on every rank, over the engine's Communicator.
 class ProcessGroupRingdist : public c10d::Backend {
  public:
+  // Settings from the RINGDIST_* environment variables.
   ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const std::string& bindIp);
+  ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, const ringdist::Options& options);
   ~ProcessGroupRingdist() override;
 
   const std::string getBackendName() const override { return "ringdist"; }
@@ -30,6 +34,17 @@ class ProcessGroupRingdist : public c10d::Backend {
   void setSequenceNumberForGroup() override { sequenceNumber_ = 0; }
   uint64_t getSequenceNumberForGroup() override { return sequenceNumber_; }
   void abort() override;
+#ifdef RINGDIST_HAVE_SHRINK
+  // dist.shrink_group: a new group of the ranks not excluded (new consecutive
+  // ranks in the old order), connected afresh through the store under a new
+  // key prefix (a new secret: excluded ranks cannot join it), with this
+  // group's settings. The old group is left to be destroyed; with
+  // SHRINK_ABORT its queued operations fail first.
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+      const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) override;
+#endif
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -148,6 +163,9 @@ class ProcessGroupRingdist : public c10d::Backend {
                                          std::string statsKey = "");
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds requested) const;
 
+  c10::intrusive_ptr<c10d::Store> store_;
+  ringdist::Options options_;  // as connected (shrink copies them)
+  int shrinks_ = 0;  // shrink() calls so far: each one rendezvous under its own prefix
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<DeviceStages> stages_;  // null without CUDA support
   // CUDA allreduce goes GPU to GPU (every rank on this host, not turned off).

@@ -147,7 +147,9 @@ void Worker::loop() {
     std::lock_guard<std::mutex> lock(mutex_);
     workerRunning_ = false;
   }
-  comm_->close(std::chrono::duration_cast<std::chrono::milliseconds>(kTeardownWait));
+  comm_->close(waitAtClose_.load()
+                   ? std::chrono::duration_cast<std::chrono::milliseconds>(kTeardownWait)
+                   : std::chrono::milliseconds(0));
   reapTransfers();
   failTransfers(strCat("ringdist: rank ", rank_,
                        ": the process group was destroyed before this transfer completed"));
@@ -359,6 +361,7 @@ void Worker::stop() {
 }
 
 void Worker::abort() {
+  waitAtClose_.store(false);  // an abort does not wait for the other ranks
   std::deque<Task> dropped;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -76,8 +76,11 @@ class Worker {
 
   // Runs what is queued, then closes the connections (orderly teardown).
   void stop();
-  // Fails what is queued, then stops.
+  // Fails what is queued, then stops without waiting for the other ranks.
   void abort();
+  // The teardown at stop() closes at once instead of waiting for every rank
+  // (a shrunk-away group: the excluded ranks never arrive).
+  void closeWithoutWaiting() { waitAtClose_.store(false); }
 
  private:
   struct Task {
@@ -127,6 +130,7 @@ class Worker {
   std::condition_variable cv_;
   std::deque<Task> queue_;
   bool stop_ = false;
+  std::atomic<bool> waitAtClose_{true};
   bool workerRunning_ = false;  // the worker thread is running a task
   bool inlineRunning_ = false;  // a caller is running one (tryRunInline); the worker waits
   std::atomic<std::thread::id> inlineThread_{};

@@ -87,9 +87,15 @@ struct CollectiveOptions {
   uint64_t corruptResultAt = 0;
 };
 
+// dist.shrink_group waits at most this long (and at most the group's
+// timeout) for the other survivors to connect: a survivor that died, or was
+// told other ranks to exclude, never arrives.
+constexpr auto kDefaultShrinkTimeout = std::chrono::seconds(60);
+
 struct Options {
   MeshOptions mesh;
   CollectiveOptions collectives;
+  std::chrono::milliseconds shrinkTimeout = kDefaultShrinkTimeout;
   bool debug = false;  // connection and tuning details on stderr
 };
 

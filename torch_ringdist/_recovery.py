@@ -1,0 +1,60 @@
+"""Agreeing on which ranks are gone after a failure, for ``dist.shrink_group``."""
+from __future__ import annotations
+
+import json
+import time
+
+import torch.distributed as dist
+
+# Calls of lost_ranks per group name: every survivor counts the same, so each
+# round meets under its own store keys.
+_ROUNDS: dict[str, int] = {}
+
+
+def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
+    """The ranks of ``group`` that are gone, as agreed by the ranks that call this.
+
+    Call it on every surviving rank after an operation of the group failed (a
+    peer died or was cut off: ringdist then fails the operation on every rank),
+    then ``dist.shrink_group(lost)``. Every caller checks in through the group's
+    store; when all ranks checked in, nobody is lost (returns ``[]``); otherwise,
+    ``wait`` seconds after its own arrival, the first rank to decide records the
+    ranks that have not checked in, and every caller returns that same list.
+    ``wait`` must exceed the time a live rank may take to notice the failure
+    (the compute between two of its collectives): a rank that arrives after the
+    decision is counted as lost and gets a RuntimeError (it must leave).
+    The store must survive the failure (torchrun's agent, or a launcher's store).
+
+    Example::
+
+        >>> try:
+        ...     train_step()
+        ... except dist.DistBackendError:
+        ...     dist.shrink_group(torch_ringdist.lost_ranks(wait=0.5))
+    """
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    store = dist.distributed_c10d._world.pg_map[pg][1]
+    rank, size = pg.rank(), pg.size()
+    name = dist.distributed_c10d._get_process_group_name(pg)
+    _ROUNDS[name] = _ROUNDS.get(name, 0) + 1
+    prefix = f"ringdist/lost/{name}/{_ROUNDS[name]}/"
+    decision_key = prefix + "decision"
+
+    store.set(prefix + f"here/{rank}", b"1")
+    arrived = store.add(prefix + "count", 1)
+    deadline = time.monotonic() + wait
+    while arrived < size and time.monotonic() < deadline and not store.check([decision_key]):
+        time.sleep(0.002)
+        arrived = store.add(prefix + "count", 0)
+    if arrived >= size:
+        here = range(size)
+    else:
+        here = [r for r in range(size) if store.check([prefix + f"here/{r}"])]
+    proposal = json.dumps(sorted(set(range(size)) - set(here)))
+    # The first proposal stored wins; later callers get it back.
+    decided = json.loads(store.compare_set(decision_key, "", proposal))
+    if rank in decided:
+        raise RuntimeError(f"torch_ringdist.lost_ranks: rank {rank} checked in after the other "
+                           f"ranks decided that ranks {decided} are lost (more than {wait} s after "
+                           "them); this rank is excluded and must leave")
+    return decided
