@@ -15,12 +15,12 @@ register_backend()
 
 # Compressed allreduce and statistics (ringdist groups only); DDP hooks live
 # in torch_ringdist.hooks.
-from torch_ringdist._collectives import all_reduce, reset_stats, stats  # noqa: E402
+from torch_ringdist._collectives import all_reduce, reset_stats, stats, trace  # noqa: E402
 # After a failure: which ranks to pass to dist.shrink_group.
 from torch_ringdist._recovery import lost_ranks  # noqa: E402
 
 __all__ = ["BACKEND_NAME", "register_backend", "reduce_kernel_family", "all_reduce", "stats",
-           "reset_stats", "lost_ranks", "hooks"]
+           "reset_stats", "lost_ranks", "trace", "hooks"]
 __version__ = "0.1.0"
 
 # Subpackages imported on first attribute access, so `import torch_ringdist`

@@ -98,3 +98,19 @@ def stats(group=None) -> dict:
 def reset_stats(group=None) -> None:
     """Zero the statistics of a ringdist group (see :func:`stats`)."""
     ringdist_backend(group, "torch_ringdist.reset_stats").reset_stats()
+
+
+def trace(group=None) -> dict:
+    """The group's last operations (``RINGDIST_TRACE_BUFFER``, default 2000), live, as the dict
+    torch's flight recorder dumps: ``{"version", "pg_config", "pg_status", "entries"}``, each
+    entry with its op, sizes, dtypes, sequence number and state (scheduled, started,
+    completed). With ``RINGDIST_TRACE_DUMP=PREFIX`` each rank writes the same to
+    ``PREFIX<rank>`` at the group's first failure (timeout, dead peer, desync); torch's
+    analyser then names the first operation where the ranks diverged and the rank at fault::
+
+        python -m torch.distributed.flight_recorder.fr_trace DIR -p PREFIX
+    """
+    import pickle
+
+    return pickle.loads(ringdist_backend(group, "torch_ringdist.trace")._trace_pickle())
+

@@ -173,7 +173,10 @@ PYBIND11_MODULE(_C, m) {
            },
            "Per-operation counters since creation or reset_stats(): calls, wire bytes sent and "
            "received, payload bytes (output tensors), seconds on the worker")
-      .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats);
+      .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats)
+      .def("_trace_pickle", [](const ringdist::ProcessGroupRingdist& pg) {
+        return py::bytes(pg.tracePickle());
+      }, "The group's last operations in torch's flight-recorder dump format (pickled).");
   m.def("codec_roundtrip", &codecRoundTrip, py::arg("tensor"), py::arg("codec"),
         py::arg("out") = py::none(), py::arg("residual") = false,
         "decode(encode(tensor)) for a float32 CPU tensor: what the tensor becomes as one rank's "

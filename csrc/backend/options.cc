@@ -103,6 +103,9 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
                  shrinkSeconds);
   o.shrinkTimeout = std::chrono::seconds(shrinkSeconds);
 
+  o.traceEntries = envBytes("RINGDIST_TRACE_BUFFER", kDefaultTraceEntries, 0);
+  o.traceDump = envString("RINGDIST_TRACE_DUMP", "");
+
   o.debug = envFlag("RINGDIST_DEBUG", false) ||
       envString("TORCH_DISTRIBUTED_DEBUG", "") == "DETAIL";
   return o;

@@ -80,6 +80,30 @@ std::vector<Flat> flatten(const std::vector<at::Tensor>& tensors, DeviceStage* s
   return flats;
 }
 
+// The op names of torch's flight recorder (its analyser matches ranks by them).
+std::string traceName(c10d::OpType type, OpType engineType) {
+  switch (type) {
+    case c10d::OpType::BROADCAST: return "broadcast";
+    case c10d::OpType::ALLREDUCE: return "all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "allreduce_coalesced";
+    case c10d::OpType::REDUCE: return "reduce";
+    case c10d::OpType::ALLGATHER: return "all_gather";
+    case c10d::OpType::_ALLGATHER_BASE: return "_all_gather_base";
+    case c10d::OpType::ALLGATHER_COALESCED: return "all_gather";
+    case c10d::OpType::GATHER: return "gather";
+    case c10d::OpType::SCATTER: return "scatter";
+    case c10d::OpType::REDUCE_SCATTER: return "reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "_reduce_scatter_base";
+    case c10d::OpType::ALLTOALL_BASE: return "all_to_all_single";
+    case c10d::OpType::ALLTOALL: return "all_to_all";
+    case c10d::OpType::BARRIER: return "barrier";
+    case c10d::OpType::COALESCED:
+      return engineType == OpType::kAllgather ? "all_gather_into_tensor_coalesced"
+                                              : "reduce_scatter_tensor_coalesced";
+    default: return opTypeName(engineType);
+  }
+}
+
 std::vector<at::Tensor> joined(std::initializer_list<std::vector<at::Tensor>> lists) {
   std::vector<at::Tensor> all;
   for (const auto& list : lists) all.insert(all.end(), list.begin(), list.end());
@@ -115,7 +139,11 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
 ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, std::chrono::milliseconds timeout,
                                            const ringdist::Options& options)
-    : c10d::Backend(rank, size), store_(store), options_(options), timeout_(timeout) {
+    : c10d::Backend(rank, size),
+      store_(store),
+      options_(options),
+      recorder_(std::make_shared<FlightRecorder>(options.traceEntries, options.traceDump)),
+      timeout_(timeout) {
   auto rendezvous = std::make_shared<StoreRendezvous>(store);
   try {
     setDebugEnabled(options.debug);
@@ -213,15 +241,43 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
                                                              std::chrono::milliseconds timeout,
                                                              std::shared_ptr<DeviceStage> stage,
                                                              Worker::Body body,
-                                                             std::string statsKey) {
-  ++sequenceNumber_;
+                                                             std::string statsKey,
+                                                             std::vector<at::Tensor> inputs) {
+  const uint64_t seq = ++sequenceNumber_;
+  const uint64_t traceId = recorder_->add(traceName(type, engineType), seq, /*p2p=*/false, -1,
+                                          inputs.empty() ? outputs : inputs, outputs,
+                                          effectiveTimeout(timeout).count());
+  // The record follows the op; the first failure writes every record kept
+  // (RINGDIST_TRACE_DUMP), each rank its own file.
+  Worker::Body traced = [this, traceId, body = std::move(body)](Communicator& comm) {
+    recorder_->started(traceId);
+    try {
+      body(comm);
+    } catch (...) {
+      dumpTrace();
+      throw;
+    }
+    recorder_->completed(traceId);
+  };
   // One rank: no peers, no transfers; CPU work runs on the caller when the
   // worker is idle (Worker::enqueue).
   const bool inlineIfIdle = getSize() == 1 && stage == nullptr;
   return worker_->enqueue(type, engineType, statsKey.empty() ? opTypeName(engineType) : statsKey,
-                          std::move(outputs), timeout, std::move(body), std::move(stage),
+                          std::move(outputs), timeout, std::move(traced), std::move(stage),
                           inlineIfIdle);
 }
+
+void ProcessGroupRingdist::dumpTrace() {
+  const char* globalRank = std::getenv("RANK");
+  recorder_->dumpOnce(traceGroup(), globalRank != nullptr ? std::atoi(globalRank) : getRank());
+}
+
+FlightRecorder::Group ProcessGroupRingdist::traceGroup() const {
+  return {getGroupUid().empty() ? "0" : getGroupUid(),
+          getGroupDesc().empty() ? "default_pg" : getGroupDesc(), getRank(), getSize()};
+}
+
+std::string ProcessGroupRingdist::tracePickle() const { return recorder_->pickled(traceGroup()); }
 
 // ---------------------------------------------------------------- checks
 
@@ -437,7 +493,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather(
                    auto ptrs = dataOf<void>(outs);
                    ringdist::allgather(comm, in.data(), ptrs.data(), count, dtype);
                    for (const auto& o : outs) o.writeBack();
-                 });
+                 }, "", inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::_allgather_base(
@@ -492,7 +548,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_coalesced(
                        out.writeBack();
                      }
                    }
-                 });
+                 }, "", inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_into_tensor_coalesced(
@@ -527,7 +583,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgatherIntoTensors(
                      ringdist::allgather(comm, ins[i].data(), blocks.data(), count, dtypes[i]);
                      outs[i].writeBack();
                    }
-                 });
+                 }, "", inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::gather(
@@ -560,7 +616,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::gather(
                    for (size_t r = 0; r < outs.size(); ++r) ptrs[r] = outs[r].data();
                    ringdist::gather(comm, in.data(), ptrs.data(), count, dtype, root);
                    for (const auto& o : outs) o.writeBack();
-                 });
+                 }, "", inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::scatter(
@@ -615,7 +671,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter(
                    auto ptrs = dataOf<const void>(ins);
                    ringdist::reduceScatter(comm, ptrs.data(), out.data(), count, dtype, reduceOp);
                    out.writeBack();
-                 });
+                 }, "", inputs[0]);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::_reduce_scatter_base(
@@ -662,7 +718,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduceScatterTensors(
                                              dtypes[i], ops[i]);
                      outs[i].writeBack();
                    }
-                 });
+                 }, "", inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall_base(
@@ -715,7 +771,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall_base(
                    }
                    ringdist::alltoall(comm, ins.data(), sendCounts, outs.data(), recvCounts, dtype);
                    out.writeBack();
-                 });
+                 }, "", {input});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall(std::vector<at::Tensor>& outputs,
@@ -746,7 +802,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall(std::vector<at::Te
                    ringdist::alltoall(comm, inPtrs.data(), sendCounts, outPtrs.data(), recvCounts,
                                       dtype);
                    for (const auto& o : outs) o.writeBack();
-                 });
+                 }, "", inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::barrier(const c10d::BarrierOptions& opts) {
@@ -772,9 +828,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::sendRecv(bool isSend,
   at::Tensor flat = Flat(tensors[0], stage.get(), /*read=*/isSend).flat;
   const size_t bytes = static_cast<size_t>(flat.numel()) * elementSize(dtype);
   void* data = flat.data_ptr();
+  const std::string peerName = anySource ? "?" : std::to_string(peer);
+  const uint64_t traceId = recorder_->add(
+      isSend ? c10::str("send ", getRank(), "->", peerName)
+             : c10::str("recv ", getRank(), "<-", peerName),
+      ++p2pSequence_, /*p2p=*/true, peer, tensors, tensors, timeout_.count());
   return worker_->enqueueTransfer(
       type, op, tensors[0], flat, timeout_,
-      [isSend, anySource, data, bytes, dtype, peer, tag](PointToPoint& p2p, Worker::Moved moved) {
+      [isSend, anySource, data, bytes, dtype, peer, tag, recorder = recorder_, traceId](
+          PointToPoint& p2p, Worker::Moved done) {
+        recorder->started(traceId);
+        Worker::Moved moved = [recorder, traceId, done](int from) {
+          recorder->completed(traceId);
+          done(from);
+        };
         if (isSend) {
           p2p.send(data, bytes, dtype, peer, tag, [moved] { moved(-1); });
         } else if (anySource) {

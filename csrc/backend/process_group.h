@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "csrc/backend/device_stage.h"
+#include "csrc/backend/flight_recorder.h"
 #include "csrc/common/options.h"
 #include "csrc/backend/worker.h"
 
@@ -128,6 +129,8 @@ class ProcessGroupRingdist : public c10d::Backend {
   // Per-operation statistics (worker.h), keyed by op name ("allreduce",
   // "compressed_allreduce/int8", ...).
   std::map<std::string, OpStats> stats() const { return worker_->stats(); }
+  // The last operations in torch's flight-recorder dump format (a pickle).
+  std::string tracePickle() const;
   void resetStats() { worker_->resetStats(); }
 
  private:
@@ -160,11 +163,16 @@ class ProcessGroupRingdist : public c10d::Backend {
                                          std::vector<at::Tensor> outputs,
                                          std::chrono::milliseconds timeout,
                                          std::shared_ptr<DeviceStage> stage, Worker::Body body,
-                                         std::string statsKey = "");
+                                         std::string statsKey = "",
+                                         std::vector<at::Tensor> inputs = {});
+  FlightRecorder::Group traceGroup() const;
+  void dumpTrace();
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds requested) const;
 
   c10::intrusive_ptr<c10d::Store> store_;
   ringdist::Options options_;  // as connected (shrink copies them)
+  std::shared_ptr<FlightRecorder> recorder_;  // shared with queued ops' bodies
+  std::atomic<uint64_t> p2pSequence_{0};
   int shrinks_ = 0;  // shrink() calls so far: each one rendezvous under its own prefix
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<DeviceStages> stages_;  // null without CUDA support

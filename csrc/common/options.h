@@ -92,10 +92,15 @@ struct CollectiveOptions {
 // told other ranks to exclude, never arrives.
 constexpr auto kDefaultShrinkTimeout = std::chrono::seconds(60);
 
+// Operations each group remembers for its flight-recorder trace.
+constexpr size_t kDefaultTraceEntries = 2000;
+
 struct Options {
   MeshOptions mesh;
   CollectiveOptions collectives;
   std::chrono::milliseconds shrinkTimeout = kDefaultShrinkTimeout;
+  size_t traceEntries = kDefaultTraceEntries;  // 0: no trace
+  std::string traceDump;  // file prefix for the trace written at the first failure; empty: none
   bool debug = false;  // connection and tuning details on stderr
 };
 

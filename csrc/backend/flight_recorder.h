@@ -1,0 +1,69 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ringdist {
+
+// A group's last operations (bounded), for post-mortems: what each rank had
+// issued, started and finished when something went wrong. Written in the
+// format of torch's flight recorder, so torch's analyser
+// (python -m torch.distributed.flight_recorder.fr_trace DIR) matches the
+// ranks' records and names the first operation where they disagree.
+class FlightRecorder {
+ public:
+  struct Group {
+    std::string uid;   // torch's group name ("0" for the default group)
+    std::string desc;  // "default_pg", ...
+    int rank = 0;
+    int size = 1;
+  };
+
+  explicit FlightRecorder(size_t capacity, std::string dumpPrefix);
+
+  // A collective (seq: the group's collective count) or a send/recv (peer:
+  // the other rank, -1 for any source). Returns its record id.
+  uint64_t add(const std::string& name, uint64_t seq, bool p2p, int peer,
+               const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+               int64_t timeoutMs);
+  void started(uint64_t id);
+  void completed(uint64_t id);
+
+  // The records as torch's dump (a pickle of {"version", "pg_config",
+  // "pg_status", "entries"}).
+  std::string pickled(const Group& group) const;
+  // On the first failure of the group: writes <prefix><global rank> once,
+  // when a prefix was given (RINGDIST_TRACE_DUMP).
+  void dumpOnce(const Group& group, int globalRank);
+
+  bool enabled() const { return capacity_ > 0; }
+
+ private:
+  struct Entry {
+    uint64_t id = 0;
+    uint64_t seq = 0;
+    bool p2p = false;
+    std::string name;
+    std::vector<std::vector<int64_t>> inSizes, outSizes;
+    std::vector<std::string> inDtypes, outDtypes;
+    std::string state = "scheduled";
+    int64_t createdNs = 0, startedNs = 0, completedNs = 0;
+    int64_t timeoutMs = 0;
+  };
+  Entry* find(uint64_t id);
+  void mark(uint64_t id, const char* state, int64_t Entry::*stamp);
+
+  const size_t capacity_;
+  const std::string dumpPrefix_;
+  mutable std::mutex mutex_;
+  std::deque<Entry> entries_;
+  uint64_t nextId_ = 0;
+  bool dumped_ = false;
+};
+
+}  // namespace ringdist
