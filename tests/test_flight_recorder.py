@@ -13,9 +13,11 @@ def test_trace_and_desync_dump(tmp_path):
     run = subprocess.run([sys.executable, "-P", SCRIPT, str(tmp_path)], capture_output=True,
                          text=True, timeout=180)
     out = run.stdout + run.stderr
-    ranks = {r["rank"]: r for r in map(json.loads, [ln for ln in run.stdout.splitlines()
-                                                    if ln.startswith("{")])}
-    assert sorted(ranks) == [0, 1, 2], out[-3000:]
+    ranks = {}
+    for rank in range(3):
+        path = tmp_path / f"result{rank}.json"
+        assert path.exists(), out[-3000:]
+        ranks[rank] = json.loads(path.read_text())
 
     # Live: the last 6 of 7 records (RINGDIST_TRACE_BUFFER=6), in issue order, all completed.
     live = ranks[0]["live"]
@@ -33,7 +35,8 @@ def test_trace_and_desync_dump(tmp_path):
 
     # The desync failed on every rank, and each wrote its trace.
     assert all(r["error"] for r in ranks.values()), ranks
-    assert sorted(os.listdir(tmp_path)) == ["rank_0", "rank_1", "rank_2"], os.listdir(tmp_path)
+    dumps = sorted(f for f in os.listdir(tmp_path) if f.startswith("rank_"))
+    assert dumps == ["rank_0", "rank_1", "rank_2"], os.listdir(tmp_path)
     analysis = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
                                str(tmp_path), "-p", "rank_"], capture_output=True, text=True,
                               timeout=120)
@@ -41,3 +44,24 @@ def test_trace_and_desync_dump(tmp_path):
     assert "Collective sequence number: 7 has errors" in report, report
     assert "Culprit rank 1" in report and "SIZE_OR_SYNTAX_MISMATCH" in report, report
     assert "'[[8]]' does not match found input sizes: '[[7]]'" in report, report
+
+
+ABORT_SCRIPT = """
+import os, pickle, sys, torch, torch.distributed as dist
+import torch_ringdist
+prefix = sys.argv[1]
+os.environ["RINGDIST_TRACE_DUMP"] = prefix
+store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
+dist.init_process_group("ringdist", store=store, rank=0, world_size=1)
+dist.all_reduce(torch.ones(3))
+dist.broadcast(torch.ones(4), src=0)
+dist.distributed_c10d._abort_process_group()
+print(pickle.load(open(prefix + "0", "rb"))["entries"][-1]["profiling_name"])
+"""
+
+
+def test_abort_writes_the_trace(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RANK"}
+    run = subprocess.run([sys.executable, "-P", "-c", ABORT_SCRIPT, str(tmp_path / "rank_")],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "gloo:broadcast", run.stdout + run.stderr

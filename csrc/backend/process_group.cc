@@ -170,7 +170,10 @@ ProcessGroupRingdist::~ProcessGroupRingdist() { shutdown(); }
 
 void ProcessGroupRingdist::shutdown() { worker_->stop(); }
 
-void ProcessGroupRingdist::abort() { worker_->abort(); }
+void ProcessGroupRingdist::abort() {
+  dumpTrace();  // what was queued and running when the group was aborted
+  worker_->abort();
+}
 
 #ifdef RINGDIST_HAVE_SHRINK
 c10::intrusive_ptr<c10d::Backend> ProcessGroupRingdist::shrink(

@@ -1,6 +1,7 @@
 """Flight recorder: 3 ranks record a few ops (checked live with torch_ringdist.trace()), then
 rank 1 calls all_reduce with 7 elements where the others pass 8. Every rank dumps its trace to
-RINGDIST_TRACE_DUMP=DIR/rank_. Usage: trace_desync.py DIR; prints one JSON line per rank."""
+RINGDIST_TRACE_DUMP=DIR/rank_. Usage: trace_desync.py DIR; each rank writes what it saw to
+DIR/result<rank>.json (one file each: lines printed by 3 processes could interleave)."""
 import json
 import os
 import sys
@@ -41,7 +42,8 @@ def run(rank, port, outdir):
         result["error"] = None
     except Exception as e:  # noqa: BLE001 (reported)
         result["error"] = str(e).splitlines()[0][:300]
-    print(json.dumps(result), flush=True)
+    with open(os.path.join(outdir, f"result{rank}.json"), "w") as f:
+        json.dump(result, f)
     os._exit(0)
 
 
