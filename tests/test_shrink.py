@@ -32,8 +32,9 @@ def run(cmd, env=None, timeout=240):
 
 def test_training_survives_two_kills(record_property):
     """4 ranks, original rank 3 SIGKILLed at step 40, original rank 1 at step 90: the survivors
-    shrink twice and end exactly where the uninterrupted run ends (every global batch is the
-    same 64 samples for any number of ranks, and they roll back to the last step all finished)."""
+    shrink twice and end where the uninterrupted run ends, up to float summation order (every
+    global batch is the same 64 samples for any number of ranks, and they roll back to the last
+    step all finished)."""
     rc, straight = run([sys.executable, EXAMPLE, "--nproc", "4"])
     assert rc == 0, straight[-3000:]
     rc, out = run([sys.executable, EXAMPLE, "--nproc", "4", "--kill", "3@40", "--kill", "1@90"])
@@ -41,13 +42,18 @@ def test_training_survives_two_kills(record_property):
     loss, acc, world, steps, recoveries = FINAL.findall(out)[0]
     ref_loss, ref_acc, _, ref_steps, _ = FINAL.findall(straight)[0]
     assert (world, recoveries, steps) == ("2", "2", ref_steps), out[-3000:]
-    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5) and float(acc) > 0.9, (loss, ref_loss)
+    # rel 1e-4: when a survivor had not finished the kill step, the survivors redo it at the
+    # smaller world size, which sums in another order.
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-4) and float(acc) > 0.9, (loss, ref_loss)
     found = RECOVERY.findall(out)
     # Original rank 3 is rank 3 of the first group; original rank 1 is rank 1 of the second.
     assert [json.loads(lost) for lost, _ in found] == [[3], [1]], out[-3000:]
     ms = [int(m) for _, m in found]
     report(record_property, "recovery_ms", ms)
     assert all(m < 10000 for m in ms), ms  # target < 1 s; CI machines are loaded
+    # One host: the survivors see the dead process, so lost_ranks ends before its 300 ms window.
+    agreement = [int(m) for m in re.findall(r"agreement (\d+) ms", out)]
+    assert len(agreement) == 2 and all(m < 300 for m in agreement), agreement
 
 
 def cases(name, **env):

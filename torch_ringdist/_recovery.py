@@ -17,9 +17,11 @@ def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
     Call it on every surviving rank after an operation of the group failed (a
     peer died or was cut off: ringdist then fails the operation on every rank),
     then ``dist.shrink_group(lost)``. Every caller checks in through the group's
-    store; when all ranks checked in, nobody is lost (returns ``[]``); otherwise,
-    ``wait`` seconds after its own arrival, the first rank to decide records the
-    ranks that have not checked in, and every caller returns that same list.
+    store and reports the ranks whose process it knows to be gone (ranks on one
+    host watch each other's processes). Once every rank has checked in or is
+    known gone, the decision is made at once; otherwise ``wait`` seconds after a
+    caller's arrival. The first rank to decide records the ranks that have not
+    checked in, and every caller returns that same list (``[]`` when all did).
     ``wait`` must exceed the time a live rank may take to notice the failure
     (the compute between two of its collectives): a rank that arrives after the
     decision is counted as lost and gets a RuntimeError (it must leave).
@@ -43,7 +45,15 @@ def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
     store.set(prefix + f"here/{rank}", b"1")
     arrived = store.add(prefix + "count", 1)
     deadline = time.monotonic() + wait
+    here = []
     while arrived < size and time.monotonic() < deadline and not store.check([decision_key]):
+        # Ranks this one knows dead (same host) need no waiting for: once every rank has
+        # checked in or is known dead, the decision is final.
+        for r in _known_dead(pg):
+            store.set(prefix + f"dead/{r}", b"1")
+        here = [r for r in range(size) if store.check([prefix + f"here/{r}"])]
+        if all(r in here or store.check([prefix + f"dead/{r}"]) for r in range(size)):
+            break
         time.sleep(0.002)
         arrived = store.add(prefix + "count", 0)
     if arrived >= size:
@@ -58,3 +68,14 @@ def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
                            f"ranks decided that ranks {decided} are lost (more than {wait} s after "
                            "them); this rank is excluded and must leave")
     return decided
+
+
+def _known_dead(pg) -> list[int]:
+    """Ranks of ``pg`` whose process this rank knows to be gone (ringdist groups; same host)."""
+    from torch_ringdist._collectives import ringdist_backend
+
+    try:
+        return ringdist_backend(pg)._dead_peers()
+    except ValueError:  # not a ringdist group: nothing known
+        return []
+

@@ -174,6 +174,8 @@ PYBIND11_MODULE(_C, m) {
            "Per-operation counters since creation or reset_stats(): calls, wire bytes sent and "
            "received, payload bytes (output tensors), seconds on the worker")
       .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats)
+      .def("_dead_peers", &ringdist::ProcessGroupRingdist::deadPeers,
+           "Ranks whose process is known to be gone (same host only).")
       .def("_trace_pickle", [](const ringdist::ProcessGroupRingdist& pg) {
         return py::bytes(pg.tracePickle());
       }, "The group's last operations in torch's flight-recorder dump format (pickled).");

@@ -129,6 +129,8 @@ class ProcessGroupRingdist : public c10d::Backend {
   // Per-operation statistics (worker.h), keyed by op name ("allreduce",
   // "compressed_allreduce/int8", ...).
   std::map<std::string, OpStats> stats() const { return worker_->stats(); }
+  // Ranks whose process is known to be gone (same host); others: unknown.
+  std::vector<int> deadPeers() const { return worker_->deadPeers(); }
   // The last operations in torch's flight-recorder dump format (a pickle).
   std::string tracePickle() const;
   void resetStats() { worker_->resetStats(); }

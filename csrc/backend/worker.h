@@ -72,6 +72,7 @@ class Worker {
   std::vector<std::vector<int>> allreduceRings() const;
 
   std::map<std::string, OpStats> stats() const;
+  std::vector<int> deadPeers() const { return comm_->deadPeers(); }
   void resetStats();
 
   // Runs what is queued, then closes the connections (orderly teardown).

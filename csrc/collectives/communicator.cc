@@ -508,6 +508,14 @@ void Communicator::abort(const std::string& reason) {
   }
 }
 
+std::vector<int> Communicator::deadPeers() const {
+  std::vector<int> dead;
+  for (int r = 0; r < size_; ++r) {
+    if (channels_[r] && channels_[r]->peerDead()) dead.push_back(r);
+  }
+  return dead;
+}
+
 void Communicator::close(std::chrono::milliseconds maxWait) {
   if (closed_) {
     return;

@@ -170,6 +170,8 @@ class Communicator {
   // After abort every operation fails with the first error's text.
   void abort(const std::string& reason);
   bool aborted() const { return aborted_; }
+  // Peers whose process is known to be gone (Channel::peerDead); any thread.
+  std::vector<int> deadPeers() const;
   const std::string& abortReason() const { return abortReason_; }
   // Adds "ringdist <op>: rank R: " and, for lost peers, any reason a peer
   // published when it aborted.

@@ -90,6 +90,10 @@ class Channel {
   // Throws when the peer is known to be gone (for transports that cannot
   // see a hang-up on a file descriptor).
   virtual void checkAlive() const {}
+  // True when the peer's process is known to be gone (same host: its pid no
+  // longer runs the process that connected); false when alive or unknown.
+  // Safe from any thread, also after close().
+  virtual bool peerDead() const { return false; }
 
   // Drops the connection at once (abort). Idempotent.
   virtual void close() = 0;

@@ -100,10 +100,14 @@ void ShmChannel::failClosed() const {
   RINGDIST_FAIL("shared-memory link to rank ", peer_, " was closed by the peer");
 }
 
+bool ShmChannel::peerDead() const {
+  const pid_t pid = peerBell_->pid;
+  return pid > 0 && processStartTime(pid) != peerBell_->startTime;
+}
+
 void ShmChannel::checkAlive() const {
-  pid_t pid = peerBell_->pid;
-  if (pid > 0 && processStartTime(pid) != peerBell_->startTime) {
-    RINGDIST_FAIL("rank ", peer_, " (pid ", pid, ", same host) died");
+  if (peerDead()) {
+    RINGDIST_FAIL("rank ", peer_, " (pid ", peerBell_->pid, ", same host) died");
   }
 }
 

@@ -42,6 +42,7 @@ class ShmChannel final : public QueuedChannel {
   short pollEvents() const override { return 0; }
   Doorbell* doorbell() const override { return doorbell_.get(); }
   void checkAlive() const override;
+  bool peerDead() const override;
   void close() override;
 
  private:
