@@ -1,8 +1,10 @@
 """Keep training when ranks die: DDP on ringdist that shrinks its group and goes on.
 
     python examples/elastic_shrink.py --nproc 4 --kill 3@40 --kill 1@90
+    # several machines: run on each, node 0 first (it hosts the store)
+    python examples/elastic_shrink.py --nnodes 2 --node-rank N --master-addr HOST0 --master-port 29600 ...
 
-Starts --nproc ranks on this machine (it hosts the store itself, so any rank may die) and
+Starts --nproc ranks on this machine (node 0 hosts the store, so any rank may die) and
 trains the digits MLP with DDP. ``--kill RANK@STEP`` SIGKILLs the process of that (original)
 rank once training reaches STEP. The survivors' collective fails; they agree on who is gone
 (``torch_ringdist.lost_ranks``), call ``dist.shrink_group``, roll back to the last step all of
@@ -33,7 +35,11 @@ GLOBAL_BATCH = 64
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--nproc", type=int, default=4, help="ranks on this machine")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1", help="node 0's address (the store)")
+    p.add_argument("--master-port", type=int, default=0, help="the store's port (0: any, one node)")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
@@ -44,6 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=300, help="the whole job's deadline (s)")
     args = p.parse_args(argv)
     args.kill = sorted((int(s), int(r)) for r, s in (k.split("@") for k in args.kill))
+    args.world = args.nnodes * args.nproc
+    if args.nnodes > 1 and not args.master_port:
+        p.error("--master-port is needed with --nnodes > 1")
     return args
 
 
@@ -105,12 +114,16 @@ class Trainer:
         return loss, acc
 
 
-def worker(rank, args, port, progress, killed_at):
+def connect(args, port, is_master=False):
+    return dist.TCPStore(args.master_addr, port, args.world, is_master=is_master,
+                         wait_for_workers=False, timeout=timedelta(seconds=args.timeout))
+
+
+def worker(rank, args, port, progress):
     import torch_ringdist
 
-    store = dist.TCPStore("127.0.0.1", port, args.nproc, is_master=False,
-                          timeout=timedelta(seconds=args.timeout))
-    dist.init_process_group("ringdist", store=store, rank=rank, world_size=args.nproc,
+    store = connect(args, port)
+    dist.init_process_group("ringdist", store=store, rank=rank, world_size=args.world,
                             timeout=timedelta(seconds=60))
     t = Trainer(args)
     t.ddp = DDP(t.model)
@@ -129,7 +142,8 @@ def worker(rank, args, port, progress, killed_at):
             dist.all_reduce(torch.zeros(1))  # the new group's first allreduce
             recovered = time.time()
             t.resync()
-            recoveries.append((lost, t.step, recovered - killed_at.value, failed_at - killed_at.value,
+            killed_at = float(store.get("elastic/killed_at"))  # set by the killing node's launcher
+            recoveries.append((lost, t.step, recovered - killed_at, failed_at - killed_at,
                                agreed - failed_at, shrunk - agreed, recovered - shrunk))
     loss, acc = t.final()
     if dist.get_rank() == 0:
@@ -141,26 +155,30 @@ def worker(rank, args, port, progress, killed_at):
         print(f"final: loss={loss:.6f} accuracy={acc:.6f} world_size={dist.get_world_size()} "
               f"steps={t.step} recoveries={len(recoveries)}", flush=True)
     dist.destroy_process_group()
+    store.add("elastic/done", 1)  # node 0's launcher keeps the store up until all are done
 
 
 def main(argv=None):
     args = parse_args(argv)
-    # The launcher hosts the store: it outlives any rank.
-    store = dist.TCPStore("127.0.0.1", 0, args.nproc, is_master=True, wait_for_workers=False)
+    # Node 0's launcher hosts the store: it outlives any rank.
+    store = connect(args, args.master_port, is_master=args.node_rank == 0)
     ctx = mp.get_context("spawn")
-    progress, killed_at = ctx.Value("i", 0), ctx.Value("d", 0.0)
-    procs = [ctx.Process(target=worker, args=(r, args, store.port, progress, killed_at))
+    progress = ctx.Value("i", 0)
+    first = args.node_rank * args.nproc  # global rank of this node's first rank
+    procs = [ctx.Process(target=worker, args=(first + r, args, store.port, progress))
              for r in range(args.nproc)]
     for p in procs:
         p.start()
-    kills, killed = list(args.kill), set()
+    # Ranks move in lock step, so this node's progress is everyone's.
+    kills = [(step, rank - first) for step, rank in args.kill if first <= rank < first + args.nproc]
+    killed = set()
     deadline = time.monotonic() + args.timeout
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
         if kills and progress.value >= kills[0][0]:
-            rank = kills.pop(0)[1]
-            killed_at.value = time.time()
-            os.kill(procs[rank].pid, signal.SIGKILL)
-            killed.add(rank)
+            local = kills.pop(0)[1]
+            store.set("elastic/killed_at", repr(time.time()))
+            os.kill(procs[local].pid, signal.SIGKILL)
+            killed.add(local)
         failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in killed]
         if failed:
             break
@@ -169,10 +187,14 @@ def main(argv=None):
         if p.is_alive():
             p.kill()
         p.join()
-    bad = {r: p.exitcode for r, p in enumerate(procs) if r not in killed and p.exitcode != 0}
+    bad = {first + r: p.exitcode for r, p in enumerate(procs) if r not in killed and p.exitcode != 0}
     if bad:
         print(f"elastic_shrink: ranks failed or timed out (exit codes {bad})", file=sys.stderr)
         return 1
+    if args.node_rank == 0:
+        survivors = args.world - len(args.kill)
+        while store.add("elastic/done", 0) < survivors and time.monotonic() < deadline:
+            time.sleep(0.01)
     return 0
 
 

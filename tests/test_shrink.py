@@ -30,17 +30,23 @@ def run(cmd, env=None, timeout=240):
     return out.returncode, out.stdout + out.stderr
 
 
-def test_training_survives_two_kills(record_property):
+@pytest.fixture(scope="module")
+def straight():
+    """The uninterrupted run: 4 ranks throughout."""
+    rc, out = run([sys.executable, EXAMPLE, "--nproc", "4"])
+    assert rc == 0, out[-3000:]
+    return FINAL.findall(out)[0]
+
+
+def test_training_survives_two_kills(record_property, straight):
     """4 ranks, original rank 3 SIGKILLed at step 40, original rank 1 at step 90: the survivors
     shrink twice and end where the uninterrupted run ends, up to float summation order (every
     global batch is the same 64 samples for any number of ranks, and they roll back to the last
     step all finished)."""
-    rc, straight = run([sys.executable, EXAMPLE, "--nproc", "4"])
-    assert rc == 0, straight[-3000:]
     rc, out = run([sys.executable, EXAMPLE, "--nproc", "4", "--kill", "3@40", "--kill", "1@90"])
     assert rc == 0, out[-3000:]
     loss, acc, world, steps, recoveries = FINAL.findall(out)[0]
-    ref_loss, ref_acc, _, ref_steps, _ = FINAL.findall(straight)[0]
+    ref_loss, ref_acc, _, ref_steps, _ = straight
     assert (world, recoveries, steps) == ("2", "2", ref_steps), out[-3000:]
     # rel 1e-4: when a survivor had not finished the kill step, the survivors redo it at the
     # smaller world size, which sums in another order.
@@ -85,3 +91,23 @@ def test_shrink_abort_of_a_healthy_group():
     # The excluded rank, still on the old group, fails instead of hanging.
     assert got[2]["error"] and "ringdist allreduce: rank 2" in got[2]["error"], got[2]
     assert got[2]["seconds"] < 20, got[2]
+
+
+def test_training_survives_kills_on_four_emulated_hosts(straight):
+    """The same run with one rank on each of 4 emulated hosts (network namespaces, own hostname
+    and /dev/shm: only TCP between ranks), one launcher per host, node 0 hosting the store."""
+    import shutil
+
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "unshare")):
+        pytest.skip("needs root with ip, tc and unshare (network namespaces)")
+    cmd = (f"{sys.executable} {EXAMPLE} --nproc 1 --nnodes 4 --master-addr 10.77.0.1 "
+           "--master-port 29600 --kill 3@40 --kill 1@90")
+    env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    rc, out = run(["bash", os.path.join(REPO, "benchmarks", "netns_hosts.sh"), "commands",
+                   "--hosts", "4", "--rate", "none", "--no-verify", "--timeout", "240", "--",
+                   *[f"{cmd} --node-rank {i}" for i in range(4)]], env=env, timeout=300)
+    assert rc == 0, out[-3000:]
+    loss, acc, world, steps, recoveries = FINAL.findall(out)[0]
+    assert (world, recoveries) == ("2", "2") and float(acc) > 0.9, out[-3000:]
+    assert float(loss) == pytest.approx(float(straight[0]), rel=1e-4), (loss, straight)
+    assert [json.loads(lost) for lost, _ in RECOVERY.findall(out)] == [[3], [1]], out[-3000:]
