@@ -1,23 +1,18 @@
 """The flight recorder: torch_ringdist.trace() live, and the per-rank dump at the first failure
 read by torch's own analyser, which must name the rank and the operation of a planted desync."""
-import json
 import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "failure_scripts", "trace_desync.py")
+from spawned import Spawned
 
 
 def test_trace_and_desync_dump(tmp_path):
-    run = subprocess.run([sys.executable, "-P", SCRIPT, str(tmp_path)], capture_output=True,
-                         text=True, timeout=180)
-    out = run.stdout + run.stderr
-    ranks = {}
-    for rank in range(3):
-        path = tmp_path / f"result{rank}.json"
-        assert path.exists(), out[-3000:]
-        ranks[rank] = json.loads(path.read_text())
+    trace_dir = tmp_path / "trace"
+    trace_dir.mkdir()
+    env = {"RINGDIST_TRACE_DUMP": trace_dir / "rank_", "RINGDIST_TRACE_BUFFER": 6}
+    with Spawned("trace_desync", 3, tmp_path, env=env) as w:
+        ranks = w.results(120)
 
     # Live: the last 6 of 7 records (RINGDIST_TRACE_BUFFER=6), in issue order, all completed.
     live = ranks[0]["live"]
@@ -35,10 +30,9 @@ def test_trace_and_desync_dump(tmp_path):
 
     # The desync failed on every rank, and each wrote its trace.
     assert all(r["error"] for r in ranks.values()), ranks
-    dumps = sorted(f for f in os.listdir(tmp_path) if f.startswith("rank_"))
-    assert dumps == ["rank_0", "rank_1", "rank_2"], os.listdir(tmp_path)
+    assert sorted(os.listdir(trace_dir)) == ["rank_0", "rank_1", "rank_2"], os.listdir(trace_dir)
     analysis = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
-                               str(tmp_path), "-p", "rank_"], capture_output=True, text=True,
+                               str(trace_dir), "-p", "rank_"], capture_output=True, text=True,
                               timeout=120)
     report = analysis.stdout + analysis.stderr
     assert "Collective sequence number: 7 has errors" in report, report

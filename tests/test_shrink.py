@@ -1,5 +1,5 @@
 """dist.shrink_group on ringdist: training that survives SIGKILLed ranks, a death during the
-shrink itself, and SHRINK_ABORT on a healthy group (failure_scripts/shrink_cases.py)."""
+shrink itself, and SHRINK_ABORT on a healthy group (scenarios in failure_scripts/ranks.py)."""
 import json
 import os
 import re
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch.distributed as dist
 
-from spawned import report
+from spawned import Spawned, report
 
 pytest.importorskip("sklearn")
 if not hasattr(dist, "shrink_group"):
@@ -18,7 +18,6 @@ if not hasattr(dist, "shrink_group"):
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 EXAMPLE = os.path.join(REPO, "examples", "elastic_shrink.py")
-CASES = os.path.join(HERE, "failure_scripts", "shrink_cases.py")
 FINAL = re.compile(r"^final: loss=(\S+) accuracy=(\S+) world_size=(\d+) steps=(\d+) recoveries=(\d+)$",
                    re.M)
 RECOVERY = re.compile(r"^recovery \d+: lost ranks (\[[0-9, ]+\]) .*?: (\d+) ms from the kill", re.M)
@@ -62,16 +61,10 @@ def test_training_survives_two_kills(record_property, straight):
     assert len(agreement) == 2 and all(m < 300 for m in agreement), agreement
 
 
-def cases(name, **env):
-    rc, out = run([sys.executable, "-P", CASES, name], env=env)
-    assert rc == 0, out[-3000:]
-    line = [ln for ln in out.splitlines() if ln.startswith("{")][-1]  # the script's one JSON line
-    return {int(k): v for k, v in json.loads(line).items()}
-
-
-def test_death_during_shrink_is_a_clear_error():
-    got = cases("death_during_shrink", RINGDIST_SHRINK_TIMEOUT="3")
-    assert sorted(got) == [0, 1], got  # ranks 2 and 3 were killed
+def test_death_during_shrink_is_a_clear_error(tmp_path):
+    with Spawned("death_during_shrink", 4, tmp_path, env={"RINGDIST_SHRINK_TIMEOUT": 3}) as w:
+        got = w.results(120, expect_dead=(2, 3))  # ranks 2 and 3 SIGKILL themselves
+        assert [w.procs[r].poll() for r in (2, 3)] == [-9, -9], w.logs_text()
     for rank, r in got.items():
         assert r["lost"] == [3], r
         assert r["error"] and "DistBackendError" in r["error"] and "ringdist shrink" in r["error"], r
@@ -79,9 +72,9 @@ def test_death_during_shrink_is_a_clear_error():
         assert r["seconds"] < 15, r
 
 
-def test_shrink_abort_of_a_healthy_group():
-    got = cases("abort_healthy")
-    assert sorted(got) == [0, 1, 2], got
+def test_shrink_abort_of_a_healthy_group(tmp_path):
+    with Spawned("abort_healthy", 3, tmp_path) as w:
+        got = w.results(120)
     for rank in (0, 1):
         r = got[rank]
         assert (r["rank"], r["size"], r["sum_ok"], r["backend"]) == (rank, 2, True, "ringdist"), r

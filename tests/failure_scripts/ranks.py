@@ -201,7 +201,108 @@ def held_init(rank, ws, store, dist, torch):
     return out
 
 
-SCENARIOS = {f.__name__: f for f in (kill_mid_allreduce, cycles, held_init)}
+def _init(rank, ws, store, dist):
+    dist.init_process_group("ringdist", rank=rank, world_size=ws, store=store,
+                            timeout=datetime.timedelta(seconds=30))
+
+
+def _sum_ok(dist, torch):
+    """An allreduce on the current default group, against its closed form."""
+    n = dist.get_world_size()
+    t = torch.full((1000,), float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    return bool(torch.all(t == n * (n + 1) / 2))
+
+
+def death_during_shrink(rank, ws, store, dist, torch):
+    """4 ranks. Rank 3 dies; then rank 2 dies after agreeing but before connecting: the
+    shrink of ranks 0 and 1 must fail within RINGDIST_SHRINK_TIMEOUT, naming the problem."""
+    import torch_ringdist
+
+    _init(rank, ws, store, dist)
+    _sum_ok(dist, torch)
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        _sum_ok(dist, torch)
+        _sum_ok(dist, torch)
+        return {"error": None}
+    except dist.DistBackendError:
+        pass
+    lost = torch_ringdist.lost_ranks(wait=0.5)
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        dist.shrink_group(lost)
+        return {"lost": lost, "error": None}
+    except Exception as e:  # noqa: BLE001 (reported to the test)
+        return {"lost": lost, "error": f"{type(e).__name__}: {e}"[:600],
+                "seconds": time.monotonic() - start}
+
+
+def abort_healthy(rank, ws, store, dist, torch):
+    """3 ranks, all alive; ranks 0 and 1 drop rank 2 with SHRINK_ABORT. The survivors get a
+    working group at once (no wait for rank 2 at teardown), subgroups made before are gone,
+    and rank 2, still using the old group, gets an error instead of a hang."""
+    _init(rank, ws, store, dist)
+    sub = dist.new_group([0, 1])
+    old_transports = dist.group.WORLD._get_backend(torch.device("cpu")).transports
+    _sum_ok(dist, torch)
+    if rank == 2:
+        start = time.monotonic()
+        try:
+            time.sleep(1.0)  # the others shrink meanwhile
+            _sum_ok(dist, torch)
+            return {"error": None}
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"{type(e).__name__}: {e}"[:300], "seconds": time.monotonic() - start}
+    start = time.monotonic()
+    dist.shrink_group([2], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+    seconds = time.monotonic() - start
+    new = dist.group.WORLD._get_backend(torch.device("cpu"))
+    try:
+        dist.all_reduce(torch.ones(1), group=sub)
+        subgroup = "usable"
+    except Exception as e:  # noqa: BLE001
+        subgroup = type(e).__name__
+    return {"seconds": seconds, "rank": dist.get_rank(), "size": dist.get_world_size(),
+            "sum_ok": _sum_ok(dist, torch), "backend": dist.get_backend(),
+            "transports": new.transports, "old_transports": old_transports[:2],
+            "subgroup": subgroup}
+
+
+def trace_desync(rank, ws, store, dist, torch):
+    """3 ranks record a few ops (checked live with torch_ringdist.trace()), then rank 1 calls
+    all_reduce with 7 elements where the others pass 8; with RINGDIST_TRACE_DUMP set every
+    rank dumps its trace."""
+    import torch_ringdist
+
+    _init(rank, ws, store, dist)
+    dist.all_reduce(torch.ones(8))
+    dist.all_reduce(torch.ones(8))
+    out = torch.empty(ws * 5)
+    dist.all_gather_into_tensor(out, torch.ones(5))
+    if rank == 0:
+        dist.send(torch.ones(2), dst=1)
+    elif rank == 1:
+        dist.recv(torch.empty(2), src=0)
+    dist.barrier()
+    dist.all_reduce(torch.ones(8))
+    dist.all_reduce(torch.ones(8))
+    keys = ("profiling_name", "collective_seq_id", "p2p_seq_id", "input_sizes", "output_sizes",
+            "state", "is_p2p")
+    result = {"live": [{k: e[k] for k in keys} for e in torch_ringdist.trace()["entries"]]}
+    try:
+        dist.all_reduce(torch.ones(7 if rank == 1 else 8))
+        result["error"] = None
+    except Exception as e:  # noqa: BLE001 (reported)
+        result["error"] = str(e).splitlines()[0][:300]
+    return result
+
+
+SCENARIOS = {f.__name__: f for f in (kill_mid_allreduce, cycles, held_init, death_during_shrink,
+                                     abort_healthy, trace_desync)}
 
 
 def main() -> int:
