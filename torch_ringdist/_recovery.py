@@ -45,12 +45,13 @@ def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
     store.set(prefix + f"here/{rank}", b"1")
     arrived = store.add(prefix + "count", 1)
     deadline = time.monotonic() + wait
-    here = []
+    reported = set()
     while arrived < size and time.monotonic() < deadline and not store.check([decision_key]):
         # Ranks this one knows dead (same host) need no waiting for: once every rank has
         # checked in or is known dead, the decision is final.
-        for r in _known_dead(pg):
+        for r in set(_known_dead(pg)) - reported:
             store.set(prefix + f"dead/{r}", b"1")
+            reported.add(r)
         here = [r for r in range(size) if store.check([prefix + f"here/{r}"])]
         if all(r in here or store.check([prefix + f"dead/{r}"]) for r in range(size)):
             break

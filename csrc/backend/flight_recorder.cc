@@ -51,7 +51,7 @@ c10::IValue stringList(const std::vector<std::string>& strings) {
 FlightRecorder::FlightRecorder(size_t capacity, std::string dumpPrefix)
     : capacity_(capacity), dumpPrefix_(std::move(dumpPrefix)) {}
 
-uint64_t FlightRecorder::add(const std::string& name, uint64_t seq, bool p2p, int peer,
+uint64_t FlightRecorder::add(const std::string& name, uint64_t seq, bool p2p,
                              const std::vector<at::Tensor>& inputs,
                              const std::vector<at::Tensor>& outputs, int64_t timeoutMs) {
   if (capacity_ == 0) return 0;

@@ -26,9 +26,9 @@ class FlightRecorder {
 
   explicit FlightRecorder(size_t capacity, std::string dumpPrefix);
 
-  // A collective (seq: the group's collective count) or a send/recv (peer:
-  // the other rank, -1 for any source). Returns its record id.
-  uint64_t add(const std::string& name, uint64_t seq, bool p2p, int peer,
+  // A collective (seq: the group's collective count) or a send/recv (seq: its
+  // point-to-point count; the name holds the peers). Returns its record id.
+  uint64_t add(const std::string& name, uint64_t seq, bool p2p,
                const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                int64_t timeoutMs);
   void started(uint64_t id);
@@ -40,8 +40,6 @@ class FlightRecorder {
   // On the first failure of the group: writes <prefix><global rank> once,
   // when a prefix was given (RINGDIST_TRACE_DUMP).
   void dumpOnce(const Group& group, int globalRank);
-
-  bool enabled() const { return capacity_ > 0; }
 
  private:
   struct Entry {

@@ -247,7 +247,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
                                                              std::string statsKey,
                                                              std::vector<at::Tensor> inputs) {
   const uint64_t seq = ++sequenceNumber_;
-  const uint64_t traceId = recorder_->add(traceName(type, engineType), seq, /*p2p=*/false, -1,
+  const uint64_t traceId = recorder_->add(traceName(type, engineType), seq, /*p2p=*/false,
                                           inputs.empty() ? outputs : inputs, outputs,
                                           effectiveTimeout(timeout).count());
   // The record follows the op; the first failure writes every record kept
@@ -835,7 +835,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::sendRecv(bool isSend,
   const uint64_t traceId = recorder_->add(
       isSend ? c10::str("send ", getRank(), "->", peerName)
              : c10::str("recv ", getRank(), "<-", peerName),
-      ++p2pSequence_, /*p2p=*/true, peer, tensors, tensors, timeout_.count());
+      ++p2pSequence_, /*p2p=*/true, tensors, tensors, timeout_.count());
   return worker_->enqueueTransfer(
       type, op, tensors[0], flat, timeout_,
       [isSend, anySource, data, bytes, dtype, peer, tag, recorder = recorder_, traceId](

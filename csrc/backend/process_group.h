@@ -9,8 +9,8 @@
 
 #include "csrc/backend/device_stage.h"
 #include "csrc/backend/flight_recorder.h"
-#include "csrc/common/options.h"
 #include "csrc/backend/worker.h"
+#include "csrc/common/options.h"
 
 namespace ringdist {
 
