@@ -20,6 +20,11 @@ sets a variable for one label only, e.g. two builds of ringdist in one run:
 
 --hosts N runs every sweep on N emulated hosts (netns_hosts.sh: one network namespace per
 host, shaped at --rate) with --nproc ranks per host instead of on this host directly.
+
+--peer mpi adds Open MPI (mpi_sweep.py under mpirun; setup: benchmarks/setup_mpi.sh) and
+torch's dispatch floor (label "floor": sweep.py on torch's `fake` backend, which moves no
+data, so its time is what torch itself costs per call) to the alternation. --load runs one
+CPU-bound process per rank beside every sweep (a busy data loader, say).
 """
 
 import argparse
@@ -35,6 +40,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SWEEP = os.path.join(HERE, "sweep.py")
+MPI_SWEEP = os.path.join(HERE, "mpi_sweep.py")
 NETNS = os.path.join(HERE, "netns_hosts.sh")
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -87,10 +93,16 @@ def run_bounded(cmd, env, timeout, log_path):
 
 
 def sweep_cmd(args, backend, json_path):
-    sweep_args = ["--backend", backend, "--collective", args.collective, "--dtype", args.dtype,
+    sweep_args = ["--collective", args.collective, "--dtype", args.dtype,
                   "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
                   "--time-budget", str(args.time_budget), "--iters", str(args.iters),
                   "--json", json_path] + args.sweep_arg
+    if backend == "mpi":
+        if args.hosts:
+            sys.exit("--peer mpi runs on this host only")
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        return ["mpirun", "-n", str(args.nproc)] + root + [sys.executable, MPI_SWEEP] + sweep_args
+    sweep_args = ["--backend", backend] + sweep_args
     if args.hosts:
         return ["bash", NETNS, "run", "--hosts", str(args.hosts), "--rate", args.rate,
                 "--procs-per-host", str(args.nproc), "--timeout", str(max(10, int(args.timeout - 30))),
@@ -98,6 +110,18 @@ def sweep_cmd(args, backend, json_path):
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
             "--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
             SWEEP] + sweep_args + ["--ifname", args.ifname]
+
+
+def start_load(n):
+    """n CPU-bound processes (--load): each rank then shares its core, as beside a data loader."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                             start_new_session=True) for _ in range(n)]
+
+
+def stop_load(procs):
+    for proc in procs:
+        proc.kill()
+        proc.wait()
 
 
 def geomean(xs):
@@ -198,8 +222,15 @@ def main():
     p.add_argument("--hosts", type=int, default=0, help="emulated hosts (netns); 0 = this host")
     p.add_argument("--rate", default="10gbit", help="link rate per emulated host (tc tbf)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per sweep")
+    p.add_argument("--peer", choices=("mpi",), action="append", default=[],
+                   help="also run this peer (mpi: Open MPI through mpi4py) and torch's "
+                        "dispatch floor (label floor = backend fake) in the alternation")
+    p.add_argument("--load", action="store_true",
+                   help="a CPU-bound process per rank runs beside every sweep")
     p.add_argument("--out", default="compare.json")
     args = p.parse_args()
+    for peer in args.peer:
+        args.backends += [peer, "floor=fake"]
 
     if args.nproc is None:
         args.nproc = 1 if args.hosts else 2
@@ -235,8 +266,12 @@ def main():
             load = os.getloadavg()[0]
             loads.setdefault(label, []).append(load)
             t0 = time.monotonic()
-            rc = run_bounded(sweep_cmd(args, backend, json_path), dict(env, **label_env[label]),
-                             args.timeout, log_path)
+            hogs = start_load(args.nproc * max(1, args.hosts)) if args.load else []
+            try:
+                rc = run_bounded(sweep_cmd(args, backend, json_path),
+                                 dict(env, **label_env[label]), args.timeout, log_path)
+            finally:
+                stop_load(hogs)
             took = time.monotonic() - t0
             if rc != 0 or not os.path.exists(json_path):
                 print(f"round {rnd} {label}: FAILED rc={rc} after {took:.0f}s, see {log_path}")
@@ -263,10 +298,13 @@ def main():
         "baseline": args.baseline,
         "hosts": args.hosts or 1,
         "rate": args.rate if args.hosts else None,
+        "load": args.load,
         "env": {kv.partition("=")[0]: kv.partition("=")[2] for kv in args.env},
         "label_env": label_env,
         "command": sys.argv,
         "results": {lbl: {"backend": be, "env": runs[lbl][0]["env"],
+                          "checked": runs[lbl][0].get("checked", True),
+                          "mpi_library": runs[lbl][0].get("mpi_library"),
                           # netns_hosts.sh checks the link before every sweep
                           "link_verified_gbitps": [r["env"].get("RDBENCH_VERIFIED_GBITPS")
                                                    for r in runs[lbl]] if args.hosts else None,

@@ -159,37 +159,44 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def measure(coll, book, args, nbytes):
-    """Median of per-iteration slowest-rank times (seconds) and all samples."""
+def measure(run, slowest, args, nbytes):
+    """Median per-op time (seconds) of the slowest rank, and all samples.
+
+    `slowest(x)` returns the largest x over the ranks; it is also the barrier before each
+    sample. Ops faster than --batch-us are timed in batches of back-to-back calls (the
+    same count on every rank), so the barrier's exit skew between ranks, which is tens of
+    microseconds for a gloo barrier, is spread over the batch instead of added to each op.
+    """
     for _ in range(args.warmup):
-        coll.run()
+        run()
+    t0 = time.perf_counter()
+    for _ in range(args.warmup):
+        run()
+    per_op = slowest((time.perf_counter() - t0) / max(1, args.warmup))
+    batch = max(1, min(args.max_batch, int(args.batch_us * 1e-6 / max(per_op, 1e-9))))
     min_iters = args.min_iters_large if nbytes >= args.large_bytes else args.min_iters
     samples = []
     spent = 0.0
-    prev = torch.zeros(1, dtype=torch.float64)
-    first = True
+    prev = None
     while True:
-        # This gloo allreduce is both the barrier before the op and the exchange of the
-        # previous iteration's time (MAX = slowest rank), so each iteration costs one
-        # bookkeeping op, none of it inside the timed region.
-        dist.all_reduce(prev, op=dist.ReduceOp.MAX, group=book)
-        if not first:
-            samples.append(prev.item())
-            spent += prev.item()
-        first = False
+        # One exchange per sample: the barrier before it and the previous sample's
+        # slowest-rank time, none of it inside the timed region.
+        took = slowest(prev if prev is not None else 0.0)
+        if prev is not None:
+            samples.append(took)
+            spent += took * batch
         # Every rank holds the same samples, so every rank takes the same decision.
         if len(samples) >= args.iters or (spent >= args.time_budget and len(samples) >= min_iters):
             break
         t0 = time.perf_counter()
-        coll.run()
-        prev.fill_(time.perf_counter() - t0)
-    return statistics.median(samples), samples
+        for _ in range(batch):
+            run()
+        prev = (time.perf_counter() - t0) / batch
+    return statistics.median(samples), samples, batch
 
 
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", default="gloo", help="ringdist or gloo (any registered backend)")
+def add_common_args(p):
+    """Sweep options shared by this script and mpi_sweep.py."""
     p.add_argument("--collective", choices=COLLECTIVES, default="allreduce")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--min-bytes", type=parse_bytes, default=parse_bytes("8"))
@@ -197,13 +204,97 @@ def main():
     p.add_argument("--step-factor", type=int, default=4)
     p.add_argument("--no-awkward", action="store_true", help="skip the awkward counts")
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--iters", type=int, default=20, help="stop after this many timed iterations")
+    p.add_argument("--iters", type=int, default=20, help="stop after this many timed samples")
     p.add_argument("--time-budget", type=float, default=1.0,
                    help="seconds of op time after which a size stops early ...")
     p.add_argument("--min-iters", type=int, default=5, help="... but not before this many")
     p.add_argument("--min-iters-large", type=int, default=10,
                    help="floor for sizes >= --large-bytes (protocol: >= 10 at 256 MiB)")
     p.add_argument("--large-bytes", type=parse_bytes, default=parse_bytes("256M"))
+    p.add_argument("--batch-us", type=float, default=500,
+                   help="ops faster than this are timed in back-to-back batches of about "
+                        "this length (0: one op per sample)")
+    p.add_argument("--max-batch", type=int, default=1000)
+    p.add_argument("--json", help="write results here (rank 0)")
+
+
+def run_sweep(args, rank, n, make, slowest, total, backend, extra=None):
+    """The size loop: per size, check the result against its closed form, then time it.
+
+    make(count) -> Collective; slowest(x) -> max over ranks; total(k) -> sum over ranks.
+    Writes the JSON (rank 0) that compare.py merges.
+    """
+    dtype = DTYPES[args.dtype]
+    elsize = torch.empty(0, dtype=dtype).element_size()
+    factor = bus_factor(args.collective, n)
+    redop = "sum" if args.collective in ("allreduce", "reduce_scatter") else "none"
+    if rank == 0:
+        print(f"# ringdist-bench sweep: backend {backend}  collective {args.collective}  "
+              f"dtype {args.dtype}  nranks {n}")
+        print(f"# warmup {args.warmup}  samples <= {args.iters}  time budget {args.time_budget}s"
+              f"  batch ~{args.batch_us:g} us  time = median over samples of the slowest rank")
+        print("#")
+        print(f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>6} {'time':>11} "
+              f"{'algbw':>8} {'busbw':>8} {'#wrong':>7} {'batch':>6}")
+        print(f"# {'(B)':>12} {'(elements)':>12} {'':>9} {'':>6} {'(us)':>11} "
+              f"{'(GB/s)':>8} {'(GB/s)':>8} {'':>7} {'':>6}")
+        sys.stdout.flush()
+    rows = []
+    for count, awkward in size_plan(args, n, elsize):
+        nbytes = count * elsize
+        coll = make(count)
+        # Correctness first, outside the timed loop, on fresh buffers.
+        coll.run()
+        wrong = total(coll.wrong())
+        med, samples, batch = measure(coll.run, slowest, args, nbytes)
+        algbw = nbytes / med / 1e9
+        row = {
+            "bytes": nbytes, "count": count, "type": args.dtype, "redop": redop,
+            "awkward": awkward, "time_us": med * 1e6, "algbw_GBps": algbw,
+            "busbw_GBps": algbw * factor, "wrong": wrong, "batch": batch,
+            "iters": len(samples), "samples_us": [s * 1e6 for s in samples],
+        }
+        rows.append(row)
+        if rank == 0:
+            mark = "*" if awkward else " "
+            print(f"{mark} {nbytes:>12} {count:>12} {SHORT_TYPE[args.dtype]:>9} {redop:>6} "
+                  f"{row['time_us']:>11.2f} {algbw:>8.3f} {row['busbw_GBps']:>8.3f} "
+                  f"{row['wrong']:>7} {batch:>6}")
+            sys.stdout.flush()
+        del coll
+    if rank == 0:
+        bad = sum(r["wrong"] for r in rows)
+        avg = statistics.fmean(r["busbw_GBps"] for r in rows if r["wrong"] == 0) if rows else 0.0
+        print(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
+        print(f"# Avg bus bandwidth    : {avg:.4f} GB/s   (mean over rows with #wrong == 0;"
+              f" * = awkward count)")
+        if args.json:
+            out = {
+                "machine": machine_info(),
+                "backend": backend,
+                "collective": args.collective,
+                "dtype": args.dtype,
+                "world_size": n,
+                "bus_factor": factor,
+                "env": {k: v for k, v in sorted(os.environ.items())
+                        if k.startswith(("RINGDIST_", "RDBENCH_"))
+                        or k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")},
+                "settings": {k: getattr(args, k) for k in
+                             ("warmup", "iters", "time_budget", "min_iters", "min_iters_large",
+                              "batch_us", "min_bytes", "max_bytes")},
+                "avg_busbw_GBps": avg,
+                "rows": rows,
+            }
+            out.update(extra or {})
+            write_json(args.json, out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", default="gloo",
+                   help="ringdist, gloo (any registered backend), or fake: torch's backend "
+                        "that communicates nothing, the dispatch floor (results unchecked)")
+    add_common_args(p)
     p.add_argument("--api", choices=("tensor", "list"), default="tensor",
                    help="allgather/reduce_scatter entry point: single tensor or list of chunks")
     p.add_argument("--ifname", default=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
@@ -212,7 +303,6 @@ def main():
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the tensors live; cuda: GPU LOCAL_RANK %% device count, so "
                         "several ranks share a GPU when there are fewer GPUs than ranks")
-    p.add_argument("--json", help="write results here (rank 0)")
     args = p.parse_args()
     if args.step_factor < 2:
         p.error("--step-factor must be >= 2")
@@ -224,6 +314,10 @@ def main():
             import torch_ringdist  # noqa: F401  registers the "ringdist" backend
         except ImportError as e:
             sys.exit(f"--backend ringdist needs torch_ringdist installed: {e}")
+    elif args.backend == "fake":
+        import warnings
+        warnings.simplefilter("ignore")  # torch's per-call deprecation chatter on fake
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers "fake"
 
     timeout = datetime.timedelta(seconds=args.timeout)
     dist.init_process_group(backend=args.backend, timeout=timeout)
@@ -231,79 +325,29 @@ def main():
     book = dist.new_group(backend="gloo", timeout=timeout)
     rank, n = dist.get_rank(), dist.get_world_size()
     dtype = DTYPES[args.dtype]
-    elsize = torch.empty(0, dtype=dtype).element_size()
-    factor = bus_factor(args.collective, n)
-    redop = "sum" if args.collective in ("allreduce", "reduce_scatter") else "none"
-    plan = size_plan(args, n, elsize)
     device = torch.device("cpu")
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
         torch.cuda.set_device(device)
 
-    if rank == 0:
-        print(f"# ringdist-bench sweep: backend {args.backend}  collective {args.collective}  "
-              f"dtype {args.dtype}  nranks {n}  device {device}  ifname {args.ifname}")
-        print(f"# warmup {args.warmup}  iters <= {args.iters}  time budget {args.time_budget}s  "
-              f"time = median over iterations of the slowest rank")
-        print("#")
-        print(f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>6} {'time':>11} "
-              f"{'algbw':>8} {'busbw':>8} {'#wrong':>7}")
-        print(f"# {'(B)':>12} {'(elements)':>12} {'':>9} {'':>6} {'(us)':>11} "
-              f"{'(GB/s)':>8} {'(GB/s)':>8} {'':>7}")
-        sys.stdout.flush()
+    def reduce_book(x, op, kind):
+        t = torch.tensor([x], dtype=kind)
+        dist.all_reduce(t, op=op, group=book)
+        return t.item()
 
-    rows = []
-    for count, awkward in plan:
-        nbytes = count * elsize
+    def make(count):
         coll = Collective(args.collective, count, dtype, rank, n, pg, args.api, device)
-        # Correctness first, outside the timed loop, on fresh buffers.
-        coll.run()
-        wrong = torch.tensor([coll.wrong()], dtype=torch.int64)
-        dist.all_reduce(wrong, op=dist.ReduceOp.SUM, group=book)
-        med, samples = measure(coll, book, args, nbytes)
-        algbw = nbytes / med / 1e9
-        row = {
-            "bytes": nbytes, "count": count, "type": args.dtype, "redop": redop,
-            "awkward": awkward, "time_us": med * 1e6, "algbw_GBps": algbw,
-            "busbw_GBps": algbw * factor, "wrong": int(wrong.item()),
-            "iters": len(samples), "samples_us": [s * 1e6 for s in samples],
-        }
-        rows.append(row)
-        if rank == 0:
-            mark = "*" if awkward else " "
-            print(f"{mark} {nbytes:>12} {count:>12} {SHORT_TYPE[args.dtype]:>9} {redop:>6} "
-                  f"{row['time_us']:>11.1f} {algbw:>8.3f} {row['busbw_GBps']:>8.3f} "
-                  f"{row['wrong']:>7}")
-            sys.stdout.flush()
-        del coll
+        if args.backend == "fake":
+            coll.wrong = lambda: 0  # nothing is computed: only the call's cost counts
+        return coll
 
-    if rank == 0:
-        bad = sum(r["wrong"] for r in rows)
-        avg = statistics.fmean(r["busbw_GBps"] for r in rows if r["wrong"] == 0) if rows else 0.0
-        print(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
-        print(f"# Avg bus bandwidth    : {avg:.4f} GB/s   (mean over rows with #wrong == 0;"
-              f" * = awkward count)")
-        if args.json:
-            out = {
-                "machine": machine_info(),
-                "backend": args.backend,
-                "collective": args.collective,
-                "dtype": args.dtype,
-                "world_size": n,
-                "bus_factor": factor,
-                "ifname": args.ifname,
-                "device": str(device),
-                "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-                "env": {k: v for k, v in sorted(os.environ.items())
-                        if k.startswith(("RINGDIST_", "RDBENCH_"))
-                        or k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")},
-                "settings": {k: getattr(args, k) for k in
-                             ("warmup", "iters", "time_budget", "min_iters", "min_iters_large",
-                              "api", "min_bytes", "max_bytes")},
-                "avg_busbw_GBps": avg,
-                "rows": rows,
-            }
-            write_json(args.json, out)
+    run_sweep(args, rank, n, make,
+              slowest=lambda x: reduce_book(x, dist.ReduceOp.MAX, torch.float64),
+              total=lambda k: int(reduce_book(k, dist.ReduceOp.SUM, torch.int64)),
+              backend=args.backend,
+              extra={"ifname": args.ifname, "device": str(device), "api": args.api,
+                     "checked": args.backend != "fake",
+                     "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None})
     dist.barrier(group=book)
     dist.destroy_process_group()
 

@@ -40,81 +40,107 @@ c10::IValue sizesList(const std::vector<std::vector<int64_t>>& sizes) {
   return list;
 }
 
-c10::IValue stringList(const std::vector<std::string>& strings) {
+c10::IValue dtypeList(const std::vector<c10::ScalarType>& dtypes) {
   auto list = newList();
-  for (const auto& s : strings) list.push_back(c10::IValue(s));
+  for (auto t : dtypes) list.push_back(c10::IValue(std::string(c10::toString(t))));
   return list;
+}
+
+const char* stateName(int state) {
+  static const char* const kNames[] = {"scheduled", "started", "completed"};
+  return kNames[state];
 }
 
 }  // namespace
 
 FlightRecorder::FlightRecorder(size_t capacity, std::string dumpPrefix)
-    : capacity_(capacity), dumpPrefix_(std::move(dumpPrefix)) {}
+    : capacity_(capacity), dumpPrefix_(std::move(dumpPrefix)), slots_(capacity) {}
 
-uint64_t FlightRecorder::add(const std::string& name, uint64_t seq, bool p2p,
+namespace {
+
+void describe(const std::vector<at::Tensor>& tensors, std::vector<std::vector<int64_t>>* sizes,
+              std::vector<c10::ScalarType>* dtypes) {
+  sizes->resize(tensors.size());
+  dtypes->resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    (*sizes)[i].assign(tensors[i].sizes().begin(), tensors[i].sizes().end());
+    (*dtypes)[i] = tensors[i].scalar_type();
+  }
+}
+
+}  // namespace
+
+uint64_t FlightRecorder::add(const char* name, uint64_t seq, int peer,
                              const std::vector<at::Tensor>& inputs,
                              const std::vector<at::Tensor>& outputs, int64_t timeoutMs) {
   if (capacity_ == 0) return 0;
-  Entry e;
-  e.seq = seq;
-  e.p2p = p2p;
-  e.name = name;
-  for (const auto& t : inputs) {
-    e.inSizes.push_back(t.sizes().vec());
-    e.inDtypes.emplace_back(c10::toString(t.scalar_type()));
-  }
-  for (const auto& t : outputs) {
-    e.outSizes.push_back(t.sizes().vec());
-    e.outDtypes.emplace_back(c10::toString(t.scalar_type()));
-  }
-  e.createdNs = nowNs();
-  e.timeoutMs = timeoutMs;
+  const int64_t now = nowNs();
   std::lock_guard<std::mutex> lock(mutex_);
-  e.id = nextId_++;
-  entries_.push_back(std::move(e));
-  if (entries_.size() > capacity_) entries_.pop_front();
-  return entries_.back().id;
+  const uint64_t id = nextId_++;
+  Entry& e = slots_[id % capacity_];
+  e.id = id;
+  e.seq = seq;
+  e.peer = peer;
+  e.name = name;
+  describe(inputs, &e.inSizes, &e.inDtypes);
+  describe(outputs, &e.outSizes, &e.outDtypes);
+  e.state = State::kScheduled;
+  e.createdNs = now;
+  e.startedNs = e.completedNs = 0;
+  e.timeoutMs = timeoutMs;
+  return id;
 }
 
 FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
-  // Ids are consecutive: the entry sits at a fixed offset from the oldest kept.
-  if (entries_.empty() || id < entries_.front().id) return nullptr;
-  const uint64_t offset = id - entries_.front().id;
-  return offset < entries_.size() ? &entries_[offset] : nullptr;
+  // Overwritten slots hold newer ids: an old record's marks are dropped.
+  Entry& e = slots_[id % capacity_];
+  return e.id == id && id < nextId_ ? &e : nullptr;
 }
 
-void FlightRecorder::started(uint64_t id) { mark(id, "started", &Entry::startedNs); }
+void FlightRecorder::started(uint64_t id) { mark(id, State::kStarted, &Entry::startedNs); }
 
-void FlightRecorder::completed(uint64_t id) { mark(id, "completed", &Entry::completedNs); }
+void FlightRecorder::completed(uint64_t id) { mark(id, State::kCompleted, &Entry::completedNs); }
 
-void FlightRecorder::mark(uint64_t id, const char* state, int64_t Entry::*stamp) {
+void FlightRecorder::mark(uint64_t id, State state, int64_t Entry::*stamp) {
   if (capacity_ == 0) return;
+  const int64_t now = nowNs();
   std::lock_guard<std::mutex> lock(mutex_);
   if (Entry* e = find(id)) {
     e->state = state;
-    e->*stamp = nowNs();
+    e->*stamp = now;
   }
+}
+
+// torch names a send "send 0->1" and a receive "recv 1<-0" (own rank first).
+std::string FlightRecorder::profilingName(const Entry& e, int rank) const {
+  std::string name = std::string(kNamePrefix) + e.name;
+  if (e.peer == kCollective) return name;
+  const std::string peer = e.peer == kAnySource ? "?" : std::to_string(e.peer);
+  return name + " " + std::to_string(rank) + (std::string(e.name) == "send" ? "->" : "<-") + peer;
 }
 
 std::string FlightRecorder::pickled(const Group& group) const {
   auto entries = newList();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& e : entries_) {
+    const uint64_t first = nextId_ > capacity_ ? nextId_ - capacity_ : 0;
+    for (uint64_t id = first; id < nextId_; ++id) {
+      const Entry& e = slots_[id % capacity_];
+      const bool p2p = e.peer != kCollective;
       auto d = newDict();
       d.insert("record_id", static_cast<int64_t>(e.id));
       d.insert("pg_id", int64_t{0});
       d.insert("process_group", c10::ivalue::Tuple::create(group.uid, group.desc));
-      d.insert("collective_seq_id", static_cast<int64_t>(e.p2p ? 0 : e.seq));
-      d.insert("p2p_seq_id", static_cast<int64_t>(e.p2p ? e.seq : 0));
+      d.insert("collective_seq_id", static_cast<int64_t>(p2p ? 0 : e.seq));
+      d.insert("p2p_seq_id", static_cast<int64_t>(p2p ? e.seq : 0));
       d.insert("op_id", static_cast<int64_t>(e.seq));
-      d.insert("profiling_name", std::string(kNamePrefix) + e.name);
+      d.insert("profiling_name", profilingName(e, group.rank));
       d.insert("time_created_ns", e.createdNs);
       d.insert("input_sizes", sizesList(e.inSizes));
-      d.insert("input_dtypes", stringList(e.inDtypes));
+      d.insert("input_dtypes", dtypeList(e.inDtypes));
       d.insert("output_sizes", sizesList(e.outSizes));
-      d.insert("output_dtypes", stringList(e.outDtypes));
-      d.insert("state", e.state);
+      d.insert("output_dtypes", dtypeList(e.outDtypes));
+      d.insert("state", std::string(stateName(static_cast<int>(e.state))));
       d.insert("time_discovered_started_ns",
                e.startedNs ? c10::IValue(e.startedNs) : c10::IValue());
       d.insert("time_discovered_completed_ns",
@@ -122,9 +148,9 @@ std::string FlightRecorder::pickled(const Group& group) const {
       d.insert("duration_ms", e.completedNs && e.startedNs
                                   ? c10::IValue(static_cast<double>(e.completedNs - e.startedNs) / 1e6)
                                   : c10::IValue());
-      d.insert("retired", e.state == "completed");
+      d.insert("retired", e.state == State::kCompleted);
       d.insert("timeout_ms", e.timeoutMs);
-      d.insert("is_p2p", e.p2p);
+      d.insert("is_p2p", p2p);
       d.insert("frames", newList());
       entries.push_back(d);
     }

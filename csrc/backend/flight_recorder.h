@@ -3,7 +3,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -26,11 +25,15 @@ class FlightRecorder {
 
   explicit FlightRecorder(size_t capacity, std::string dumpPrefix);
 
-  // A collective (seq: the group's collective count) or a send/recv (seq: its
-  // point-to-point count; the name holds the peers). Returns its record id.
-  uint64_t add(const std::string& name, uint64_t seq, bool p2p,
-               const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-               int64_t timeoutMs);
+  // A collective (seq: the group's collective count; name: a string literal)
+  // or, with peer >= 0 or kAnySource, a send or receive (seq: its
+  // point-to-point count; the name then says which, e.g. "send"). Returns
+  // its record id. Called on every operation: nothing is allocated once the
+  // slots are warm.
+  static constexpr int kCollective = -1;
+  static constexpr int kAnySource = -2;
+  uint64_t add(const char* name, uint64_t seq, int peer, const std::vector<at::Tensor>& inputs,
+               const std::vector<at::Tensor>& outputs, int64_t timeoutMs);
   void started(uint64_t id);
   void completed(uint64_t id);
 
@@ -42,25 +45,27 @@ class FlightRecorder {
   void dumpOnce(const Group& group, int globalRank);
 
  private:
+  enum class State { kScheduled, kStarted, kCompleted };
   struct Entry {
     uint64_t id = 0;
     uint64_t seq = 0;
-    bool p2p = false;
-    std::string name;
-    std::vector<std::vector<int64_t>> inSizes, outSizes;
-    std::vector<std::string> inDtypes, outDtypes;
-    std::string state = "scheduled";
+    int peer = kCollective;
+    const char* name = "";
+    std::vector<std::vector<int64_t>> inSizes, outSizes;  // reused: capacity stays
+    std::vector<c10::ScalarType> inDtypes, outDtypes;
+    State state = State::kScheduled;
     int64_t createdNs = 0, startedNs = 0, completedNs = 0;
     int64_t timeoutMs = 0;
   };
   Entry* find(uint64_t id);
-  void mark(uint64_t id, const char* state, int64_t Entry::*stamp);
+  void mark(uint64_t id, State state, int64_t Entry::*stamp);
+  std::string profilingName(const Entry& e, int rank) const;
 
   const size_t capacity_;
   const std::string dumpPrefix_;
   mutable std::mutex mutex_;
-  std::deque<Entry> entries_;
-  uint64_t nextId_ = 0;
+  std::vector<Entry> slots_;  // a ring: record id i lives in slot i % capacity
+  uint64_t nextId_ = 0;       // records [max(0, nextId_ - capacity), nextId_) are kept
   bool dumped_ = false;
 };
 

@@ -167,12 +167,14 @@ PYBIND11_MODULE(_C, m) {
                d["bytes_received"] = s.bytesReceived;
                d["payload_bytes"] = s.payloadBytes;
                d["seconds"] = s.seconds;
+               d["inline_calls"] = s.inlineCalls;
                out[py::str(name)] = d;
              }
              return out;
            },
            "Per-operation counters since creation or reset_stats(): calls, wire bytes sent and "
-           "received, payload bytes (output tensors), seconds on the worker")
+           "received, payload bytes (output tensors), seconds running, calls run on the caller's "
+           "thread (inline_calls)")
       .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats)
       .def("_dead_peers", &ringdist::ProcessGroupRingdist::deadPeers,
            "Ranks whose process is known to be gone (same host only).")

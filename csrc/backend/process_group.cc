@@ -81,7 +81,7 @@ std::vector<Flat> flatten(const std::vector<at::Tensor>& tensors, DeviceStage* s
 }
 
 // The op names of torch's flight recorder (its analyser matches ranks by them).
-std::string traceName(c10d::OpType type, OpType engineType) {
+const char* traceName(c10d::OpType type, OpType engineType) {
   switch (type) {
     case c10d::OpType::BROADCAST: return "broadcast";
     case c10d::OpType::ALLREDUCE: return "all_reduce";
@@ -154,7 +154,7 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
     auto comm = std::make_unique<Communicator>(rank, size, std::move(mesh.channels),
                                                std::move(mesh.ring), std::move(mesh.hostOf),
                                                rendezvous, options.collectives);
-    worker_ = std::make_unique<Worker>(rank, std::move(comm));
+    worker_ = std::make_unique<Worker>(rank, std::move(comm), recorder_, [this] { dumpTrace(); });
     stages_ = makeDeviceStages(options.collectives.deviceBufferBytes);
     deviceAllreduce_ = stages_ != nullptr && size > 1 && oneHost &&
                        options.collectives.deviceBufferBytes > 0;
@@ -241,33 +241,22 @@ std::chrono::milliseconds ProcessGroupRingdist::effectiveTimeout(
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
                                                              OpType engineType,
                                                              std::vector<at::Tensor> outputs,
-                                                             std::chrono::milliseconds timeout,
+                                                             Call call,
                                                              std::shared_ptr<DeviceStage> stage,
                                                              Worker::Body body,
                                                              std::string statsKey,
                                                              std::vector<at::Tensor> inputs) {
   const uint64_t seq = ++sequenceNumber_;
-  const uint64_t traceId = recorder_->add(traceName(type, engineType), seq, /*p2p=*/false,
-                                          inputs.empty() ? outputs : inputs, outputs,
-                                          effectiveTimeout(timeout).count());
-  // The record follows the op; the first failure writes every record kept
-  // (RINGDIST_TRACE_DUMP), each rank its own file.
-  Worker::Body traced = [this, traceId, body = std::move(body)](Communicator& comm) {
-    recorder_->started(traceId);
-    try {
-      body(comm);
-    } catch (...) {
-      dumpTrace();
-      throw;
-    }
-    recorder_->completed(traceId);
-  };
-  // One rank: no peers, no transfers; CPU work runs on the caller when the
-  // worker is idle (Worker::enqueue).
-  const bool inlineIfIdle = getSize() == 1 && stage == nullptr;
+  const uint64_t traceId =
+      recorder_->add(traceName(type, engineType), seq, FlightRecorder::kCollective,
+                     inputs.empty() ? outputs : inputs, outputs, call.timeout.count());
+  // The latency path: a caller that waits for the result anyway (async_op=False), or any
+  // caller of a one-rank group, runs the op itself when the worker is idle. CPU tensors
+  // only: a CUDA op's host side must not wait for the GPU on the caller's thread.
+  const bool inlineIfIdle = stage == nullptr && (!call.async || getSize() == 1);
   return worker_->enqueue(type, engineType, statsKey.empty() ? opTypeName(engineType) : statsKey,
-                          std::move(outputs), timeout, std::move(traced), std::move(stage),
-                          inlineIfIdle);
+                          std::move(outputs), call.timeout, traceId, std::move(body),
+                          std::move(stage), inlineIfIdle);
 }
 
 void ProcessGroupRingdist::dumpTrace() {
@@ -377,7 +366,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::broadcast(
   int root = static_cast<int>(opts.rootRank);
   size_t count = static_cast<size_t>(flat.flat.numel());
   return enqueue(c10d::OpType::BROADCAST, OpType::kBroadcast, tensors,
-                 effectiveTimeout(opts.timeout), stage, [flat, count, dtype, root](Communicator& comm) {
+                 callOf(opts), stage, [flat, count, dtype, root](Communicator& comm) {
                    ringdist::broadcast(comm, flat.data(), count, dtype, root);
                    flat.writeBack();
                  });
@@ -399,7 +388,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
     // GPU to GPU, on this host
     at::Tensor tensor = tensors[0];
     return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
-                   effectiveTimeout(opts.timeout), stage,
+                   callOf(opts), stage,
                    [stage, tensor, dtype, reduceOp](Communicator& comm) {
                      stage->allreduce(comm, tensor, dtype, reduceOp);
                    });
@@ -407,7 +396,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
   Flat flat(tensors[0], stage.get());
   size_t count = static_cast<size_t>(flat.flat.numel());
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
-                 effectiveTimeout(opts.timeout), stage, [flat, count, dtype, reduceOp](Communicator& comm) {
+                 callOf(opts), stage, [flat, count, dtype, reduceOp](Communicator& comm) {
                    ringdist::allreduce(comm, flat.data(), count, dtype, reduceOp);
                    flat.writeBack();
                  });
@@ -427,7 +416,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceSparse(
                  "sparse tensors support SUM only, got reduce op ", opts.reduceOp.op_);
   std::vector<at::Tensor> outputs{tensor};
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, outputs,
-                 effectiveTimeout(opts.timeout), nullptr,
+                 callOf(opts), nullptr,
                  [tensor](Communicator& comm) { sparseAllreduce(comm, tensor); }, "allreduce_sparse");
 }
 
@@ -441,7 +430,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce_coalesced(
   auto stage = stageFor(op, tensors);
   auto flats = flatten(tensors, stage.get());
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, OpType::kAllreduce, tensors,
-                 effectiveTimeout(opts.timeout), stage, [flats, dtype, reduceOp](Communicator& comm) {
+                 callOf(opts), stage, [flats, dtype, reduceOp](Communicator& comm) {
                    std::vector<at::Tensor> parts;
                    for (const auto& f : flats) parts.push_back(f.flat.reshape({-1}));
                    at::Tensor packed = at::cat(parts);
@@ -468,7 +457,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce(std::vector<at::Tens
   int root = static_cast<int>(opts.rootRank);
   size_t count = static_cast<size_t>(flat.flat.numel());
   bool isRoot = root == getRank();
-  return enqueue(c10d::OpType::REDUCE, OpType::kReduce, tensors, effectiveTimeout(opts.timeout),
+  return enqueue(c10d::OpType::REDUCE, OpType::kReduce, tensors, callOf(opts),
                  stage, [flat, count, dtype, reduceOp, root, isRoot](Communicator& comm) {
                    ringdist::reduce(comm, flat.data(), count, dtype, reduceOp, root);
                    if (isRoot) {
@@ -492,7 +481,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather(
   auto outs = flatten(outputs[0], stage.get(), /*read=*/false);
   size_t count = static_cast<size_t>(in.flat.numel());
   return enqueue(c10d::OpType::ALLGATHER, OpType::kAllgather, outputs[0],
-                 effectiveTimeout(opts.timeout), stage, [in, outs, count, dtype](Communicator& comm) {
+                 callOf(opts), stage, [in, outs, count, dtype](Communicator& comm) {
                    auto ptrs = dataOf<void>(outs);
                    ringdist::allgather(comm, in.data(), ptrs.data(), count, dtype);
                    for (const auto& o : outs) o.writeBack();
@@ -532,7 +521,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_coalesced(
   for (const auto& list : outputLists) lists.push_back(flatten(list, stage.get(), false));
   int size = getSize();
   return enqueue(c10d::OpType::ALLGATHER_COALESCED, OpType::kAllgather, allOutputs,
-                 effectiveTimeout(opts.timeout), stage, [ins, lists, dtype, size](Communicator& comm) {
+                 callOf(opts), stage, [ins, lists, dtype, size](Communicator& comm) {
                    std::vector<at::Tensor> parts;
                    for (const auto& f : ins) parts.push_back(f.flat.reshape({-1}));
                    at::Tensor packed = at::cat(parts);
@@ -578,7 +567,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgatherIntoTensors(
   auto ins = flatten(inputs, stage.get());
   auto outs = flatten(outputs, stage.get(), /*read=*/false);
   const int size = getSize();
-  return enqueue(type, OpType::kAllgather, outputs, effectiveTimeout(opts.timeout), stage,
+  return enqueue(type, OpType::kAllgather, outputs, callOf(opts), stage,
                  [ins, outs, dtypes, size](Communicator& comm) {
                    for (size_t i = 0; i < ins.size(); ++i) {
                      const size_t count = static_cast<size_t>(ins[i].flat.numel());
@@ -613,7 +602,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::gather(
   Flat in(inputs[0], stage.get());
   size_t count = static_cast<size_t>(inputs[0].numel());
   int size = getSize();
-  return enqueue(c10d::OpType::GATHER, OpType::kGather, results, effectiveTimeout(opts.timeout),
+  return enqueue(c10d::OpType::GATHER, OpType::kGather, results, callOf(opts),
                  stage, [in, outs, count, dtype, root, size](Communicator& comm) {
                    std::vector<void*> ptrs(static_cast<size_t>(size), nullptr);
                    for (size_t r = 0; r < outs.size(); ++r) ptrs[r] = outs[r].data();
@@ -645,7 +634,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::scatter(
   Flat out(outputs[0], stage.get(), /*read=*/false);
   size_t count = static_cast<size_t>(outputs[0].numel());
   int size = getSize();
-  return enqueue(c10d::OpType::SCATTER, OpType::kScatter, outputs, effectiveTimeout(opts.timeout),
+  return enqueue(c10d::OpType::SCATTER, OpType::kScatter, outputs, callOf(opts),
                  stage, [ins, out, count, dtype, root, size](Communicator& comm) {
                    std::vector<const void*> ptrs(static_cast<size_t>(size), nullptr);
                    for (size_t r = 0; r < ins.size(); ++r) ptrs[r] = ins[r].data();
@@ -670,7 +659,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce_scatter(
   Flat out(outputs[0], stage.get(), /*read=*/false);
   size_t count = static_cast<size_t>(outputs[0].numel());
   return enqueue(c10d::OpType::REDUCE_SCATTER, OpType::kReduceScatter, outputs,
-                 effectiveTimeout(opts.timeout), stage, [ins, out, count, dtype, reduceOp](Communicator& comm) {
+                 callOf(opts), stage, [ins, out, count, dtype, reduceOp](Communicator& comm) {
                    auto ptrs = dataOf<const void>(ins);
                    ringdist::reduceScatter(comm, ptrs.data(), out.data(), count, dtype, reduceOp);
                    out.writeBack();
@@ -711,7 +700,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduceScatterTensors(
   auto ins = flatten(inputs, stage.get());
   auto outs = flatten(outputs, stage.get(), /*read=*/false);
   const int size = getSize();
-  return enqueue(type, OpType::kReduceScatter, outputs, effectiveTimeout(opts.timeout), stage,
+  return enqueue(type, OpType::kReduceScatter, outputs, callOf(opts), stage,
                  [ins, outs, dtypes, ops, size](Communicator& comm) {
                    for (size_t i = 0; i < ins.size(); ++i) {
                      const size_t count = static_cast<size_t>(outs[i].flat.numel());
@@ -760,7 +749,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall_base(
   Flat in(input, stage.get());
   Flat out(output, stage.get(), /*read=*/false);
   return enqueue(c10d::OpType::ALLTOALL_BASE, OpType::kAlltoall, {output},
-                 effectiveTimeout(opts.timeout), stage,
+                 callOf(opts), stage,
                  [in, out, sendCounts, recvCounts, dtype, size](Communicator& comm) {
                    size_t elem = elementSize(dtype);
                    std::vector<const void*> ins;
@@ -796,7 +785,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall(std::vector<at::Te
   auto stage = stageFor(op, joined({inputs, outputs}));
   auto ins = flatten(inputs, stage.get());
   auto outs = flatten(outputs, stage.get(), /*read=*/false);
-  return enqueue(c10d::OpType::ALLTOALL, OpType::kAlltoall, outputs, effectiveTimeout(opts.timeout),
+  return enqueue(c10d::OpType::ALLTOALL, OpType::kAlltoall, outputs, callOf(opts),
                  stage, [ins, outs, sendCounts, recvCounts, dtype](Communicator& comm) {
                    std::vector<const void*> inPtrs;
                    std::vector<void*> outPtrs;
@@ -809,7 +798,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall(std::vector<at::Te
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(c10d::OpType::BARRIER, OpType::kBarrier, {}, effectiveTimeout(opts.timeout),
+  return enqueue(c10d::OpType::BARRIER, OpType::kBarrier, {}, callOf(opts),
                  nullptr, [](Communicator& comm) { ringdist::barrier(comm); });
 }
 
@@ -831,20 +820,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::sendRecv(bool isSend,
   at::Tensor flat = Flat(tensors[0], stage.get(), /*read=*/isSend).flat;
   const size_t bytes = static_cast<size_t>(flat.numel()) * elementSize(dtype);
   void* data = flat.data_ptr();
-  const std::string peerName = anySource ? "?" : std::to_string(peer);
-  const uint64_t traceId = recorder_->add(
-      isSend ? c10::str("send ", getRank(), "->", peerName)
-             : c10::str("recv ", getRank(), "<-", peerName),
-      ++p2pSequence_, /*p2p=*/true, tensors, tensors, timeout_.count());
+  const uint64_t traceId =
+      recorder_->add(isSend ? "send" : "recv", ++p2pSequence_,
+                     anySource ? FlightRecorder::kAnySource : peer, tensors, tensors,
+                     timeout_.count());
   return worker_->enqueueTransfer(
-      type, op, tensors[0], flat, timeout_,
-      [isSend, anySource, data, bytes, dtype, peer, tag, recorder = recorder_, traceId](
-          PointToPoint& p2p, Worker::Moved done) {
-        recorder->started(traceId);
-        Worker::Moved moved = [recorder, traceId, done](int from) {
-          recorder->completed(traceId);
-          done(from);
-        };
+      type, op, tensors[0], flat, timeout_, traceId,
+      [isSend, anySource, data, bytes, dtype, peer, tag](PointToPoint& p2p,
+                                                         Worker::Moved moved) {
         if (isSend) {
           p2p.send(data, bytes, dtype, peer, tag, [moved] { moved(-1); });
         } else if (anySource) {
@@ -928,7 +911,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
   auto stage = stageFor(op, {tensor});
   if (stage) {
     return enqueue(c10d::OpType::ALLREDUCE, OpType::kCompressedAllreduce, {tensor},
-                   effectiveTimeout(timeout), stage,
+                   Call{effectiveTimeout(timeout)}, stage,
                    [stage, tensor, codec, average](Communicator& comm) {
                      stage->compressedAllreduce(comm, tensor, codec, average);
                    },
@@ -938,7 +921,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
   const bool widen = type != at::kFloat;
   size_t count = static_cast<size_t>(flat.flat.numel());
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kCompressedAllreduce, {tensor},
-                 effectiveTimeout(timeout), nullptr,
+                 Call{effectiveTimeout(timeout)}, nullptr,
                  [flat, widen, count, codec, average](Communicator& comm) {
                    // Half inputs are summed in float32 like everything else;
                    // the one rounding back happens here.
@@ -966,7 +949,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressedEncoded(
                  " bytes for ", count, " values");
   at::Tensor result = at::empty_like(encoded);
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kCompressedAllreduce, {result},
-                 timeout_, nullptr,
+                 Call{timeout_}, nullptr,
                  [encoded, result, count, codec, average](Communicator& comm) {
                    compressedAllreduceEncoded(comm, encoded.data_ptr(), result.data_ptr(),
                                               static_cast<size_t>(count), codec, average);

@@ -159,11 +159,20 @@ class ProcessGroupRingdist : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> sendRecv(bool isSend, std::vector<at::Tensor>& tensors, int peer,
                                           int tag);
 
+  // How an op was called: its deadline, and whether the caller goes on
+  // before it completes (torch's async_op; false lets it take the latency path).
+  struct Call {
+    std::chrono::milliseconds timeout;
+    bool async = true;
+  };
+  template <class Opts>
+  Call callOf(const Opts& opts) const {
+    return {effectiveTimeout(opts.timeout), opts.asyncOp};
+  }
   // Queues `body` on the worker and returns its Work; statsKey defaults to
   // the operation's name.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, OpType engineType,
-                                         std::vector<at::Tensor> outputs,
-                                         std::chrono::milliseconds timeout,
+                                         std::vector<at::Tensor> outputs, Call call,
                                          std::shared_ptr<DeviceStage> stage, Worker::Body body,
                                          std::string statsKey = "",
                                          std::vector<at::Tensor> inputs = {});

@@ -22,8 +22,13 @@ std::exception_ptr asDistError(const std::string& message) {
 
 }  // namespace
 
-Worker::Worker(int rank, std::unique_ptr<Communicator> comm)
-    : rank_(rank), comm_(std::move(comm)), p2p_(std::make_unique<PointToPoint>(*comm_)) {
+Worker::Worker(int rank, std::unique_ptr<Communicator> comm,
+               std::shared_ptr<FlightRecorder> recorder, std::function<void()> onFailure)
+    : rank_(rank),
+      comm_(std::move(comm)),
+      p2p_(std::make_unique<PointToPoint>(*comm_)),
+      recorder_(std::move(recorder)),
+      onFailure_(std::move(onFailure)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -34,14 +39,15 @@ Worker::~Worker() { stop(); }
 c10::intrusive_ptr<RingdistWork> Worker::enqueue(c10d::OpType type, OpType engineType,
                                                  std::string statsKey,
                                                  std::vector<at::Tensor> outputs,
-                                                 std::chrono::milliseconds timeout, Body body,
+                                                 std::chrono::milliseconds timeout,
+                                                 uint64_t traceId, Body body,
                                                  std::shared_ptr<DeviceStage> stage,
                                                  bool inlineIfIdle) {
   auto work = c10::make_intrusive<RingdistWork>(rank_, type, opTypeName(engineType),
                                                 std::move(outputs), std::move(stage));
   Communicator& comm = *comm_;
-  Task task{work, true, engineType, std::move(statsKey), timeout,
-            [&comm, body = std::move(body)] { body(comm); }};
+  Task task{work,    true, engineType, std::move(statsKey), timeout,
+            [&comm, body = std::move(body)] { body(comm); }, traceId};
   if (!(inlineIfIdle && tryRunInline(task))) {
     push(std::move(task));
   }
@@ -51,19 +57,23 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueue(c10d::OpType type, OpType engin
 bool Worker::tryRunInline(Task& task) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stop_ || !queue_.empty() || workerRunning_ || inlineRunning_) {
+    if (stop_ || !queue_.empty() || !workerParked_ || inlineRunning_) {
       return false;
     }
     inlineRunning_ = true;
     inlineThread_.store(std::this_thread::get_id());
   }
+  task.inlined = true;
   run(task);
-  bool wake = false;  // the worker sleeps unless something was queued meanwhile
+  // Transfers issued from the op's callbacks are the worker's to finish.
+  const bool left = !transfers_.empty();
+  bool wake = false;  // the worker sleeps unless something was left for it
   {
     std::lock_guard<std::mutex> lock(mutex_);
     inlineRunning_ = false;
     inlineThread_.store(std::thread::id());
-    wake = stop_ || !queue_.empty();
+    transfersLeft_ = left;
+    wake = stop_ || !queue_.empty() || left;
   }
   if (wake) {
     cv_.notify_all();
@@ -74,12 +84,12 @@ bool Worker::tryRunInline(Task& task) {
 c10::intrusive_ptr<RingdistWork> Worker::enqueueTransfer(c10d::OpType type, const char* name,
                                                          at::Tensor user, at::Tensor flat,
                                                          std::chrono::milliseconds timeout,
-                                                         Post post,
+                                                         uint64_t traceId, Post post,
                                                          std::shared_ptr<DeviceStage> stage) {
   auto work = c10::make_intrusive<RingdistWork>(rank_, type, name, std::vector<at::Tensor>{user},
                                                 std::move(stage));
   Transfer entry{work, std::move(user), std::move(flat), std::make_shared<bool>(false),
-                 std::make_shared<int>(-1)};
+                 std::make_shared<int>(-1), traceId};
   // The body only posts the transfer; reapTransfers() completes the Work.
   push(Task{work, false, OpType::kSend, opTypeName(OpType::kSend), timeout,
             [this, entry, post = std::move(post)] {
@@ -90,7 +100,8 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueueTransfer(c10d::OpType type, cons
                 *source = from;
                 *moved = true;
               });
-            }});
+            },
+            traceId});
   return work;
 }
 
@@ -144,8 +155,6 @@ void Worker::loop() {
     task = Task{};  // drop captured tensors before waiting again
     pollAnySource();
     reapTransfers();
-    std::lock_guard<std::mutex> lock(mutex_);
-    workerRunning_ = false;
   }
   comm_->close(waitAtClose_.load()
                    ? std::chrono::duration_cast<std::chrono::milliseconds>(kTeardownWait)
@@ -165,14 +174,16 @@ bool Worker::next(Task* task) {
     if (!queue_.empty()) {
       *task = std::move(queue_.front());
       queue_.pop_front();
-      workerRunning_ = true;
       return true;
     }
     if (stop_) {
       return false;  // stopping and drained
     }
+    transfersLeft_ = false;  // transfers_ is ours again
     if (transfers_.empty()) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      workerParked_ = true;
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || transfersLeft_; });
+      workerParked_ = false;
     } else {
       idleStep(lock);
     }
@@ -205,6 +216,7 @@ void Worker::run(Task& task) {
   const auto started = std::chrono::steady_clock::now();
   const uint64_t sent0 = comm_->bytesSent();
   const uint64_t recv0 = comm_->bytesReceived();
+  recorder_->started(task.traceId);
   try {
     comm_->beginOp(task.type, task.timeout);
     DeviceStage* stage = task.work->stage();
@@ -222,12 +234,9 @@ void Worker::run(Task& task) {
     if (!comm_->aborted()) {
       comm_->abort(message);
     }
-    failTransfers(message);
     task.body = nullptr;
     recordStats(task, started, sent0, recv0);
-    if (!task.work->isCompleted()) {
-      task.work->markError(asDistError(message));
-    }
+    fail(task.work, message);
     return;
   }
   // The body's tensors go before the Work completes: once the caller's wait()
@@ -236,7 +245,16 @@ void Worker::run(Task& task) {
   // Before completion: callbacks may run further (inline) operations.
   recordStats(task, started, sent0, recv0);
   if (task.completesOnReturn) {
+    recorder_->completed(task.traceId);
     task.work->markSuccess();
+  }
+}
+
+void Worker::fail(const c10::intrusive_ptr<RingdistWork>& work, const std::string& message) {
+  onFailure_();  // the trace, before anyone learns of the failure
+  failTransfers(message);
+  if (work && !work->isCompleted()) {
+    work->markError(asDistError(message));
   }
 }
 
@@ -273,6 +291,7 @@ void Worker::reapTransfers() {
       if (*done.source >= 0) {
         done.work->setSourceRank(*done.source);
       }
+      recorder_->completed(done.traceId);
       done.work->markSuccess();
     } catch (const std::exception&) {
       done.work->markError(std::current_exception());
@@ -286,7 +305,7 @@ void Worker::betweenOps(const std::function<void()>& step) {
   } catch (const std::exception& e) {
     std::string message = comm_->describeError(e.what());
     comm_->abort(message);
-    failTransfers(message);
+    fail(nullptr, message);
   }
 }
 
@@ -327,6 +346,7 @@ void Worker::recordStats(const Task& task, std::chrono::steady_clock::time_point
   s.bytesReceived += comm_->bytesReceived() - recv0;
   s.payloadBytes += payload;
   s.seconds += elapsed.count();
+  s.inlineCalls += task.inlined ? 1 : 0;
 }
 
 std::map<std::string, OpStats> Worker::stats() const {
@@ -362,6 +382,7 @@ void Worker::stop() {
 
 void Worker::abort() {
   waitAtClose_.store(false);  // an abort does not wait for the other ranks
+  comm_->requestAbort();      // nor does the op running now (on the worker or inline)
   std::deque<Task> dropped;
   {
     std::lock_guard<std::mutex> lock(mutex_);

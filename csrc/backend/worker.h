@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "csrc/backend/flight_recorder.h"
 #include "csrc/backend/work.h"
 #include "csrc/collectives/communicator.h"
 #include "csrc/collectives/p2p.h"
@@ -26,6 +27,7 @@ struct OpStats {
   uint64_t bytesReceived = 0;
   uint64_t payloadBytes = 0;   // bytes of the operation's output tensors
   double seconds = 0;          // wall time of the operation on the worker
+  uint64_t inlineCalls = 0;    // calls the caller's thread ran (the latency path)
 };
 
 // The one thread that owns a group's engine (Communicator and
@@ -42,27 +44,33 @@ class Worker {
   using Moved = std::function<void(int source)>;
   using Post = std::function<void(PointToPoint&, Moved moved)>;
 
-  Worker(int rank, std::unique_ptr<Communicator> comm);
+  // `recorder` gets each operation's start and end; `onFailure` runs on the
+  // group's first failure (it writes the trace).
+  Worker(int rank, std::unique_ptr<Communicator> comm, std::shared_ptr<FlightRecorder> recorder,
+         std::function<void()> onFailure);
   ~Worker();
 
-  // Queues `body` as one operation; the Work completes when it returned (or
-  // fails with the error it threw, which aborts the group).
-  // With a `stage` (CUDA tensors, device_stage.h) the body runs between the
-  // stage's stageIn() and recordDone(). inlineIfIdle (groups of one rank,
-  // which have no transfers): when nothing is queued or running, the calling
-  // thread runs the operation itself, in the same order, while the worker
-  // waits, and the Work is complete on return: no thread hand-off.
+  // Queues `body` as one operation (flight-recorder record `traceId`); the
+  // Work completes when it returned (or fails with the error it threw, which
+  // aborts the group). With a `stage` (CUDA tensors, device_stage.h) the body
+  // runs between the stage's stageIn() and recordDone().
+  // inlineIfIdle (the latency path: the caller waits for the result anyway,
+  // or the group has one rank): when the worker is idle, with nothing queued,
+  // running or in flight, the calling thread runs the operation itself, in
+  // the same order, while the worker waits, and the Work is complete on
+  // return: no thread hand-off either way.
   c10::intrusive_ptr<RingdistWork> enqueue(c10d::OpType type, OpType engineType,
                                            std::string statsKey, std::vector<at::Tensor> outputs,
-                                           std::chrono::milliseconds timeout, Body body,
-                                           std::shared_ptr<DeviceStage> stage,
-                                           bool inlineIfIdle = false);
+                                           std::chrono::milliseconds timeout, uint64_t traceId,
+                                           Body body, std::shared_ptr<DeviceStage> stage,
+                                           bool inlineIfIdle);
   // Queues a send or receive of `flat` (user's contiguous view, copy or host
   // twin); the Work completes between operations once the bytes moved, after
   // `flat` was copied back into `user`.
   c10::intrusive_ptr<RingdistWork> enqueueTransfer(c10d::OpType type, const char* name,
                                                    at::Tensor user, at::Tensor flat,
-                                                   std::chrono::milliseconds timeout, Post post,
+                                                   std::chrono::milliseconds timeout,
+                                                   uint64_t traceId, Post post,
                                                    std::shared_ptr<DeviceStage> stage);
   // Changes the collectives' settings between the operations issued before
   // and after this call, on the worker, and waits until that happened.
@@ -91,6 +99,8 @@ class Worker {
     std::string statsKey;                   // empty: not an operation (settings change)
     std::chrono::milliseconds timeout{0};
     std::function<void()> body;
+    uint64_t traceId = 0;
+    bool inlined = false;  // run by the caller (tryRunInline)
   };
   // A queued send or receive; `moved` is set by the transport callback and
   // the Work is completed by reapTransfers() between operations, never inside
@@ -101,6 +111,7 @@ class Worker {
     at::Tensor flat;
     std::shared_ptr<bool> moved;
     std::shared_ptr<int> source;  // the sender, once known
+    uint64_t traceId = 0;
   };
 
   void push(Task task);
@@ -121,19 +132,27 @@ class Worker {
   // Point-to-point progress outside any operation: an error aborts the group.
   void betweenOps(const std::function<void()>& step);
   void pollAnySource();
+  // Marks a failed operation's Work and the group's transfers, and writes
+  // the trace.
+  void fail(const c10::intrusive_ptr<RingdistWork>& work, const std::string& message);
 
   const int rank_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<PointToPoint> p2p_;
-  std::vector<Transfer> transfers_;  // worker thread only
+  const std::shared_ptr<FlightRecorder> recorder_;
+  const std::function<void()> onFailure_;
+  std::vector<Transfer> transfers_;  // the engine's owner only (worker, or an inline caller)
 
-  mutable std::mutex mutex_;  // queue_, stop_
+  mutable std::mutex mutex_;  // everything below up to inlineThread_
   std::condition_variable cv_;
   std::deque<Task> queue_;
   bool stop_ = false;
   std::atomic<bool> waitAtClose_{true};
-  bool workerRunning_ = false;  // the worker thread is running a task
+  // The worker waits for work with no transfer in flight: the engine is free
+  // for an inline operation.
+  bool workerParked_ = false;
   bool inlineRunning_ = false;  // a caller is running one (tryRunInline); the worker waits
+  bool transfersLeft_ = false;  // an inline operation left transfers in flight for the worker
   std::atomic<std::thread::id> inlineThread_{};
 
   // The worker changes the communicator's options under this lock; other

@@ -153,6 +153,17 @@ void Communicator::wake() {
   }
 }
 
+void Communicator::requestAbort() {
+  abortRequested_.store(true);
+  // Unconditionally: an operation's wait polls the eventfd and sleeps on the bell too.
+  const uint64_t one = 1;
+  ssize_t written = ::write(wakeFd_, &one, sizeof(one));
+  (void)written;
+  if (localBell_ != nullptr) {
+    localBell_->ring();
+  }
+}
+
 std::vector<int> Communicator::others() const {
   std::vector<int> peers;
   for (int k = 1; k < size_; ++k) {
@@ -318,6 +329,9 @@ void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds lef
 
 void Communicator::waitForActivity(std::chrono::microseconds maxSleep,
                                    const uint64_t* wakesSeen) {
+  if (abortRequested_.load(std::memory_order_relaxed)) {
+    RINGDIST_FAIL("ringdist ", opName(), ": rank ", rank_, ": the process group was aborted");
+  }
   std::vector<pollfd> fds;
   std::vector<Channel*> owners;  // nullptr: the wake fd
   Doorbell* bell = nullptr;
@@ -352,7 +366,7 @@ void Communicator::waitForActivity(std::chrono::microseconds maxSleep,
                     wakesSeen);
     return;
   }
-  if (wakesSeen != nullptr && !fds.empty()) {
+  if (!fds.empty()) {  // wake() while idle, or requestAbort()
     fds.push_back(pollfd{wakeFd_, POLLIN, 0});
     owners.push_back(nullptr);
   }

@@ -158,6 +158,9 @@ class Communicator {
   bool watchingAny() const;
   // Any thread: ends the worker's idle wait (new work was queued).
   void wake();
+  // Any thread: the running operation (and every later wait) fails at its
+  // next wait with "aborted", instead of waiting for peers that may never come.
+  void requestAbort();
   uint64_t wakeCount() const { return wakes_.load(); }
 
   // Bytes moved over all channels so far (statistics).
@@ -216,6 +219,7 @@ class Communicator {
   Doorbell* localBell_ = nullptr;  // rung by wake() when idle waits sleep on it
   std::atomic<bool> idleWaiting_{false};
   std::atomic<uint64_t> wakes_{0};
+  std::atomic<bool> abortRequested_{false};
   std::string abortReason_;
 };
 

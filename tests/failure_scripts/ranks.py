@@ -301,8 +301,84 @@ def trace_desync(rank, ws, store, dist, torch):
     return result
 
 
+def latency_path(rank, ws, store, dist, torch):
+    """Synchronous ops take the latency path (run on the calling thread) when the worker is
+    idle. Checked here, at 2 ranks:
+    - order: a seeded random mix of sync and async allreduce/broadcast on shared tensors of
+      8 B to 4 MiB equals the mix applied in issue order (a float64 simulation of every
+      rank), and some ops ran inline while others queued behind async work;
+    - deadline: an inline allreduce whose peer never comes fails after the group's timeout;
+    - abort: an inline allreduce whose peer never comes fails soon after another thread
+      aborts the group, and the abort returns."""
+    import random
+
+    import torch_ringdist
+
+    _init(rank, ws, store, dist)
+    rng = random.Random(7)
+    sizes = [1, 256, 16384, 1 << 19]  # float64 elements: 8 B .. 4 MiB
+    state = [[float((r + 1) * (i + 2)) for i in range(len(sizes))] for r in range(ws)]
+    tensors = [torch.full((n,), state[rank][i], dtype=torch.float64) for i, n in enumerate(sizes)]
+    torch_ringdist.reset_stats()
+    pending = []
+    for _ in range(60):
+        i = rng.randrange(len(sizes))
+        sync = rng.random() < 0.6
+        if rng.random() < 0.5:
+            work = dist.all_reduce(tensors[i], async_op=not sync)
+            total = sum(state[r][i] for r in range(ws))
+            for r in range(ws):
+                state[r][i] = total
+        else:
+            root = rng.randrange(ws)
+            work = dist.broadcast(tensors[i], src=root, async_op=not sync)
+            for r in range(ws):
+                state[r][i] = state[root][i]
+        if work is not None:
+            pending.append(work)
+    for work in pending:
+        work.wait()
+    order_ok = all(bool(torch.all(t == state[rank][i])) for i, t in enumerate(tensors))
+    stats = torch_ringdist.stats()
+    calls = sum(stats[k]["calls"] for k in ("allreduce", "broadcast"))
+    inline = sum(stats[k]["inline_calls"] for k in ("allreduce", "broadcast"))
+    # 8 B sync allreduce, back to back: every one takes the latency path
+    torch_ringdist.reset_stats()
+    small_ok = True
+    for k in range(100):
+        small = torch.full((2,), float(rank + k))
+        dist.all_reduce(small)
+        small_ok &= bool(torch.all(small == sum(r + k for r in range(ws))))
+    back_to_back = torch_ringdist.stats()["allreduce"]["inline_calls"]
+
+    out = {"order_ok": order_ok, "calls": calls, "inline": inline, "back_to_back": back_to_back,
+           "small_ok": small_ok}
+    late = dist.new_group(timeout=datetime.timedelta(seconds=1))
+    aborted = dist.new_group()
+    if rank == 1:  # never joins the ops below; waits until rank 0 is done with them
+        store.wait(["latency_path/done"], datetime.timedelta(seconds=60))
+        return out
+    for name, group in (("deadline", late), ("abort", aborted)):
+        timer = None
+        if name == "abort":
+            timer = threading.Timer(0.5, group.abort)
+            timer.start()
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(2), group=group)
+            out[name] = {"error": None}
+        except Exception as e:  # noqa: BLE001 (reported)
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:300],
+                         "seconds": time.monotonic() - start}
+        if timer is not None:
+            timer.join(10)
+            out[name]["abort_returned"] = not timer.is_alive()
+    store.set("latency_path/done", "1")
+    return out
+
+
 SCENARIOS = {f.__name__: f for f in (kill_mid_allreduce, cycles, held_init, death_during_shrink,
-                                     abort_healthy, trace_desync)}
+                                     abort_healthy, trace_desync, latency_path)}
 
 
 def main() -> int:

@@ -1,0 +1,24 @@
+"""The latency path: a synchronous op (async_op=False) that finds the group's worker idle runs
+on the calling thread. Order, deadlines and abort must behave as on the worker."""
+from spawned import Spawned
+
+
+def test_latency_path_order_deadline_and_abort(tmp_path):
+    with Spawned("latency_path", 2, tmp_path) as w:
+        got = w.results(120)
+    for rank in (0, 1):
+        r = got[rank]
+        # The random sync/async mix equals the issue-order simulation on every rank ...
+        assert r["order_ok"], r
+        # ... with some ops on the latency path and some queued behind async work.
+        assert 0 < r["inline"] < r["calls"] == 60, r
+        # Back to back, all but the first (the worker may still be finishing the async work
+        # before) take it.
+        assert r["back_to_back"] >= 99 and r["small_ok"], r
+    r = got[0]
+    # Deadline: the inline op's peer never comes; it fails after the group's 1 s timeout.
+    assert "Timed out after 1000 ms" in r["deadline"]["error"], r
+    assert 0.9 < r["deadline"]["seconds"] < 10, r
+    # Abort from another thread ends the inline op's wait and returns.
+    assert "aborted" in r["abort"]["error"] and "rank 0" in r["abort"]["error"], r
+    assert 0.4 < r["abort"]["seconds"] < 5 and r["abort"]["abort_returned"], r
