@@ -315,12 +315,19 @@ def main():
         except ImportError as e:
             sys.exit(f"--backend ringdist needs torch_ringdist installed: {e}")
     elif args.backend == "fake":
+        import importlib
         import warnings
         warnings.simplefilter("ignore")  # torch's per-call deprecation chatter on fake
-        import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers "fake"
+        importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers it
 
     timeout = datetime.timedelta(seconds=args.timeout)
-    dist.init_process_group(backend=args.backend, timeout=timeout)
+    if args.backend == "fake":  # takes no rendezvous from the environment: give it the store
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=False, timeout=timeout)
+        dist.init_process_group("fake", store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    else:
+        dist.init_process_group(backend=args.backend, timeout=timeout)
     pg = dist.group.WORLD
     book = dist.new_group(backend="gloo", timeout=timeout)
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -14,6 +14,10 @@ namespace {
 constexpr auto kTeardownWait = std::chrono::seconds(10);
 // Poll interval of the worker while only point-to-point transfers are pending.
 constexpr auto kIdlePoll = std::chrono::milliseconds(5);
+// How long a send or receive posted on the caller's thread is moved there
+// (when cores allow busy-polling) before the worker takes it over: a reply
+// that comes within this costs no thread hand-off.
+constexpr auto kInlineTransferSpin = std::chrono::microseconds(30);
 
 std::exception_ptr asDistError(const std::string& message) {
   return std::make_exception_ptr(
@@ -56,7 +60,14 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueue(c10d::OpType type, OpType engin
 
 bool Worker::tryRunInline(Task& task) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    // The worker still on the last op queued before this one: that op must
+    // end before this one starts anyway, so wait for it here and take the
+    // engine when the worker parks (else the completion that wakes this
+    // caller would race the worker to its park, and lose on a busy core).
+    cv_.wait(lock, [&] {
+      return stop_ || !queue_.empty() || inlineRunning_ || workerParked_ || !workerTask_;
+    });
     if (stop_ || !queue_.empty() || !workerParked_ || inlineRunning_) {
       return false;
     }
@@ -65,6 +76,9 @@ bool Worker::tryRunInline(Task& task) {
   }
   task.inlined = true;
   run(task);
+  if (!task.completesOnReturn) {
+    settleInline();
+  }
   // Transfers issued from the op's callbacks are the worker's to finish.
   const bool left = !transfers_.empty();
   bool wake = false;  // the worker sleeps unless something was left for it
@@ -91,7 +105,8 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueueTransfer(c10d::OpType type, cons
   Transfer entry{work, std::move(user), std::move(flat), std::make_shared<bool>(false),
                  std::make_shared<int>(-1), traceId};
   // The body only posts the transfer; reapTransfers() completes the Work.
-  push(Task{work, false, OpType::kSend, opTypeName(OpType::kSend), timeout,
+  const bool onHost = work->stage() == nullptr;
+  Task task{work, false, OpType::kSend, opTypeName(OpType::kSend), timeout,
             [this, entry, post = std::move(post)] {
               transfers_.push_back(entry);  // first: if posting fails, failTransfers() ends it
               auto moved = entry.moved;
@@ -101,8 +116,21 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueueTransfer(c10d::OpType type, cons
                 *moved = true;
               });
             },
-            traceId});
+            traceId};
+  if (!(onHost && tryRunInline(task))) {
+    push(std::move(task));
+  }
   return work;
+}
+
+void Worker::settleInline() {
+  const auto until = std::chrono::steady_clock::now() + kInlineTransferSpin;
+  do {
+    betweenOps([this] { comm_->progress(); });
+    pollAnySource();
+    reapTransfers();
+  } while (!transfers_.empty() && !comm_->aborted() && comm_->spins() &&
+           std::chrono::steady_clock::now() < until);
 }
 
 void Worker::configure(const std::function<void(CollectiveOptions&)>& change) {
@@ -141,7 +169,7 @@ void Worker::push(Task task) {
                 ": the process group has been shut down");
     queue_.push_back(std::move(task));
   }
-  cv_.notify_one();
+  cv_.notify_all();  // the worker, and callers waiting in tryRunInline
   comm_->wake();  // the worker may be waiting on pending sends and receives
 }
 
@@ -166,6 +194,7 @@ void Worker::loop() {
 
 bool Worker::next(Task* task) {
   std::unique_lock<std::mutex> lock(mutex_);
+  workerTask_ = false;
   for (;;) {
     if (inlineRunning_) {  // a caller holds the engine (tryRunInline)
       cv_.wait(lock, [&] { return !inlineRunning_; });
@@ -174,6 +203,7 @@ bool Worker::next(Task* task) {
     if (!queue_.empty()) {
       *task = std::move(queue_.front());
       queue_.pop_front();
+      workerTask_ = true;
       return true;
     }
     if (stop_) {
@@ -182,6 +212,7 @@ bool Worker::next(Task* task) {
     transfersLeft_ = false;  // transfers_ is ours again
     if (transfers_.empty()) {
       workerParked_ = true;
+      cv_.notify_all();  // a caller may wait to run inline (tryRunInline)
       cv_.wait(lock, [&] { return stop_ || !queue_.empty() || transfersLeft_; });
       workerParked_ = false;
     } else {

@@ -66,7 +66,8 @@ class Worker {
                                            bool inlineIfIdle);
   // Queues a send or receive of `flat` (user's contiguous view, copy or host
   // twin); the Work completes between operations once the bytes moved, after
-  // `flat` was copied back into `user`.
+  // `flat` was copied back into `user`. CPU tensors with the worker idle: the
+  // caller posts it and moves it for a moment itself (settleInline).
   c10::intrusive_ptr<RingdistWork> enqueueTransfer(c10d::OpType type, const char* name,
                                                    at::Tensor user, at::Tensor flat,
                                                    std::chrono::milliseconds timeout,
@@ -117,6 +118,9 @@ class Worker {
   void push(Task task);
   // Runs `task` on the calling thread if the worker is idle; false otherwise.
   bool tryRunInline(Task& task);
+  // After a send or receive was posted inline: moves it on the caller's
+  // thread for a moment; what is still in flight then is the worker's.
+  void settleInline();
   void loop();
   // Waits for the next task; meanwhile keeps point-to-point traffic moving.
   // False once stopping with nothing queued.
@@ -151,6 +155,7 @@ class Worker {
   // The worker waits for work with no transfer in flight: the engine is free
   // for an inline operation.
   bool workerParked_ = false;
+  bool workerTask_ = false;  // the worker took a task and has not come back for the next
   bool inlineRunning_ = false;  // a caller is running one (tryRunInline); the worker waits
   bool transfersLeft_ = false;  // an inline operation left transfers in flight for the worker
   std::atomic<std::thread::id> inlineThread_{};

@@ -158,6 +158,8 @@ class Communicator {
   bool watchingAny() const;
   // Any thread: ends the worker's idle wait (new work was queued).
   void wake();
+  // Whether waits may busy-poll (every local rank has a core).
+  bool spins() const { return spin_; }
   // Any thread: the running operation (and every later wait) fails at its
   // next wait with "aborted", instead of waiting for peers that may never come.
   void requestAbort();

@@ -350,9 +350,21 @@ def latency_path(rank, ws, store, dist, torch):
         dist.all_reduce(small)
         small_ok &= bool(torch.all(small == sum(r + k for r in range(ws))))
     back_to_back = torch_ringdist.stats()["allreduce"]["inline_calls"]
+    # Ping-pong: each rank adds one and sends it back; sends and receives post inline.
+    torch_ringdist.reset_stats()
+    ball = torch.zeros(2)
+    for _ in range(50):
+        if rank == 0:
+            dist.send(ball + 1, dst=1)
+            dist.recv(ball, src=1)
+        else:
+            dist.recv(ball, src=0)
+            dist.send(ball + 1, dst=0)
+    p2p = torch_ringdist.stats()["send/recv"]
 
     out = {"order_ok": order_ok, "calls": calls, "inline": inline, "back_to_back": back_to_back,
-           "small_ok": small_ok}
+           "small_ok": small_ok, "ping_pong": ball.tolist(), "p2p_calls": p2p["calls"],
+           "p2p_inline": p2p["inline_calls"]}
     late = dist.new_group(timeout=datetime.timedelta(seconds=1))
     aborted = dist.new_group()
     if rank == 1:  # never joins the ops below; waits until rank 0 is done with them
