@@ -59,14 +59,20 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueue(c10d::OpType type, OpType engin
 }
 
 bool Worker::tryRunInline(Task& task) {
+  const auto self = std::this_thread::get_id();
+  if (self == threadId_.load() || self == inlineThread_.load()) {
+    return false;  // issued from a callback of the running op: push() runs it at once
+  }
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    // The worker still on the last op queued before this one: that op must
-    // end before this one starts anyway, so wait for it here and take the
-    // engine when the worker parks (else the completion that wakes this
-    // caller would race the worker to its park, and lose on a busy core).
+    // The worker still on the last op queued before this one (that op must
+    // end before this one starts anyway), or done with everything and on its
+    // way to park: wait, and take the engine when it parks. Else the
+    // completion that woke this caller would race the worker to its park,
+    // and lose on a busy core. Transfers in flight may take any time: queue.
     cv_.wait(lock, [&] {
-      return stop_ || !queue_.empty() || inlineRunning_ || workerParked_ || !workerTask_;
+      return stop_ || !queue_.empty() || inlineRunning_ || workerParked_ ||
+             (!workerTask_ && inFlight_.load() > 0);
     });
     if (stop_ || !queue_.empty() || !workerParked_ || inlineRunning_) {
       return false;
@@ -75,10 +81,12 @@ bool Worker::tryRunInline(Task& task) {
     inlineThread_.store(std::this_thread::get_id());
   }
   task.inlined = true;
+  comm_->setSpinYields(false);
   run(task);
   if (!task.completesOnReturn) {
     settleInline();
   }
+  comm_->setSpinYields(true);
   // Transfers issued from the op's callbacks are the worker's to finish.
   const bool left = !transfers_.empty();
   bool wake = false;  // the worker sleeps unless something was left for it
@@ -109,6 +117,7 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueueTransfer(c10d::OpType type, cons
   Task task{work, false, OpType::kSend, opTypeName(OpType::kSend), timeout,
             [this, entry, post = std::move(post)] {
               transfers_.push_back(entry);  // first: if posting fails, failTransfers() ends it
+              inFlight_.store(transfers_.size());
               auto moved = entry.moved;
               auto source = entry.source;
               post(*p2p_, [moved, source](int from) {
@@ -296,6 +305,7 @@ void Worker::failTransfers(const std::string& message) {
     t.work->markError(asDistError(message));
   }
   transfers_.clear();
+  inFlight_.store(0);
 }
 
 void Worker::reapTransfers() {
@@ -306,6 +316,7 @@ void Worker::reapTransfers() {
     }
     Transfer done = std::move(transfers_[i]);
     transfers_.erase(transfers_.begin() + static_cast<long>(i));
+    inFlight_.store(transfers_.size());  // before the Work completes: see tryRunInline
     try {
       auto copyBack = [&done] {
         // Only receives write; host to host, non_blocking is synchronous.

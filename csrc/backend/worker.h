@@ -146,6 +146,7 @@ class Worker {
   const std::shared_ptr<FlightRecorder> recorder_;
   const std::function<void()> onFailure_;
   std::vector<Transfer> transfers_;  // the engine's owner only (worker, or an inline caller)
+  std::atomic<size_t> inFlight_{0};  // transfers_.size(), for callers (tryRunInline)
 
   mutable std::mutex mutex_;  // everything below up to inlineThread_
   std::condition_variable cv_;

@@ -153,6 +153,14 @@ void Communicator::wake() {
   }
 }
 
+void Communicator::cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 void Communicator::requestAbort() {
   abortRequested_.store(true);
   // Unconditionally: an operation's wait polls the eventfd and sleeps on the bell too.
@@ -301,9 +309,15 @@ void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds lef
       if (progress() || watchedArrival() || wokenSince(wakesSeen)) {
         return;
       }
-      // Our own process's other threads (the Python caller that enqueues the
-      // next op or waits for this one) may need this core more than we do.
-      sched_yield();
+      if (spinYields_) {
+        // Our own process's other threads (the Python caller that enqueues
+        // the next op or waits for this one) may need this core more than we do.
+        sched_yield();
+      } else {
+        // The caller runs the op itself: nothing of ours needs the core, and
+        // a yield would hand it to any busy process for a whole time slice.
+        cpuRelax();
+      }
     }
   }
   uint32_t armed = bell->arm();

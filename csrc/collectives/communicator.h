@@ -160,6 +160,10 @@ class Communicator {
   void wake();
   // Whether waits may busy-poll (every local rank has a core).
   bool spins() const { return spin_; }
+  // Whether a busy-poll yields the core between looks (true: the op runs on
+  // the worker, and the process's caller thread may need the core; false:
+  // the caller runs it, on the latency path).
+  void setSpinYields(bool yields) { spinYields_ = yields; }
   // Any thread: the running operation (and every later wait) fails at its
   // next wait with "aborted", instead of waiting for peers that may never come.
   void requestAbort();
@@ -189,6 +193,7 @@ class Communicator {
  private:
   std::string pendingPeers() const;
   void setUpHierarchy();
+  static void cpuRelax();
   void sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left, const uint64_t* wakesSeen);
   // Bytes on a watched link: what progress() reports for queued receives.
   bool watchedArrival();
@@ -216,6 +221,7 @@ class Communicator {
   bool aborted_ = false;
   bool closed_ = false;
   bool spin_ = false;  // busy-poll briefly before sleeping (a core per local rank)
+  bool spinYields_ = true;
   std::vector<char> watched_;  // by peer, see setWatched
   int wakeFd_ = -1;            // eventfd written by wake(), polled by idle waits
   Doorbell* localBell_ = nullptr;  // rung by wake() when idle waits sleep on it

@@ -361,10 +361,21 @@ def latency_path(rank, ws, store, dist, torch):
             dist.recv(ball, src=0)
             dist.send(ball + 1, dst=0)
     p2p = torch_ringdist.stats()["send/recv"]
+    # A synchronous op issued by a completion callback (on the worker, or inline) runs there.
+    big, inner, ran_on = torch.ones(1 << 20), torch.ones(2), []
+
+    def callback(fut):
+        ran_on.append(threading.get_ident())
+        dist.all_reduce(inner)
+        return fut.value()
+
+    dist.all_reduce(big, async_op=True).get_future().then(callback).wait()
+    callback_ok = (bool(torch.all(big == ws)) and bool(torch.all(inner == ws))
+                   and ran_on != [threading.get_ident()])  # on the worker: 4 MiB takes a while
 
     out = {"order_ok": order_ok, "calls": calls, "inline": inline, "back_to_back": back_to_back,
            "small_ok": small_ok, "ping_pong": ball.tolist(), "p2p_calls": p2p["calls"],
-           "p2p_inline": p2p["inline_calls"]}
+           "p2p_inline": p2p["inline_calls"], "callback_ok": callback_ok}
     late = dist.new_group(timeout=datetime.timedelta(seconds=1))
     aborted = dist.new_group()
     if rank == 1:  # never joins the ops below; waits until rank 0 is done with them
