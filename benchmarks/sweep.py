@@ -169,10 +169,13 @@ def measure(run, slowest, args, nbytes):
     """
     for _ in range(args.warmup):
         run()
+    # The batch size from a calibration run of back-to-back calls: a few calls right after
+    # the barrier would mostly time the barrier's skew.
+    calls = max(args.warmup, 20) if nbytes < args.large_bytes // 16 else args.warmup
     t0 = time.perf_counter()
-    for _ in range(args.warmup):
+    for _ in range(calls):
         run()
-    per_op = slowest((time.perf_counter() - t0) / max(1, args.warmup))
+    per_op = slowest((time.perf_counter() - t0) / calls)
     batch = max(1, min(args.max_batch, int(args.batch_us * 1e-6 / max(per_op, 1e-9))))
     min_iters = args.min_iters_large if nbytes >= args.large_bytes else args.min_iters
     samples = []
@@ -211,7 +214,7 @@ def add_common_args(p):
     p.add_argument("--min-iters-large", type=int, default=10,
                    help="floor for sizes >= --large-bytes (protocol: >= 10 at 256 MiB)")
     p.add_argument("--large-bytes", type=parse_bytes, default=parse_bytes("256M"))
-    p.add_argument("--batch-us", type=float, default=500,
+    p.add_argument("--batch-us", type=float, default=2000,
                    help="ops faster than this are timed in back-to-back batches of about "
                         "this length (0: one op per sample)")
     p.add_argument("--max-batch", type=int, default=1000)

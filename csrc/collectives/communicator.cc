@@ -75,7 +75,7 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Chann
   watched_.assign(static_cast<size_t>(size_), 0);
   wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RINGDIST_CHECK(wakeFd_ >= 0, "ringdist: eventfd failed: ", std::strerror(errno));
-  spin_ = sharing <= static_cast<int>(std::thread::hardware_concurrency());
+  spin_ = sharing <= usableCores();
   RINGDIST_CHECK(static_cast<int>(hostOf_.size()) == size_, "ringdist: host map has ",
                  hostOf_.size(), " ranks, expected ", size_);
   setUpHierarchy();
@@ -291,6 +291,15 @@ bool Communicator::hasPending() const {
   return false;
 }
 
+// The cores this process may run on (taskset, cgroup cpusets), not the machine's.
+int Communicator::usableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    return CPU_COUNT(&set);
+  }
+  return static_cast<int>(std::thread::hardware_concurrency());
+}
+
 std::string Communicator::pendingPeers() const {
   std::string peers;
   for (const auto& ch : channels_) {
@@ -303,7 +312,9 @@ std::string Communicator::pendingPeers() const {
 
 void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left,
                                    const uint64_t* wakesSeen) {
-  if (spin_) {
+  if (spin_ && spinSkips_ > 0) {
+    --spinSkips_;
+  } else if (spin_) {
     auto spinUntil = Clock::now() + kSpinBeforeSleep;
     while (Clock::now() < spinUntil) {
       if (progress() || watchedArrival() || wokenSince(wakesSeen)) {
@@ -319,6 +330,9 @@ void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds lef
         cpuRelax();
       }
     }
+    // A whole spin with nothing: the peers do not run beside us now (one
+    // shares our core, or is descheduled), and spinning only delays them.
+    spinSkips_ = kSpinBackoff;
   }
   uint32_t armed = bell->arm();
   // A final look after arming: a peer that rang before arm() is seen here,
