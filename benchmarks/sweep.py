@@ -10,8 +10,9 @@ Terms (as in nccl-tests):
   size   bytes of the full buffer: the in-place buffer for allreduce and broadcast, the
          gathered output for allgather, the input of reduce_scatter.
   count  elements in that buffer (allgather/reduce_scatter: N chunks of count/N each).
-  time   per iteration, the slowest rank's wall time for one op; the row shows the
-         median over iterations.
+  time   per sample, the slowest rank's wall time for one op (ops faster than --batch-us
+         are timed as a batch of back-to-back calls and divided); the row shows the
+         median over samples.
   algbw  size / time.   busbw  algbw * factor, the factor making busbw comparable to
          link bandwidth: allreduce 2(N-1)/N, allgather and reduce_scatter (N-1)/N,
          broadcast 1.
