@@ -87,19 +87,17 @@ bool Worker::tryRunInline(Task& task) {
     settleInline();
   }
   comm_->setSpinYields(true);
-  // Transfers issued from the op's callbacks are the worker's to finish.
+  // Transfers still in flight are the worker's to finish.
   const bool left = !transfers_.empty();
-  bool wake = false;  // the worker sleeps unless something was left for it
   {
     std::lock_guard<std::mutex> lock(mutex_);
     inlineRunning_ = false;
     inlineThread_.store(std::thread::id());
     transfersLeft_ = left;
-    wake = stop_ || !queue_.empty() || left;
   }
-  if (wake) {
-    cv_.notify_all();
-  }
+  // Always: the worker may have been woken meanwhile (work queued, or
+  // transfers an earlier inline op left) and now waits for this one to end.
+  cv_.notify_all();
   return true;
 }
 
