@@ -18,7 +18,7 @@ def test_latency_path_order_deadline_and_abort(tmp_path):
         # 50 round trips: the ball ends at 100 (rank 0) / 99 (rank 1); the posts ran inline.
         assert r["ping_pong"] == [100.0 - rank] * 2, r
         assert r["p2p_calls"] == 100 and r["p2p_inline"] >= 90, r
-        assert r["callback_ok"], r
+        assert r["callback_ok"] and r["crossed_ok"], r
     r = got[0]
     # Deadline: the inline op's peer never comes; it fails after the group's 1 s timeout.
     assert "Timed out after 1000 ms" in r["deadline"]["error"], r

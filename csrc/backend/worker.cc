@@ -18,6 +18,9 @@ constexpr auto kIdlePoll = std::chrono::milliseconds(5);
 // (when cores allow busy-polling) before the worker takes it over: a reply
 // that comes within this costs no thread hand-off.
 constexpr auto kInlineTransferSpin = std::chrono::microseconds(30);
+// How long a synchronous call waits for a busy worker to park before it
+// queues its op instead (tryRunInline).
+constexpr auto kInlineWait = std::chrono::milliseconds(1);
 
 std::exception_ptr asDistError(const std::string& message) {
   return std::make_exception_ptr(
@@ -70,7 +73,8 @@ bool Worker::tryRunInline(Task& task) {
     // way to park: wait, and take the engine when it parks. Else the
     // completion that woke this caller would race the worker to its park,
     // and lose on a busy core. Transfers in flight may take any time: queue.
-    cv_.wait(lock, [&] {
+    // Bounded: queuing is always correct; this wait only saves a hand-off.
+    cv_.wait_for(lock, kInlineWait, [&] {
       return stop_ || !queue_.empty() || inlineRunning_ || workerParked_ ||
              (!workerTask_ && inFlight_.load() > 0);
     });
@@ -201,7 +205,13 @@ void Worker::loop() {
 
 bool Worker::next(Task* task) {
   std::unique_lock<std::mutex> lock(mutex_);
-  workerTask_ = false;
+  if (workerTask_) {
+    workerTask_ = false;
+    // A caller in tryRunInline may wait for that op to end. If transfers are
+    // still in flight the worker goes on moving them, never parking: only
+    // this wakes the caller to queue behind them.
+    cv_.notify_all();
+  }
   for (;;) {
     if (inlineRunning_) {  // a caller holds the engine (tryRunInline)
       cv_.wait(lock, [&] { return !inlineRunning_; });

@@ -307,6 +307,7 @@ def latency_path(rank, ws, store, dist, torch):
     - order: a seeded random mix of sync and async allreduce/broadcast on shared tensors of
       8 B to 4 MiB equals the mix applied in issue order (a float64 simulation of every
       rank), and some ops ran inline while others queued behind async work;
+    - 4 MiB isends/irecvs crossing, 40 rounds: posts queue behind transfers in flight;
     - deadline: an inline allreduce whose peer never comes fails after the group's timeout;
     - abort: an inline allreduce whose peer never comes fails soon after another thread
       aborts the group, and the abort returns."""
@@ -361,6 +362,18 @@ def latency_path(rank, ws, store, dist, torch):
             dist.recv(ball, src=0)
             dist.send(ball + 1, dst=0)
     p2p = torch_ringdist.stats()["send/recv"]
+    # Posts that find the worker still moving large transfers an earlier post left queue
+    # behind them (a lost wake-up here once hung both ranks in irecv).
+    crossed_ok = True
+    for k in range(40):
+        a, b = torch.full((1 << 20,), rank + k + 0.5), torch.full((1 << 20,), rank + k + 0.25)
+        ra, rb = torch.empty_like(a), torch.empty_like(b)
+        sends = [dist.isend(a, dst=1 - rank, tag=11), dist.isend(b, dst=1 - rank, tag=12)]
+        recvs = [dist.irecv(rb, src=1 - rank, tag=12), dist.irecv(ra, src=1 - rank, tag=11)]
+        for w in recvs + sends:
+            w.wait()
+        peer = 1 - rank + k
+        crossed_ok &= bool(torch.all(ra == peer + 0.5) and torch.all(rb == peer + 0.25))
     # A synchronous op issued by a completion callback (on the worker, or inline) runs there.
     big, inner, ran_on = torch.ones(1 << 20), torch.ones(2), []
 
@@ -375,7 +388,8 @@ def latency_path(rank, ws, store, dist, torch):
 
     out = {"order_ok": order_ok, "calls": calls, "inline": inline, "back_to_back": back_to_back,
            "small_ok": small_ok, "ping_pong": ball.tolist(), "p2p_calls": p2p["calls"],
-           "p2p_inline": p2p["inline_calls"], "callback_ok": callback_ok}
+           "p2p_inline": p2p["inline_calls"], "callback_ok": callback_ok,
+           "crossed_ok": crossed_ok}
     late = dist.new_group(timeout=datetime.timedelta(seconds=1))
     aborted = dist.new_group()
     if rank == 1:  # never joins the ops below; waits until rank 0 is done with them
