@@ -93,15 +93,19 @@ bool Worker::tryRunInline(Task& task) {
   comm_->setSpinYields(true);
   // Transfers still in flight are the worker's to finish.
   const bool left = !transfers_.empty();
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     inlineRunning_ = false;
     inlineThread_.store(std::thread::id());
     transfersLeft_ = left;
+    // Only when the worker has something to do: a needless wake-up of the
+    // parked worker costs a context switch per op on a busy core.
+    wake = left || workerAwaitsInline_;
   }
-  // Always: the worker may have been woken meanwhile (work queued, or
-  // transfers an earlier inline op left) and now waits for this one to end.
-  cv_.notify_all();
+  if (wake) {
+    cv_.notify_all();
+  }
   return true;
 }
 
@@ -214,7 +218,9 @@ bool Worker::next(Task* task) {
   }
   for (;;) {
     if (inlineRunning_) {  // a caller holds the engine (tryRunInline)
+      workerAwaitsInline_ = true;
       cv_.wait(lock, [&] { return !inlineRunning_; });
+      workerAwaitsInline_ = false;
       continue;
     }
     if (!queue_.empty()) {

@@ -158,6 +158,7 @@ class Worker {
   bool workerParked_ = false;
   bool workerTask_ = false;  // the worker took a task and has not come back for the next
   bool inlineRunning_ = false;  // a caller is running one (tryRunInline); the worker waits
+  bool workerAwaitsInline_ = false;  // the worker, woken meanwhile, waits for it to end
   bool transfersLeft_ = false;  // an inline operation left transfers in flight for the worker
   std::atomic<std::thread::id> inlineThread_{};
 
