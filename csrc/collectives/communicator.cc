@@ -312,9 +312,11 @@ std::string Communicator::pendingPeers() const {
 
 void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left,
                                    const uint64_t* wakesSeen) {
-  if (spin_ && spinSkips_ > 0) {
-    --spinSkips_;
-  } else if (spin_) {
+  // Every wait spins first, even after a spin that saw nothing: under load
+  // the peer is only off its core for a moment, and a sleep then costs a
+  // wake-up against the busy process. Ranks that share one core do not spin
+  // at all (spin_).
+  if (spin_) {
     auto spinUntil = Clock::now() + kSpinBeforeSleep;
     while (Clock::now() < spinUntil) {
       if (progress() || watchedArrival() || wokenSince(wakesSeen)) {
@@ -330,9 +332,6 @@ void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds lef
         cpuRelax();
       }
     }
-    // A whole spin with nothing: the peers do not run beside us now (one
-    // shares our core, or is descheduled), and spinning only delays them.
-    spinSkips_ = kSpinBackoff;
   }
   uint32_t armed = bell->arm();
   // A final look after arming: a peer that rang before arm() is seen here,

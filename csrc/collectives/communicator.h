@@ -58,11 +58,6 @@ constexpr size_t kRecvWindow = 4;
 // another core usually answers within microseconds, and a futex round trip
 // costs more than that. Skipped when ranks outnumber cores.
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
-// After a spin that saw nothing, this many waits sleep at once. When the
-// scheduler puts two ranks on one core (other processes busy on the rest),
-// every spin is wasted: 8 B allreduce, N=2, one core: 68 us with spinning,
-// 29 us with yields.
-constexpr int kSpinBackoff = 16;
 // Longest single sleep; between sleeps dead peers and deadlines are checked.
 constexpr auto kMaxSleep = std::chrono::milliseconds(50);
 
@@ -228,7 +223,6 @@ class Communicator {
   bool closed_ = false;
   bool spin_ = false;  // busy-poll briefly before sleeping (a core per local rank)
   bool spinYields_ = true;
-  int spinSkips_ = 0;  // waits left that skip the spin (kSpinBackoff)
   std::vector<char> watched_;  // by peer, see setWatched
   int wakeFd_ = -1;            // eventfd written by wake(), polled by idle waits
   Doorbell* localBell_ = nullptr;  // rung by wake() when idle waits sleep on it
