@@ -310,13 +310,14 @@ std::string Communicator::pendingPeers() const {
   return peers.empty() ? "none" : peers;
 }
 
-void Communicator::sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left,
-                                   const uint64_t* wakesSeen) {
-  // Every wait spins first, even after a spin that saw nothing: under load
-  // the peer is only off its core for a moment, and a sleep then costs a
-  // wake-up against the busy process. Ranks that share one core do not spin
-  // at all (spin_).
-  if (spin_) {
+void Communicator::sleepOnDoorbell(Doorbell* bell, bool coreShared,
+                                   std::chrono::milliseconds left, const uint64_t* wakesSeen) {
+  // Spin first: a peer on another core answers within microseconds, and a
+  // sleep costs a wake-up (against a busy process, under load). Not when
+  // ranks outnumber cores (spin_), nor when a peer we wait for last waited
+  // on this very CPU: the scheduler put it beside us, and it runs only once
+  // we leave the core.
+  if (spin_ && !coreShared) {
     auto spinUntil = Clock::now() + kSpinBeforeSleep;
     while (Clock::now() < spinUntil) {
       if (progress() || watchedArrival() || wokenSince(wakesSeen)) {
@@ -362,6 +363,8 @@ void Communicator::waitForActivity(std::chrono::microseconds maxSleep,
   std::vector<pollfd> fds;
   std::vector<Channel*> owners;  // nullptr: the wake fd
   Doorbell* bell = nullptr;
+  int cpu = -1;             // this thread's, once a shared-memory link is pending
+  bool coreShared = false;  // a peer we wait for last waited on that CPU
   for (size_t p = 0; p < channels_.size(); ++p) {
     Channel* ch = channels_[p].get();
     if (ch == nullptr) continue;
@@ -374,6 +377,10 @@ void Communicator::waitForActivity(std::chrono::microseconds maxSleep,
       owners.push_back(ch);
     } else if ((ch->hasPending() || watched) && ch->doorbell() != nullptr) {
       bell = ch->doorbell();
+      if (cpu < 0) {
+        cpu = sched_getcpu();
+      }
+      coreShared = coreShared || ch->peerCpu() == cpu;
     }
   }
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
@@ -386,7 +393,8 @@ void Communicator::waitForActivity(std::chrono::microseconds maxSleep,
     return;
   }
   if (bell != nullptr && fds.empty()) {
-    sleepOnDoorbell(bell,
+    bell->publishCpu(cpu);
+    sleepOnDoorbell(bell, coreShared,
                     std::max<std::chrono::milliseconds>(
                         std::chrono::milliseconds(1),
                         std::chrono::duration_cast<std::chrono::milliseconds>(cap)),

@@ -195,7 +195,8 @@ class Communicator {
   void setUpHierarchy();
   static void cpuRelax();
   static int usableCores();
-  void sleepOnDoorbell(Doorbell* bell, std::chrono::milliseconds left, const uint64_t* wakesSeen);
+  void sleepOnDoorbell(Doorbell* bell, bool coreShared, std::chrono::milliseconds left,
+                       const uint64_t* wakesSeen);
   // Bytes on a watched link: what progress() reports for queued receives.
   bool watchedArrival();
   bool wokenSince(const uint64_t* wakesSeen) const {

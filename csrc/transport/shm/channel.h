@@ -17,6 +17,7 @@ class LocalDoorbell final : public Doorbell {
   void sleep(uint32_t armed, std::chrono::microseconds timeout) override;
   void disarm() override;
   void ring() override;
+  void publishCpu(int cpu) override { bell_->cpu.store(cpu, std::memory_order_relaxed); }
 
  private:
   Bell* bell_;
@@ -41,6 +42,7 @@ class ShmChannel final : public QueuedChannel {
   int pollFd() const override { return -1; }
   short pollEvents() const override { return 0; }
   Doorbell* doorbell() const override { return doorbell_.get(); }
+  int peerCpu() const override { return peerBell_->cpu.load(std::memory_order_relaxed); }
   void checkAlive() const override;
   bool peerDead() const override;
   void close() override;

@@ -65,6 +65,7 @@ void connectLocal(Rendezvous& rendezvous, int rank, const std::vector<int>& loca
       : mapPublished(rendezvous, rank, count, nameKey, options);
   segment->bell(self)->pid = static_cast<int32_t>(::getpid());
   segment->bell(self)->startTime = processStartTime(::getpid());
+  segment->bell(self)->cpu.store(-1);
   auto doorbell = std::make_shared<LocalDoorbell>(segment->bell(self));
   for (int i = 0; i < count; ++i) {
     if (i != self) {
