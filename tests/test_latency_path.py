@@ -1,5 +1,7 @@
 """The latency path: a synchronous op (async_op=False) that finds the group's worker idle runs
 on the calling thread. Order, deadlines and abort must behave as on the worker."""
+import os
+
 from spawned import Spawned
 
 
@@ -19,6 +21,12 @@ def test_latency_path_order_deadline_and_abort(tmp_path):
         assert r["ping_pong"] == [100.0 - rank] * 2, r
         assert r["p2p_calls"] == 100 and r["p2p_inline"] >= 90, r
         assert r["callback_ok"] and r["crossed_ok"], r
+    # Both callers pinned to one CPU: the rank waiting on each op sleeps without spinning for
+    # its peer, which needs that CPU; pinned to two CPUs, no wait skips the spin.
+    pinned = [got[rank]["shared_core_waits"] for rank in (0, 1)]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert pinned[0]["one_cpu"] + pinned[1]["one_cpu"] >= 100, pinned
+        assert pinned[0]["two_cpus"] == pinned[1]["two_cpus"] == 0, pinned
     r = got[0]
     # Deadline: the inline op's peer never comes; it fails after the group's 1 s timeout.
     assert "Timed out after 1000 ms" in r["deadline"]["error"], r

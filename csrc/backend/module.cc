@@ -168,13 +168,15 @@ PYBIND11_MODULE(_C, m) {
                d["payload_bytes"] = s.payloadBytes;
                d["seconds"] = s.seconds;
                d["inline_calls"] = s.inlineCalls;
+               d["shared_core_waits"] = s.sharedCoreWaits;
                out[py::str(name)] = d;
              }
              return out;
            },
            "Per-operation counters since creation or reset_stats(): calls, wire bytes sent and "
            "received, payload bytes (output tensors), seconds running, calls run on the caller's "
-           "thread (inline_calls)")
+           "thread (inline_calls), waits that skipped the spin because a peer shared the CPU "
+           "(shared_core_waits)")
       .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats)
       .def("_dead_peers", &ringdist::ProcessGroupRingdist::deadPeers,
            "Ranks whose process is known to be gone (same host only).")

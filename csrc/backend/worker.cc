@@ -268,8 +268,7 @@ void Worker::run(Task& task) {
     return;
   }
   const auto started = std::chrono::steady_clock::now();
-  const uint64_t sent0 = comm_->bytesSent();
-  const uint64_t recv0 = comm_->bytesReceived();
+  const Counters before = counters();
   recorder_->started(task.traceId);
   try {
     comm_->beginOp(task.type, task.timeout);
@@ -289,7 +288,7 @@ void Worker::run(Task& task) {
       comm_->abort(message);
     }
     task.body = nullptr;
-    recordStats(task, started, sent0, recv0);
+    recordStats(task, started, before);
     fail(task.work, message);
     return;
   }
@@ -297,7 +296,7 @@ void Worker::run(Task& task) {
   // returns, the process may exit, and dropping a tensor needs the GIL.
   task.body = nullptr;
   // Before completion: callbacks may run further (inline) operations.
-  recordStats(task, started, sent0, recv0);
+  recordStats(task, started, before);
   if (task.completesOnReturn) {
     recorder_->completed(task.traceId);
     task.work->markSuccess();
@@ -386,8 +385,12 @@ std::vector<std::vector<int>> Worker::allreduceRings() const {
   return {comm_->hostRing().members, comm_->crossRing().members};
 }
 
+Worker::Counters Worker::counters() const {
+  return {comm_->bytesSent(), comm_->bytesReceived(), comm_->sharedCoreWaits()};
+}
+
 void Worker::recordStats(const Task& task, std::chrono::steady_clock::time_point started,
-                         uint64_t sent0, uint64_t recv0) {
+                         const Counters& before) {
   uint64_t payload = 0;
   if (task.completesOnReturn) {
     for (const auto& t : task.work->result()) {
@@ -395,11 +398,13 @@ void Worker::recordStats(const Task& task, std::chrono::steady_clock::time_point
     }
   }
   std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - started;
+  const Counters now = counters();
   std::lock_guard<std::mutex> lock(statsMutex_);
   OpStats& s = stats_[task.statsKey];
   s.calls += 1;
-  s.bytesSent += comm_->bytesSent() - sent0;
-  s.bytesReceived += comm_->bytesReceived() - recv0;
+  s.bytesSent += now.sent - before.sent;
+  s.bytesReceived += now.received - before.received;
+  s.sharedCoreWaits += now.sharedCoreWaits - before.sharedCoreWaits;
   s.payloadBytes += payload;
   s.seconds += elapsed.count();
   s.inlineCalls += task.inlined ? 1 : 0;

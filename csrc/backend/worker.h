@@ -28,6 +28,7 @@ struct OpStats {
   uint64_t payloadBytes = 0;   // bytes of the operation's output tensors
   double seconds = 0;          // wall time of the operation on the worker
   uint64_t inlineCalls = 0;    // calls the caller's thread ran (the latency path)
+  uint64_t sharedCoreWaits = 0;  // waits that slept at once: a peer was on this CPU
 };
 
 // The one thread that owns a group's engine (Communicator and
@@ -127,8 +128,13 @@ class Worker {
   bool next(Task* task);
   void idleStep(std::unique_lock<std::mutex>& lock);
   void run(Task& task);
+  // The communicator's running totals, taken around each operation.
+  struct Counters {
+    uint64_t sent, received, sharedCoreWaits;
+  };
+  Counters counters() const;
   void recordStats(const Task& task, std::chrono::steady_clock::time_point started,
-                   uint64_t sent0, uint64_t recv0);
+                   const Counters& before);
   // After an error the group is unusable (streams may be out of step):
   // every pending transfer fails with the same message.
   void failTransfers(const std::string& message);

@@ -196,6 +196,9 @@ void Communicator::beginOp(OpType type, std::chrono::milliseconds timeout) {
   opType_ = type;
   opTimeout_ = timeout;
   deadline_ = Clock::now() + timeout;
+  if (localBell_ != nullptr) {
+    localBell_->publishCpu(sched_getcpu());  // fresh for the peers' first waits of this op
+  }
 }
 
 OpHeader Communicator::makeHeader(OpType type, uint64_t count, DataType dtype, ReduceOp op,
@@ -394,6 +397,7 @@ void Communicator::waitForActivity(std::chrono::microseconds maxSleep,
   }
   if (bell != nullptr && fds.empty()) {
     bell->publishCpu(cpu);
+    sharedCoreWaits_ += spin_ && coreShared ? 1 : 0;
     sleepOnDoorbell(bell, coreShared,
                     std::max<std::chrono::milliseconds>(
                         std::chrono::milliseconds(1),

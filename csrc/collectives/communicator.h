@@ -172,6 +172,8 @@ class Communicator {
   // Bytes moved over all channels so far (statistics).
   uint64_t bytesSent() const;
   uint64_t bytesReceived() const;
+  // Waits that slept without spinning because a peer shared this CPU.
+  uint64_t sharedCoreWaits() const { return sharedCoreWaits_; }
 
   // Scratch memory owned by the communicator, grown on demand, 64-byte aligned.
   char* scratch(size_t bytes);
@@ -224,6 +226,7 @@ class Communicator {
   bool closed_ = false;
   bool spin_ = false;  // busy-poll briefly before sleeping (a core per local rank)
   bool spinYields_ = true;
+  uint64_t sharedCoreWaits_ = 0;
   std::vector<char> watched_;  // by peer, see setWatched
   int wakeFd_ = -1;            // eventfd written by wake(), polled by idle waits
   Doorbell* localBell_ = nullptr;  // rung by wake() when idle waits sleep on it

@@ -308,6 +308,7 @@ def latency_path(rank, ws, store, dist, torch):
       8 B to 4 MiB equals the mix applied in issue order (a float64 simulation of every
       rank), and some ops ran inline while others queued behind async work;
     - 4 MiB isends/irecvs crossing, 40 rounds: posts queue behind transfers in flight;
+    - callers pinned to one CPU wait without spinning (shared_core_waits), on two CPUs spin;
     - deadline: an inline allreduce whose peer never comes fails after the group's timeout;
     - abort: an inline allreduce whose peer never comes fails soon after another thread
       aborts the group, and the abort returns."""
@@ -386,7 +387,23 @@ def latency_path(rank, ws, store, dist, torch):
     callback_ok = (bool(torch.all(big == ws)) and bool(torch.all(inner == ws))
                    and ran_on != [threading.get_ident()])  # on the worker: 4 MiB takes a while
 
-    out = {"order_ok": order_ok, "calls": calls, "inline": inline, "back_to_back": back_to_back,
+    # Ranks the scheduler put on one CPU: a rank does not spin for a peer that last ran or
+    # waited on its own CPU. Both callers pinned to one CPU, then each to its own.
+    cores = sorted(os.sched_getaffinity(0))
+    shared_core_waits = None
+    if len(cores) >= 2:
+        shared_core_waits = {}
+        for name, cpus in (("one_cpu", [cores[0]] * 2), ("two_cpus", cores[:2])):
+            os.sched_setaffinity(0, {cpus[rank]})  # this thread only: the group spins as before
+            dist.barrier()  # both published their CPU
+            torch_ringdist.reset_stats()
+            pinned = torch.ones(2)
+            for _ in range(200):
+                dist.all_reduce(pinned)
+            shared_core_waits[name] = torch_ringdist.stats()["allreduce"]["shared_core_waits"]
+        os.sched_setaffinity(0, cores)
+
+    out = {"order_ok": order_ok, "shared_core_waits": shared_core_waits, "calls": calls, "inline": inline, "back_to_back": back_to_back,
            "small_ok": small_ok, "ping_pong": ball.tolist(), "p2p_calls": p2p["calls"],
            "p2p_inline": p2p["inline_calls"], "callback_ok": callback_ok,
            "crossed_ok": crossed_ok}
