@@ -18,7 +18,7 @@ class Doorbell {
   virtual void disarm() = 0;
   // Any thread: ends a current sleep() (or the next, if between arm and sleep).
   virtual void ring() = 0;
-  // Tells the peers which CPU this rank waits on (Channel::peerCpu).
+  // Tells the peers which CPU this rank runs on (Channel::peerCpu).
   virtual void publishCpu(int cpu) = 0;
 };
 
@@ -89,7 +89,7 @@ class Channel {
   virtual size_t unacknowledgedBytes() const { return 0; }
   // Channels without a pollable fd return their Doorbell instead.
   virtual Doorbell* doorbell() const { return nullptr; }
-  // The CPU the peer last began a wait on (its Doorbell::publishCpu), -1 if
+  // The CPU the peer last began an op or a wait on (Doorbell::publishCpu), -1 if
   // unknown: a rank does not spin for a peer that needs its core.
   virtual int peerCpu() const { return -1; }
   // Throws when the peer is known to be gone (for transports that cannot

@@ -403,7 +403,8 @@ def latency_path(rank, ws, store, dist, torch):
             shared_core_waits[name] = torch_ringdist.stats()["allreduce"]["shared_core_waits"]
         os.sched_setaffinity(0, cores)
 
-    out = {"order_ok": order_ok, "shared_core_waits": shared_core_waits, "calls": calls, "inline": inline, "back_to_back": back_to_back,
+    out = {"order_ok": order_ok, "shared_core_waits": shared_core_waits, "calls": calls,
+           "inline": inline, "back_to_back": back_to_back,
            "small_ok": small_ok, "ping_pong": ball.tolist(), "p2p_calls": p2p["calls"],
            "p2p_inline": p2p["inline_calls"], "callback_ok": callback_ok,
            "crossed_ok": crossed_ok}

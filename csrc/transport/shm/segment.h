@@ -25,7 +25,7 @@ struct alignas(64) Bell {
   std::atomic<uint32_t> sleeping;  // set while the owner may sleep
   int32_t pid;                     // owner's pid and its start time (clock
   uint64_t startTime;              // ticks since boot), for liveness checks
-  std::atomic<int32_t> cpu;        // the CPU the owner last began a wait on, -1 before
+  std::atomic<int32_t> cpu;        // the CPU the owner last began an op or a wait on, -1 before
 };
 
 // Start time of a process from /proc/<pid>/stat, 0 if it is gone or a
