@@ -447,6 +447,14 @@ def _case_all_gather(rank, ws, dtypes, counts, variant):
             all_gather_single(res, src)
             errs.append(bytes_mismatch(res.reshape(-1), torch.cat(exp), key + ": "))
             outs = []
+        elif variant == "tensor_in_place":
+            # FSDP2's form: the input is this rank's block of the output.
+            res = torch.empty(ws * n, dtype=tdtype(dtype))
+            res.view(torch.uint8).fill_(0xA5)  # blocks not yet received
+            res[rank * n:(rank + 1) * n] = mine
+            all_gather_single(res, res[rank * n:(rank + 1) * n])
+            errs.append(bytes_mismatch(res, torch.cat(exp), key + ": "))
+            outs = []
         else:
             raise ValueError(variant)
         errs += [check_slot(s, exp[r], f"{key} from rank {r}", exact_bytes=True)
@@ -807,13 +815,13 @@ def test_broadcast(world_factory, ws, seg, layouts):
 
 
 @pytest.mark.parametrize("variant", ["list", "list_strided", "tensor", "tensor_stacked",
-                                     "tensor_strided_input"])
+                                     "tensor_strided_input", "tensor_in_place"])
 @world_params
 def test_all_gather(world_factory, ws, seg, variant):
     skip_if_gloo_gap("stacked" if variant == "tensor_stacked" else None)
     w = get_world(world_factory, ws, seg)
     assert_cases(w.run(_case_all_gather, DTYPES, SMALL_COUNTS, variant), check_digests=False)
-    if variant in ("list", "tensor") and segment_of(seg) == "default":
+    if variant in ("list", "tensor", "tensor_in_place") and segment_of(seg) == "default":
         assert_cases(w.run(_case_all_gather, ["float32"], [LARGE], variant), check_digests=False)
 
 

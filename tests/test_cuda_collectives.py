@@ -119,7 +119,8 @@ def test_cuda_data_movement(world_factory, ws, seg):
     counts = tc.counts_for(seg, True)
     tc.assert_cases(_run(world_factory, ws, seg, "_case_broadcast", dtypes, counts,
                          tc.DENSE + ["strided"]))
-    for variant in ("list", "list_strided", "tensor", "tensor_stacked", "tensor_strided_input"):
+    for variant in ("list", "list_strided", "tensor", "tensor_stacked", "tensor_strided_input",
+                    "tensor_in_place"):
         tc.assert_cases(_run(world_factory, ws, seg, "_case_all_gather", dtypes, counts, variant))
     for layout in ("contig", "strided"):
         tc.assert_cases(_run(world_factory, ws, seg, "_case_gather", dtypes, tc.SMALL_COUNTS,

@@ -4,6 +4,9 @@
 // N-1 steps; in step s position p sends block (p - s) and receives block
 // (p - s - 1), segment by segment, so a segment is forwarded as soon as it
 // arrived. Received bytes land directly in the caller's output blocks.
+// Step 0 sends from the input itself; the copy of the input into this rank's
+// own output block is done segment by segment while waiting for the peers,
+// so it costs no time of its own (it used to run, serially, before the ring).
 #include <cstring>
 #include <vector>
 
@@ -19,10 +22,11 @@ void allgather(Communicator& comm, const void* input, void* const* outputs, size
   const int rank = comm.rank();
   comm.exchangeRingHeaders(comm.makeHeader(OpType::kAllgather, count, dtype, ReduceOp::kSum, -1));
   const size_t elem = elementSize(dtype);
-  if (count > 0 && outputs[rank] != input) {
-    std::memmove(outputs[rank], input, count * elem);
-  }
+  const bool copyOwn = count > 0 && outputs[rank] != input;
   if (n == 1 || count == 0) {
+    if (copyOwn) {
+      std::memmove(outputs[rank], input, count * elem);
+    }
     return;
   }
   const ChunkLayout block(count, 1, comm.segmentBytes(), elem);
@@ -31,41 +35,64 @@ void allgather(Communicator& comm, const void* input, void* const* outputs, size
   const long pos = comm.ringPos();
   Channel& left = comm.channel(comm.left());
   Channel& right = comm.channel(comm.right());
-  auto piece = [&](size_t transfer, bool sending, size_t* bytes) {
+  // Transfer t's block owner, byte offset in that block and length.
+  auto piece = [&](size_t transfer, bool sending, int* owner, size_t* bytes) {
     long step = static_cast<long>(transfer / perStep);
-    int owner = comm.ringRank(static_cast<int>(modPos(pos - step - (sending ? 0 : 1), n)));
+    *owner = comm.ringRank(static_cast<int>(modPos(pos - step - (sending ? 0 : 1), n)));
     size_t offset, length;
     block.segment(0, transfer % perStep, &offset, &length);
     *bytes = length * elem;
-    return static_cast<char*>(outputs[owner]) + offset * elem;
+    return offset * elem;
+  };
+  // Own block: input -> outputs[rank], one segment per idle moment.
+  size_t ownCopied = copyOwn ? 0 : perStep;
+  auto copyOwnSegment = [&] {
+    size_t offset, length;
+    block.segment(0, ownCopied++, &offset, &length);
+    std::memmove(static_cast<char*>(outputs[rank]) + offset * elem,
+                 static_cast<const char*>(input) + offset * elem, length * elem);
   };
 
   // Every receive goes straight to its final place, so all can be posted now.
   std::vector<uint64_t> recvTicket(total);
   for (size_t t = 0; t < total; ++t) {
+    int owner;
     size_t bytes;
-    char* dst = piece(t, false, &bytes);
-    recvTicket[t] = left.postRecv(dst, bytes);
+    size_t at = piece(t, false, &owner, &bytes);
+    recvTicket[t] = left.postRecv(static_cast<char*>(outputs[owner]) + at, bytes);
   }
   uint64_t lastSend = 0;
   size_t sent = 0;
   size_t arrived = 0;
-  while (sent < total) {
+  auto finished = [&] {
+    return sent == total && ownCopied == perStep && left.recvDone(recvTicket[total - 1]) &&
+           right.sendDone(lastSend);
+  };
+  for (;;) {
     while (arrived < total && left.recvDone(recvTicket[arrived])) {
       ++arrived;
     }
-    // Step 0 sends our own block; step s forwards transfer - perStep.
+    // Step 0 sends our input; step s forwards transfer - perStep.
     while (sent < total && (sent < perStep || arrived > sent - perStep)) {
+      int owner;
       size_t bytes;
-      char* src = piece(sent, true, &bytes);
-      lastSend = right.postSend(src, bytes);
+      size_t at = piece(sent, true, &owner, &bytes);
+      const void* from = sent < perStep ? input : outputs[owner];
+      lastSend = right.postSend(static_cast<const char*>(from) + at, bytes);
       ++sent;
     }
-    if (sent < total && !comm.progress()) {
-      comm.waitForActivity();
+    bool moved = comm.progress();
+    if (finished()) {
+      return;
+    }
+    if (!moved) {
+      if (ownCopied < perStep) {
+        copyOwnSegment();
+      } else {
+        comm.waitForActivity();
+      }
     }
   }
-  comm.waitUntil([&] { return left.recvDone(recvTicket[total - 1]) && right.sendDone(lastSend); });
 }
 
 }  // namespace ringdist

@@ -23,13 +23,16 @@ namespace ringdist {
 //            segment; every rank sends and receives transfers in that order.
 // Offsets and lengths are in elements of elementBytes each.
 struct ChunkLayout {
+  // segmentBytes is the largest segment; chunks of less than kPipelineDepth
+  // such segments are cut finer (down to kMinPipelinedSegmentBytes) so that a
+  // mid-size transfer still overlaps the sender's and receiver's copies.
   ChunkLayout(size_t count, int chunks, size_t segmentBytes, size_t elementBytes)
-      : count(count),
-        chunks(static_cast<size_t>(chunks)),
-        segmentElems(std::max<size_t>(1, segmentBytes / elementBytes)) {
+      : count(count), chunks(static_cast<size_t>(chunks)) {
     base = count / this->chunks;
     extra = count % this->chunks;
     size_t longest = base + (extra > 0 ? 1 : 0);
+    size_t pipelined = std::max(kMinPipelinedSegmentBytes, longest * elementBytes / kPipelineDepth);
+    segmentElems = std::max<size_t>(1, std::min(segmentBytes, pipelined) / elementBytes);
     segmentsPerChunk = longest == 0 ? 1 : (longest + segmentElems - 1) / segmentElems;
   }
   size_t chunkOffset(size_t c) const { return c * base + (c < extra ? c : extra); }

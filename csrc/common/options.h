@@ -53,6 +53,10 @@ struct MeshOptions {
 // copy cost, small enough that reduce and transfer of neighbouring segments
 // overlap and scratch stays in L2/L3.
 constexpr size_t kDefaultSegmentBytes = 256 * 1024;
+// Shorter chunks are cut into this many segments, of at least the minimum
+// size (below it per-segment overhead shows), so that their copies overlap.
+constexpr size_t kPipelineDepth = 4;
+constexpr size_t kMinPipelinedSegmentBytes = 32 * 1024;
 // Up to this size an allreduce is latency-bound: one round in which every
 // rank sends its buffer to every peer beats 2(N-1) ring hops.
 constexpr size_t kDefaultSmallAllreduceBytes = 64 * 1024;
