@@ -376,16 +376,24 @@ def latency_path(rank, ws, store, dist, torch):
         peer = 1 - rank + k
         crossed_ok &= bool(torch.all(ra == peer + 0.5) and torch.all(rb == peer + 0.25))
     # A synchronous op issued by a completion callback (on the worker, or inline) runs there.
-    big, inner, ran_on = torch.ones(1 << 20), torch.ones(2), []
+    # Each rank in turn calls first while the other waits 0.1 s, so the early rank's op is
+    # still running when its callback is attached: that callback runs on the worker. (With
+    # both ranks at once, a starved caller thread could attach it after the op completed.)
+    callback_ok = True
+    for early in range(ws):
+        big, inner, ran_on = torch.ones(1 << 20), torch.ones(2), []
 
-    def callback(fut):
-        ran_on.append(threading.get_ident())
-        dist.all_reduce(inner)
-        return fut.value()
+        def callback(fut):
+            ran_on.append(threading.get_ident())
+            dist.all_reduce(inner)
+            return fut.value()
 
-    dist.all_reduce(big, async_op=True).get_future().then(callback).wait()
-    callback_ok = (bool(torch.all(big == ws)) and bool(torch.all(inner == ws))
-                   and ran_on != [threading.get_ident()])  # on the worker: 4 MiB takes a while
+        if rank != early:
+            time.sleep(0.1)
+        dist.all_reduce(big, async_op=True).get_future().then(callback).wait()
+        callback_ok &= bool(torch.all(big == ws)) and bool(torch.all(inner == ws))
+        if rank == early:
+            callback_ok &= ran_on != [threading.get_ident()]
 
     # Ranks the scheduler put on one CPU: a rank does not spin for a peer that last ran or
     # waited on its own CPU. Both callers pinned to one CPU, then each to its own.
