@@ -25,8 +25,8 @@ host, shaped at --rate) with --nproc ranks per host instead of on this host dire
 torch's dispatch floor (label "floor": sweep.py on torch's `fake` backend, which moves no
 data between ranks, so its time is what torch itself costs per call; for allgather and
 reduce_scatter it also copies the input into the output locally, a write any backend makes) to
-the alternation. --load runs one
-CPU-bound process per rank beside every sweep (a busy data loader, say).
+the alternation. --load runs one CPU-bound process per rank beside every sweep (a busy data
+loader, say).
 """
 
 import argparse

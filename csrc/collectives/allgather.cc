@@ -6,7 +6,7 @@
 // arrived. Received bytes land directly in the caller's output blocks.
 // Step 0 sends from the input itself; the copy of the input into this rank's
 // own output block is done segment by segment while waiting for the peers,
-// so it costs no time of its own (it used to run, serially, before the ring).
+// so it does not delay the ring's start.
 #include <cstring>
 #include <vector>
 
