@@ -5,7 +5,8 @@ the pinned host copies that bound the staged path.
     python benchmarks/cuda_kernels.py --json cuda_kernels.json
 
 Issue target: reduction and codec kernels >= 80% of the measured device-to-device copy
-bandwidth on 256 MiB. Each kernel's bytes moved (read + written) per second is compared
+bandwidth on 256 MiB. The top-k hook's kernels are timed too, against the least traffic
+they need. Each kernel's bytes moved (read + written) per second is compared
 with torch's D2D copy of the same buffer (also read + written), measured alternately in
 the same run with CUDA events; medians of --reps. Needs a CUDA build of ringdist and a
 GPU: exits with a message otherwise.
@@ -79,6 +80,16 @@ def main():
             n * 4 + enc.numel())
         row(f"decode {codec}", timed(lambda: T.codec_decode(enc, codec, n, "cuda"), args.reps),
             enc.numel() + n * 4)
+    # Top-k hook kernels, 1% of the buffer: the least traffic a selection with error feedback
+    # needs is reading grad and reading and writing the residual (3 passes); the scatter of
+    # two ranks' selections writes the dense result and reads the selections.
+    k = n // 100
+    residual = torch.zeros(n, device="cuda")
+    packed = torch.empty(2 * k, device="cuda")
+    row("topk select 1% EF", timed(lambda: C.topk_select(a, residual, k, packed), args.reps), 3 * n * 4)
+    gathered = torch.cat([packed, packed])
+    row("topk scatter N=2", timed(lambda: C.topk_scatter(gathered, 2, k, dst), args.reps),
+        n * 4 + gathered.numel() * 4)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "mib": args.mib,
               "copy_GBps": copy_gbps, "pinned_GBps": pinned_gbps, "rows": rows,
               "note": "the encode/decode rows allocate their output each call, as the test bindings do"}

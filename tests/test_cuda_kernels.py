@@ -89,3 +89,63 @@ def test_cuda_reduce_on_unaligned_views(dtype):
         x, y = a[start:].contiguous(), b[start:].contiguous()
         got = T.cuda_reduce(a.cuda()[start:], b.cuda()[start:], "sum").cpu()
         assert _same_bits_or_both_nan(got, T.reduce_kernel(x, y, "sum")), (dtype, start)
+
+
+# ------------------------------------------------ top-k (csrc/cuda/topk.cu)
+def _topk_cases():
+    from test_topk_ops import KINDS
+    for kind in sorted(KINDS):
+        for n in (1, 4095, 4097, 100003, (1 << 22) + 5):
+            yield kind, n
+
+
+@pytest.mark.parametrize("kind,n", list(_topk_cases()))
+def test_cuda_topk_select_matches_cpu_kernel(kind, n):
+    from test_topk_ops import KINDS
+    import math
+
+    grad = KINDS[kind](n, n)
+    for k in sorted({0, 1, max(1, math.ceil(0.01 * n)), n // 3, n}):
+        for with_residual in (False, True):
+            residual = KINDS[kind](n, n + 1) * 0.5 if with_residual else None
+            cpu_res = residual.clone() if with_residual else None
+            expected = torch.empty(2 * k)
+            _C.topk_select(grad, cpu_res, k, expected)
+            gpu_res = residual.cuda() if with_residual else None
+            got = torch.empty(2 * k, device="cuda")
+            _C.topk_select(grad.cuda(), gpu_res, k, got)
+            where = f"{kind} n={n} k={k} residual={with_residual}"
+            assert torch.equal(got.cpu().view(torch.int32), expected.view(torch.int32)), where
+            if with_residual:
+                assert torch.equal(gpu_res.cpu().view(torch.int32), cpu_res.view(torch.int32)), where
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_cuda_topk_scatter_matches_cpu_kernel(world):
+    n, k = 100003, 1001
+    g = torch.Generator().manual_seed(world)
+    parts = []
+    for _ in range(world):
+        idx = torch.sort(torch.randperm(n, generator=g)[:k]).values.to(torch.int32)
+        parts.append(torch.cat([torch.randn(k, generator=g), idx.view(torch.float32)]))
+    gathered = torch.cat(parts)
+    expected = torch.empty(n)
+    _C.topk_scatter(gathered, world, k, expected)
+    got = torch.full((n,), 5.0, device="cuda")
+    _C.topk_scatter(gathered.cuda(), world, k, got)
+    assert torch.equal(got.cpu().view(torch.int32), expected.view(torch.int32))
+    bad = gathered.clone()
+    bad[(world - 1) * 2 * k + k + 7] = torch.tensor([n + 3], dtype=torch.int32).view(torch.float32)
+    with pytest.raises(RuntimeError, match=f"rank {world - 1} sent index {n + 3}"):
+        _C.topk_scatter(bad.cuda(), world, k, got)
+
+
+def test_cuda_topk_select_runs_on_the_current_stream():
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x = torch.zeros(1 << 22, device="cuda")
+        x[12345] = 1.0  # on s; the selection must see it
+        packed = torch.empty(2, device="cuda")
+        _C.topk_select(x, None, 1, packed)
+    s.synchronize()
+    assert packed[1:].cpu().view(torch.int32).item() == 12345 and packed[0].item() == 1.0

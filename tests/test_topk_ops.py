@@ -1,4 +1,6 @@
-"""The fused top-k kernels behind the topk hook (torch_ringdist._C.topk_select / topk_scatter).
+"""The fused top-k kernels behind the topk hook (torch_ringdist._C.topk_select / topk_scatter),
+and the GPU's radix select rehearsed on the host through the arithmetic it shares with the
+CPU kernels (csrc/hooks/topk_math.h), against those kernels.
 
 Single process, no backend. References: a stable descending torch.sort of the
 magnitudes (ties to the lower index; NaN largest, as torch.topk), torch.topk's
@@ -110,3 +112,68 @@ def test_scatter_rejects_bad_index_and_shapes():
         load().topk_scatter(parts, 2, 2, torch.empty(10))
     with pytest.raises(RuntimeError, match="want 2k"):
         load().topk_select(torch.ones(10), None, 3, torch.empty(5))
+
+
+# ------------------------------------------------ the GPU algorithm, rehearsed on the host
+def _radix_select(grad, residual, k, tile):
+    packed = torch.empty(2 * k, dtype=torch.float32)
+    load().testing.topk_radix_select(grad, residual, k, packed, tile)
+    return packed
+
+
+def _close_keys(n, seed):
+    """Magnitudes that share their high digits and differ in the last radix pass's bits."""
+    g = torch.Generator().manual_seed(seed)
+    bits = torch.full((n,), 0x3F800000, dtype=torch.int32) + torch.randint(0, 600, (n,), generator=g,
+                                                                            dtype=torch.int32)
+    sign = torch.randint(0, 2, (n,), generator=g, dtype=torch.int32) << 31
+    return (bits | sign).view(torch.float32)
+
+
+def _special(n, seed):
+    x = _data(n, seed, "randn")
+    x[::7] = 0.0
+    x[1::11] = -0.0
+    x[2::13] = float("inf")
+    x[3::17] = -float("inf")
+    x[4::19] = float("nan")
+    x[5::23] = 1e-40  # subnormal
+    return x
+
+
+KINDS = {
+    "randn": lambda n, seed: _data(n, seed, "randn"),
+    "ties": lambda n, seed: _data(n, seed, "ties"),
+    "zeros": lambda n, seed: torch.zeros(n),
+    "close_keys": _close_keys,
+    "special": _special,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("n", [1, 7, 64, 4095, 4096, 4097, 40000, 100003])
+def test_radix_select_rehearsal_matches_cpu_kernel(kind, n):
+    """Same values, indices and residual bits as topk_select, for any tile width."""
+    grad = KINDS[kind](n, n)
+    for k in sorted(v for v in {0, 1, 2, max(1, math.ceil(0.01 * n)), n // 3, n - 1, n} if v <= n):
+        for with_residual in (False, True):
+            residual = KINDS[kind](n, n + 1) * 0.5 if with_residual else None
+            expected_res = residual.clone() if with_residual else None
+            expected = torch.empty(2 * k)
+            load().topk_select(grad, expected_res, k, expected)
+            for tile in (1, 7, 4096):
+                res = residual.clone() if with_residual else None
+                got = _radix_select(grad, res, k, tile)
+                where = f"{kind} n={n} k={k} residual={with_residual} tile={tile}"
+                assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), where
+                if with_residual:
+                    assert torch.equal(res.view(torch.int32), expected_res.view(torch.int32)), where
+
+
+def test_radix_select_takes_the_lowest_indices_of_a_tie_across_tiles():
+    x = torch.ones(10000)
+    x[[3, 5000, 9999]] = 2.0
+    k = 503  # 3 above the cut, then the 500 lowest indices of the 9997 equal ones
+    packed = _radix_select(x, None, k, 64)
+    idx = packed[k:].view(torch.int32).tolist()
+    assert idx == sorted([3, 5000, 9999] + [i for i in range(10000) if i not in (3, 5000, 9999)][:500])

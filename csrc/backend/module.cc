@@ -17,6 +17,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "csrc/cuda/codec.h"
+#include "csrc/cuda/topk.h"
 #endif
 
 namespace py = pybind11;
@@ -86,41 +87,78 @@ at::Tensor codecRoundTrip(const at::Tensor& tensor, const std::string& name,
   return result;
 }
 
-void checkFloatVector(const char* what, const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat &&
-                  t.is_contiguous(),
-              "ringdist ", what, ": ", name, " must be a contiguous float32 CPU tensor, got ",
-              t.scalar_type(), " on ", t.device());
+// The top-k kernels' operands: contiguous float32 tensors on one device, the
+// CPU or (CUDA builds) a GPU.
+void checkTopkOperand(const char* what, const at::Tensor& t, const char* name,
+                      const at::Device& device) {
+  TORCH_CHECK(t.device() == device && t.layout() == at::kStrided &&
+                  t.scalar_type() == at::kFloat && t.is_contiguous(),
+              "ringdist ", what, ": ", name, " must be a contiguous float32 tensor on ", device,
+              ", got ", t.scalar_type(), " on ", t.device());
+}
+
+at::Device topkDevice(const char* what, const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu() || (t.is_cuda() && cudaCompiled()), "ringdist ", what,
+              ": expected tensors on the CPU", cudaCompiled() ? " or a GPU" : "", ", got ",
+              t.device(), cudaCompiled() ? "" : " (this build of ringdist has no CUDA kernels)");
+  return t.device();
 }
 
 void topkSelect(const at::Tensor& grad, std::optional<at::Tensor> residual, int64_t k,
                 at::Tensor& packed) {
   const char* what = "topk_select";
-  checkFloatVector(what, grad, "grad");
-  checkFloatVector(what, packed, "packed");
+  const at::Device device = topkDevice(what, grad);
+  checkTopkOperand(what, grad, "grad", device);
+  checkTopkOperand(what, packed, "packed", device);
   const int64_t n = grad.numel();
   TORCH_CHECK(k >= 0 && k <= n && packed.numel() == 2 * k, "ringdist topk_select: k = ", k,
               " of ", n, " entries with packed of ", packed.numel(), " (want 2k)");
   float* res = nullptr;
   if (residual.has_value()) {
-    checkFloatVector(what, *residual, "residual");
+    checkTopkOperand(what, *residual, "residual", device);
     TORCH_CHECK(residual->numel() == n, "ringdist topk_select: residual has ", residual->numel(),
                 " entries, grad ", n);
     res = residual->data_ptr<float>();
   }
   float* values = packed.data_ptr<float>();
+  auto* indices = reinterpret_cast<int32_t*>(values + k);
+#ifdef RINGDIST_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device);
+    at::Tensor workspace = at::empty(
+        {static_cast<int64_t>(ringdist::cuda::topkSelectWorkspaceBytes(static_cast<size_t>(n)))},
+        grad.options().dtype(at::kByte));
+    ringdist::cuda::topkSelect(grad.data_ptr<float>(), res, static_cast<size_t>(n),
+                               static_cast<size_t>(k), values, indices, workspace.data_ptr(),
+                               c10::cuda::getCurrentCUDAStream(device.index()).stream());
+    return;
+  }
+#endif
   py::gil_scoped_release release;
   ringdist::topkSelect(grad.data_ptr<float>(), res, static_cast<size_t>(n),
-                       static_cast<size_t>(k), values, reinterpret_cast<int32_t*>(values + k));
+                       static_cast<size_t>(k), values, indices);
 }
 
 void topkScatter(const at::Tensor& parts, int64_t world, int64_t k, at::Tensor& out) {
   const char* what = "topk_scatter";
-  checkFloatVector(what, parts, "parts");
-  checkFloatVector(what, out, "out");
+  const at::Device device = topkDevice(what, out);
+  checkTopkOperand(what, parts, "parts", device);
+  checkTopkOperand(what, out, "out", device);
   TORCH_CHECK(world >= 1 && k >= 0 && parts.numel() == 2 * k * world,
               "ringdist topk_scatter: parts has ", parts.numel(), " entries, want 2 x k (", k,
               ") x world (", world, ")");
+#ifdef RINGDIST_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device);
+    at::Tensor flag = at::empty({8}, out.options().dtype(at::kByte));
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    py::gil_scoped_release release;  // it waits for the GPU to check the indices
+    ringdist::cuda::topkScatter(parts.data_ptr<float>(), static_cast<size_t>(world),
+                                static_cast<size_t>(k), static_cast<size_t>(out.numel()),
+                                out.data_ptr<float>(), flag.data_ptr(), stream);
+    return;
+  }
+#endif
   py::gil_scoped_release release;
   ringdist::topkScatter(parts.data_ptr<float>(), static_cast<size_t>(world),
                         static_cast<size_t>(k), static_cast<size_t>(out.numel()),
@@ -196,11 +234,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("packed"),
         "Top-k of x = grad + residual (residual None: x = grad) by magnitude, ties to the lower "
         "index: packed[:k] = values, packed[k:] = int32 indices (as float32 bits), ascending. "
-        "The residual becomes x with the selected entries zeroed. grad is not modified.");
+        "The residual becomes x with the selected entries zeroed. grad is not modified. CPU "
+        "tensors, or CUDA tensors of one GPU (queued on its current stream).");
   m.def("topk_scatter", &topkScatter, py::arg("parts"), py::arg("world"), py::arg("k"),
         py::arg("out"),
         "out = zeros, then out[idx] += value / world for each rank's packed [values | indices] "
-        "block of parts, in rank order (bitwise identical on every rank).");
+        "block of parts, in rank order (bitwise identical on every rank). CPU tensors, or CUDA "
+        "tensors of one GPU (current stream; waits for the GPU to check the indices).");
   m.def("topk_kernel_family", &ringdist::kernelFamily);
   m.def("create_backend", &ringdist::createBackend, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("bind_ip"),

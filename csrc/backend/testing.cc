@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "csrc/backend/dtypes.h"
 #include "csrc/codec/block_math.h"
 #include "csrc/codec/codec.h"
+#include "csrc/hooks/topk_math.h"
 #include "csrc/reduce/elementwise.h"
 #ifdef RINGDIST_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -278,6 +280,96 @@ at::Tensor codecDecode(const at::Tensor& bytes, const std::string& name, int64_t
   return out;
 }
 
+// ---------------------------------------------------------------- top-k
+
+// The GPU's radix select (csrc/cuda/topk.cu) rehearsed on the host, step by
+// step through the same shared functions: x = residual + grad, a histogram
+// and the digit holding the cut per pass, then per tile of `tile` entries the
+// counts, the offsets before each tile, and the writes in index order. Output
+// and residual as topk_select.
+void topkRadixSelect(const at::Tensor& grad, std::optional<at::Tensor> residual, int64_t k,
+                     at::Tensor& packed, int64_t tile) {
+  namespace tm = topkmath;
+  auto floats = [](const at::Tensor& t) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
+                "ringdist testing: expected contiguous float32 CPU tensors");
+    return t.data_ptr<float>();
+  };
+  const size_t n = static_cast<size_t>(grad.numel());
+  TORCH_CHECK(k >= 0 && static_cast<size_t>(k) <= n && packed.numel() == 2 * k && tile > 0,
+              "ringdist testing: need 0 <= k <= n, packed of 2k and tile > 0");
+  const float* g = floats(grad);
+  float* res = residual.has_value() ? floats(*residual) : nullptr;
+  TORCH_CHECK(res == nullptr || static_cast<size_t>(residual->numel()) == n,
+              "ringdist testing: residual must match grad");
+  float* values = floats(packed);
+  auto* indices = reinterpret_cast<int32_t*>(values + k);
+  const float* x = res != nullptr ? res : g;
+  if (res != nullptr) {
+    for (size_t i = 0; i < n; ++i) res[i] = res[i] + g[i];
+  }
+  if (k == 0) return;
+
+  tm::RadixState s{0u, static_cast<uint32_t>(k)};
+  std::vector<uint32_t> hist(tm::kMaxRadixBins);
+  for (int pass = 0; pass < tm::kRadixPasses; ++pass) {
+    std::fill(hist.begin(), hist.end(), 0u);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t key = tm::magnitudeKey(x[i]);
+      if (tm::inPrefix(key, s, pass)) ++hist[tm::radixDigit(key, pass)];
+    }
+    // Every digit is tested, as the GPU's threads do: exactly one may hold the cut.
+    uint32_t above = 0;
+    int holders = 0;
+    tm::RadixState next = s;
+    for (int d = static_cast<int>(tm::radixBins(pass)) - 1; d >= 0; --d) {
+      if (tm::holdsCut(above, hist[d], s.remaining)) {
+        next = tm::narrowTo(s, pass, static_cast<uint32_t>(d), above);
+        ++holders;
+      }
+      above += hist[d];
+    }
+    TORCH_CHECK(holders == 1, "ringdist testing: pass ", pass, ": ", holders,
+                " digits hold the cut, want 1");
+    s = next;
+  }
+
+  const size_t width = static_cast<size_t>(tile);
+  const size_t tiles = (n + width - 1) / width;
+  std::vector<uint32_t> chosenBefore(tiles), equalBefore(tiles);
+  uint32_t equalSoFar = 0, chosenSoFar = 0;
+  for (size_t t = 0; t < tiles; ++t) {
+    uint32_t above = 0, equal = 0;
+    for (size_t i = t * width; i < std::min(n, (t + 1) * width); ++i) {
+      const uint32_t key = tm::magnitudeKey(x[i]);
+      above += key > s.prefix ? 1u : 0u;
+      equal += key == s.prefix ? 1u : 0u;
+    }
+    equalBefore[t] = equalSoFar;
+    chosenBefore[t] = chosenSoFar;
+    chosenSoFar += above + tm::equalTaken(equalSoFar, equal, s.remaining);
+    equalSoFar += equal;
+  }
+  TORCH_CHECK(chosenSoFar == static_cast<uint32_t>(k), "ringdist testing: the tiles select ",
+              chosenSoFar, " entries, want ", k);
+  for (size_t t = 0; t < tiles; ++t) {
+    uint32_t equalSeen = equalBefore[t];
+    uint32_t place = chosenBefore[t];
+    for (size_t i = t * width; i < std::min(n, (t + 1) * width); ++i) {
+      const uint32_t key = tm::magnitudeKey(x[i]);
+      const bool take = tm::selected(key, s.prefix, equalSeen, s.remaining);
+      if (key == s.prefix) ++equalSeen;
+      if (!take) continue;
+      TORCH_CHECK(place < static_cast<uint32_t>(k), "ringdist testing: tile ", t,
+                  " selects more than its offsets allow");
+      values[place] = x[i];
+      indices[place] = static_cast<int32_t>(i);
+      if (res != nullptr) res[i] = 0.0f;
+      ++place;
+    }
+  }
+}
+
 }  // namespace
 
 void defineTestingModule(py::module_& parent) {
@@ -300,6 +392,10 @@ void defineTestingModule(py::module_& parent) {
   m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("codec"), py::arg("count"),
         py::arg("impl"), py::arg("acc") = py::none(),
         "Decoded float32 values (added to a copy of acc if given): impl 'cpu', 'shared' or 'cuda'");
+  m.def("topk_radix_select", &topkRadixSelect, py::arg("grad"), py::arg("residual"), py::arg("k"),
+        py::arg("packed"), py::arg("tile"),
+        "topk_select computed as the GPU kernels compute it (radix select, tiles of `tile` "
+        "entries), on the host through the shared arithmetic");
   m.def("cuda_divide", &divideWithCudaKernel, py::arg("x"), py::arg("divisor"),
         "x / divisor with the GPU kernel that finalises AVG (CUDA builds only)");
 }

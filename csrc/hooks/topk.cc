@@ -24,6 +24,7 @@
 
 #include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
+#include "csrc/hooks/topk_math.h"
 
 #define RD_INLINE inline __attribute__((always_inline))
 
@@ -41,11 +42,7 @@ constexpr size_t kSampleExtra = 4;
 // Below this many entries the sample is too small to trust: all are candidates.
 constexpr size_t kMinSampled = 1 << 15;
 
-RD_INLINE uint32_t magnitude(const float* x, size_t i) {
-  uint32_t bits;
-  std::memcpy(&bits, x + i, 4);
-  return bits & 0x7fffffffu;
-}
+RD_INLINE uint32_t magnitude(const float* x, size_t i) { return topkmath::magnitudeKey(x[i]); }
 
 // Larger packs are better: magnitude first, then the lower index. Unique.
 RD_INLINE uint64_t pack(uint32_t mag, size_t i) {
@@ -215,10 +212,9 @@ void topkScatter(const float* parts, size_t world, size_t k, size_t n, float* ou
       auto i = static_cast<uint32_t>(idx[j]);
       RINGDIST_CHECK(i < n, "ringdist topk: rank ", r, " sent index ", idx[j],
                      " for a bucket of ", n, " entries");
-      out[i] += values[j] / divisor;
+      out[i] = topkmath::scatterAdd(out[i], values[j], divisor);
     }
   }
 }
-
 
 }  // namespace ringdist

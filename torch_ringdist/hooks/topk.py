@@ -60,26 +60,31 @@ class TopKState(HookState):
         if n >= 2 ** 31:
             raise ValueError(f"torch_ringdist.hooks.topk: rank {dist.get_rank()}: bucket of {n} "
                              "elements; int32 indices need buckets under 2^31 elements")
+        ext = load()
+        # Selection and scatter run where the bucket is: fused C++ passes on the
+        # host (csrc/hooks/topk.cc) or, for a CUDA bucket, the GPU kernels
+        # (csrc/cuda/topk.cu), so only the selection leaves the GPU. A build
+        # without CUDA kernels copies a CUDA bucket to the host for them.
+        device = buffer.device
+        if device.type != "cpu" and not ext.cuda_compiled():
+            device = torch.device("cpu")
         use_ef = self.error_feedback and not provisional
         residual = None
         if use_ef:
             check_float32("topk", buffer)
             residual = self.residuals.get(bucket.index())
             if residual is None or residual.numel() != n:
-                residual = torch.zeros(n, dtype=torch.float32)
-                self.residuals[bucket.index()] = residual
-        # Selection and scatter are fused C++ passes on the host
-        # (csrc/hooks/topk.cc); a CUDA bucket is copied to the host for them (no
-        # GPU top-k kernels yet; its residual lives on the host too), and only
-        # non-float32 buckets (no error feedback) go through a float32 copy.
-        on_host = buffer.dtype == torch.float32 and buffer.device.type == "cpu"
-        x = buffer if on_host else buffer.to("cpu", torch.float32)
+                residual = torch.zeros(n, dtype=torch.float32, device=device)
+            # A checkpoint may bring it from another device.
+            residual = residual.to(device)
+            self.residuals[bucket.index()] = residual
+        on_device = buffer.dtype == torch.float32 and buffer.device == device
+        x = buffer if on_device else buffer.to(device, torch.float32)
         k = min(n, max(1, math.ceil(self.ratio * n)))
         # Values and int32 indices (as float32 bit patterns) in one all_gather.
-        packed = torch.empty(2 * k, dtype=torch.float32)
-        ext = load()
+        packed = torch.empty(2 * k, dtype=torch.float32, device=device)
         ext.topk_select(x, residual, k, packed)
-        gathered = torch.empty(world * 2 * k, dtype=torch.float32)
+        gathered = torch.empty(world * 2 * k, dtype=torch.float32, device=device)
         work = dist.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
 
         def combine(fut):
