@@ -293,6 +293,28 @@ def run_sweep(args, rank, n, make, slowest, total, backend, extra=None):
             write_json(args.json, out)
 
 
+def init_backend(backend, timeout):
+    """init_process_group for ringdist, gloo (any registered backend), or fake: torch's
+    backend that moves no data (the dispatch floor)."""
+    if backend == "ringdist":
+        try:
+            import torch_ringdist  # noqa: F401  registers the "ringdist" backend
+        except ImportError as e:
+            sys.exit(f"--backend ringdist needs torch_ringdist installed: {e}")
+    elif backend == "fake":
+        import importlib
+        import warnings
+        warnings.simplefilter("ignore")  # torch's per-call deprecation chatter on fake
+        importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers it
+    if backend == "fake":  # takes no rendezvous from the environment: give it the store
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=False, timeout=timeout)
+        dist.init_process_group("fake", store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    else:
+        dist.init_process_group(backend=backend, timeout=timeout)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default="gloo",
@@ -313,25 +335,8 @@ def main():
 
     os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
     torch.set_num_threads(1)
-    if args.backend == "ringdist":
-        try:
-            import torch_ringdist  # noqa: F401  registers the "ringdist" backend
-        except ImportError as e:
-            sys.exit(f"--backend ringdist needs torch_ringdist installed: {e}")
-    elif args.backend == "fake":
-        import importlib
-        import warnings
-        warnings.simplefilter("ignore")  # torch's per-call deprecation chatter on fake
-        importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers it
-
     timeout = datetime.timedelta(seconds=args.timeout)
-    if args.backend == "fake":  # takes no rendezvous from the environment: give it the store
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              is_master=False, timeout=timeout)
-        dist.init_process_group("fake", store=store, rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
-    else:
-        dist.init_process_group(backend=args.backend, timeout=timeout)
+    init_backend(args.backend, timeout)
     pg = dist.group.WORLD
     book = dist.new_group(backend="gloo", timeout=timeout)
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -20,7 +20,7 @@ def test_latency_path_order_deadline_and_abort(tmp_path):
         # 50 round trips: the ball ends at 100 (rank 0) / 99 (rank 1); the posts ran inline.
         assert r["ping_pong"] == [100.0 - rank] * 2, r
         assert r["p2p_calls"] == 100 and r["p2p_inline"] >= 90, r
-        assert r["callback_ok"] and r["crossed_ok"], r
+        assert r["callback_ok"] and r["crossed_ok"] and r["future_ok"], r
     # Both callers pinned to one CPU: the rank waiting on each op sleeps without spinning for
     # its peer, which needs that CPU; pinned to two CPUs, no wait skips the spin.
     pinned = [got[rank]["shared_core_waits"] for rank in (0, 1)]
@@ -34,3 +34,6 @@ def test_latency_path_order_deadline_and_abort(tmp_path):
     # Abort from another thread ends the inline op's wait and returns.
     assert "aborted" in r["abort"]["error"] and "rank 0" in r["abort"]["error"], r
     assert 0.4 < r["abort"]["seconds"] < 5 and r["abort"]["abort_returned"], r
+    # A failed op's future holds the error, whether asked for before the failure or after.
+    for ask in ("early", "late"):
+        assert "Timed out after 1000 ms" in (r[f"future_error_{ask}"] or ""), r

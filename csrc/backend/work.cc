@@ -7,11 +7,11 @@ namespace ringdist {
 namespace {
 
 c10::intrusive_ptr<c10::ivalue::Future> makeFuture(const DeviceStage* stage) {
-  auto type = c10::ListType::create(c10::TensorType::get());
   if (stage == nullptr) {
-    return c10::make_intrusive<c10::ivalue::Future>(type);
+    return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
   }
-  return c10::make_intrusive<c10::ivalue::Future>(type, std::vector<c10::Device>{stage->device()});
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(),
+                                                  std::vector<c10::Device>{stage->device()});
 }
 
 }  // namespace
@@ -21,7 +21,20 @@ RingdistWork::RingdistWork(int rank, c10d::OpType opType, const char* profilingT
     : c10d::Work(rank, opType, profilingTitle),
       outputs_(std::move(outputs)),
       stage_(std::move(stage)),
-      future_(makeFuture(stage_.get())) {}
+      future_(stage_ ? makeFuture(stage_.get()) : nullptr) {}
+
+c10::intrusive_ptr<c10::ivalue::Future> RingdistWork::getFuture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!future_) {
+    future_ = makeFuture(nullptr);
+    if (exception_) {
+      future_->setError(exception_);
+    } else if (completed_) {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  }
+  return future_;
+}
 
 bool RingdistWork::isCompleted() {
   {
@@ -81,27 +94,33 @@ void RingdistWork::setSourceRank(int rank) {
 }
 
 void RingdistWork::markSuccess() {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     completed_ = true;
+    future = future_;  // null: getFuture() completes it when asked
   }
   cv_.notify_all();
   if (stage_) {
     // A CUDA-aware future records its events on the current stream.
-    stage_->onStream([this] { future_->markCompleted(c10::IValue(outputs_)); });
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
+    stage_->onStream([&] { future->markCompleted(c10::IValue(outputs_)); });
+  } else if (future) {
+    future->markCompleted(c10::IValue(outputs_));
   }
 }
 
 void RingdistWork::markError(std::exception_ptr error) {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     completed_ = true;
     exception_ = error;
+    future = future_;
   }
   cv_.notify_all();
-  future_->setError(error);
+  if (future) {
+    future->setError(error);
+  }
 }
 
 }  // namespace ringdist

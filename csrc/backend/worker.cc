@@ -52,9 +52,7 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueue(c10d::OpType type, OpType engin
                                                  bool inlineIfIdle) {
   auto work = c10::make_intrusive<RingdistWork>(rank_, type, opTypeName(engineType),
                                                 std::move(outputs), std::move(stage));
-  Communicator& comm = *comm_;
-  Task task{work,    true, engineType, std::move(statsKey), timeout,
-            [&comm, body = std::move(body)] { body(comm); }, traceId};
+  Task task{work, true, engineType, std::move(statsKey), timeout, std::move(body), traceId};
   if (!(inlineIfIdle && tryRunInline(task))) {
     push(std::move(task));
   }
@@ -121,7 +119,7 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueueTransfer(c10d::OpType type, cons
   // The body only posts the transfer; reapTransfers() completes the Work.
   const bool onHost = work->stage() == nullptr;
   Task task{work, false, OpType::kSend, opTypeName(OpType::kSend), timeout,
-            [this, entry, post = std::move(post)] {
+            [this, entry, post = std::move(post)](Communicator&) {
               transfers_.push_back(entry);  // first: if posting fails, failTransfers() ends it
               inFlight_.store(transfers_.size());
               auto moved = entry.moved;
@@ -154,7 +152,7 @@ void Worker::configure(const std::function<void(CollectiveOptions&)>& change) {
   auto applied = std::make_shared<std::promise<void>>();
   auto done = applied->get_future();
   push(Task{nullptr, true, OpType::kBarrier, "", std::chrono::milliseconds(0),
-            [this, applied, change] {
+            [this, applied, change](Communicator&) {
               try {
                 std::lock_guard<std::mutex> lock(optionsMutex_);
                 CollectiveOptions options = comm_->options();
@@ -264,7 +262,7 @@ void Worker::idleStep(std::unique_lock<std::mutex>& lock) {
 
 void Worker::run(Task& task) {
   if (task.statsKey.empty()) {
-    task.body();  // a settings change reports its own errors
+    task.body(*comm_);  // a settings change reports its own errors
     return;
   }
   const auto started = std::chrono::steady_clock::now();
@@ -274,10 +272,10 @@ void Worker::run(Task& task) {
     comm_->beginOp(task.type, task.timeout);
     DeviceStage* stage = task.work->stage();
     if (stage == nullptr) {
-      task.body();
+      task.body(*comm_);
     } else {
       stage->stageIn(comm_->deadline());
-      stage->onStream(task.body);
+      stage->onStream([&] { task.body(*comm_); });
       if (task.completesOnReturn) {
         stage->recordDone();
       }

@@ -100,7 +100,7 @@ class Worker {
     OpType type = OpType::kBarrier;
     std::string statsKey;                   // empty: not an operation (settings change)
     std::chrono::milliseconds timeout{0};
-    std::function<void()> body;
+    Body body;
     uint64_t traceId = 0;
     bool inlined = false;  // run by the caller (tryRunInline)
   };

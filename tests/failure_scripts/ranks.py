@@ -411,13 +411,29 @@ def latency_path(rank, ws, store, dist, torch):
             shared_core_waits[name] = torch_ringdist.stats()["allreduce"]["shared_core_waits"]
         os.sched_setaffinity(0, cores)
 
+    # The Work's future, asked for before the op completed and after (a host op makes it
+    # only when asked): the same value, callbacks run, done() agrees.
+    future_ok = True
+    for early_ask in (True, False):
+        big = torch.full((1 << 20,), float(rank + 1))
+        work = dist.all_reduce(big, async_op=True)
+        fut = work.get_future() if early_ask else None
+        work.wait()
+        if fut is None:
+            fut = work.get_future()
+        chained = fut.then(lambda f: f.value()[0].sum().item())
+        future_ok &= fut.done() and bool(torch.all(fut.wait()[0] == 3.0))
+        future_ok &= chained.wait() == 3.0 * (1 << 20) and work.get_future().done()
+
     out = {"order_ok": order_ok, "shared_core_waits": shared_core_waits, "calls": calls,
            "inline": inline, "back_to_back": back_to_back,
            "small_ok": small_ok, "ping_pong": ball.tolist(), "p2p_calls": p2p["calls"],
            "p2p_inline": p2p["inline_calls"], "callback_ok": callback_ok,
-           "crossed_ok": crossed_ok}
+           "crossed_ok": crossed_ok, "future_ok": future_ok}
     late = dist.new_group(timeout=datetime.timedelta(seconds=1))
     aborted = dist.new_group()
+    # Failed ops' futures: asked for before the failure and after it.
+    failing = {ask: dist.new_group(timeout=datetime.timedelta(seconds=1)) for ask in ("early", "late")}
     if rank == 1:  # never joins the ops below; waits until rank 0 is done with them
         store.wait(["latency_path/done"], datetime.timedelta(seconds=60))
         return out
@@ -436,6 +452,16 @@ def latency_path(rank, ws, store, dist, torch):
         if timer is not None:
             timer.join(10)
             out[name]["abort_returned"] = not timer.is_alive()
+    for ask, group in failing.items():
+        work = dist.all_reduce(torch.ones(2), group=group, async_op=True)
+        fut = work.get_future() if ask == "early" else None
+        time.sleep(1.5)  # past the group's timeout: the op failed meanwhile
+        fut = fut if fut is not None else work.get_future()
+        try:
+            fut.wait()
+            out[f"future_error_{ask}"] = None
+        except Exception as e:  # noqa: BLE001 (reported)
+            out[f"future_error_{ask}"] = f"{type(e).__name__}: {e}"[:300]
     store.set("latency_path/done", "1")
     return out
 

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""One collective in a tight loop, for profiling and quick A/B runs (not the reported
+figures: those come from compare.py, alternating with the peers).
+
+    torchrun --nproc-per-node 2 benchmarks/op_loop.py --op broadcast --bytes 64K --seconds 5
+    perf record -F 20000 -g -a -- torchrun ... benchmarks/op_loop.py ...   # where time goes
+
+Each rank calls the op synchronously back to back in batches of --batch calls and prints,
+on rank 0, the median time per call over the batches (each batch's time is the slowest
+rank's, exchanged on a gloo side group outside the timed region).
+"""
+import argparse
+import datetime
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from sweep import init_backend, parse_bytes
+
+
+def make_op(name, nbytes, world, rank):
+    count = max(1, nbytes // 4)
+    x = torch.full((count,), float(rank + 1))
+    if name == "allreduce":
+        return lambda: dist.all_reduce(x)
+    if name == "broadcast":
+        return lambda: dist.broadcast(x, src=0)
+    if name == "allgather":
+        out = torch.empty(count * world)
+        return lambda: dist.all_gather_into_tensor(out, x)
+    if name == "reduce_scatter":
+        inp = torch.full((count * world,), float(rank + 1))
+        return lambda: dist.reduce_scatter_tensor(x, inp)
+    raise SystemExit(f"unknown op {name}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="ringdist",
+                   help="ringdist, gloo, or fake (torch's dispatch floor: no data moves)")
+    p.add_argument("--op", default="allreduce",
+                   choices=["allreduce", "broadcast", "allgather", "reduce_scatter"])
+    p.add_argument("--bytes", type=parse_bytes, default=parse_bytes("8"), help="bytes per rank's input (K/M suffixes)")
+    p.add_argument("--batch", type=int, default=200)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--stats", action="store_true", help="print torch_ringdist.stats() per rank")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    init_backend(args.backend, datetime.timedelta(seconds=60))
+    side = dist.new_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    op = make_op(args.op, args.bytes, world, rank)
+    for _ in range(args.batch):
+        op()
+    per_call = []
+    stop = torch.zeros(1)
+    end = time.monotonic() + args.seconds
+    while True:
+        dist.barrier(group=side)
+        start = time.perf_counter()
+        for _ in range(args.batch):
+            op()
+        t = torch.tensor([(time.perf_counter() - start) / args.batch])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=side)
+        per_call.append(t.item())
+        stop.fill_(1.0 if time.monotonic() > end else 0.0)
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX, group=side)
+        if stop.item() > 0:
+            break
+    if rank == 0:
+        print(f"{args.backend} {args.op} {args.bytes} B N={world}: {statistics.median(per_call) * 1e6:.2f} us "
+              f"per call (median of {len(per_call)} batches of {args.batch}; pid {os.getpid()})")
+    if args.stats and args.backend == "ringdist":
+        import torch_ringdist
+        print(f"rank {rank} stats: {torch_ringdist.stats()}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
