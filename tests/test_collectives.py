@@ -412,6 +412,45 @@ def _case_all_reduce_coalesced(rank, ws, dtype, op, sizes):
     return out
 
 
+# Signed zeros, infinities and NaNs with a different payload on every rank: every pair of them
+# meets in some element. MIN/MAX keep the first of two NaNs and, of +0.0/-0.0, the second
+# operand, so they only come out alike on every rank if every rank combines in rank order.
+SPECIAL_BITS = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x3FC00000, 0xC0000000]
+
+
+def special_inputs(rank: int, ws: int, dtype: str) -> torch.Tensor:
+    k = len(SPECIAL_BITS) + 2
+    bits = torch.tensor(SPECIAL_BITS + [0x7FC00011 + rank, 0xFFC00022 + rank], dtype=torch.int64)
+    values = bits.to(torch.int32).view(torch.float32)  # int32 wraps the high patterns
+    digit = (torch.arange(k ** ws) // k ** rank) % k  # element i: this rank's value is digit r of i
+    return values[digit].to(getattr(torch, dtype))
+
+
+def special_expected(op: str, ws: int, dtype: str) -> torch.Tensor:
+    combine = {"SUM": torch.add, "PRODUCT": torch.mul,
+               "MIN": lambda a, b: torch.where((a < b) | a.isnan(), a, b),
+               "MAX": lambda a, b: torch.where((a > b) | a.isnan(), a, b)}[op]
+    acc = special_inputs(0, ws, dtype)
+    for r in range(1, ws):  # rank order, one rounding per step (as the kernels)
+        acc = combine(acc.float(), special_inputs(r, ws, dtype).float()).to(acc.dtype)
+    return acc
+
+
+def _case_special_values(rank, ws):
+    out = {}
+    for dtype, op in product(["float32", "float64", "bfloat16", "float16"], ["SUM", "PRODUCT", "MIN", "MAX"]):
+        key = f"{dtype}/{op}"
+        t = special_inputs(rank, ws, dtype)
+        dist.all_reduce(t, op=rop(op))
+        exp = special_expected(op, ws, dtype)
+        same = (t == exp) | (t.isnan() & exp.isnan())
+        same &= (torch.signbit(t) == torch.signbit(exp)) | exp.isnan()
+        bad = (~same).nonzero().flatten()[:4].tolist()
+        err = f"{key}: elements {bad}: got {t[bad].tolist()}, want {exp[bad].tolist()}" if bad else None
+        out[key] = (err, digest(t))
+    return out
+
+
 # ============================================== data movement: worker functions
 def _case_broadcast(rank, ws, dtypes, counts, layouts):
     out = {}
@@ -757,6 +796,24 @@ def test_all_reduce_async(world_factory, ws, seg, layouts):
     res = get_world(world_factory, ws, seg).run(
         _case_all_reduce, cases, counts_for(seg, True), layouts, async_op=True)
     assert_cases(res)
+
+
+@pytest.mark.parametrize("ws,seg", [(2, "default"), (3, "default"), (2, "tcp")],
+                         ids=["ws2-default", "ws3-default", "ws2-tcp"])
+def test_all_reduce_special_values(world_factory, ws, seg):
+    """Small allreduces (the one-round paths) of signed zeros, infinities and NaNs give the
+    rank-order result, bit for bit the same on every rank."""
+    if default_backend() != "ringdist":
+        pytest.skip("the rank-order contract is ringdist's")
+    assert_cases(get_world(world_factory, ws, seg).run(_case_special_values))
+
+
+def test_all_reduce_larger_than_ring(world_factory):
+    """One-round allreduces (up to 64 KiB) larger than a 4 KiB shared-memory ring: each rank
+    must take the peer's data while its own send still waits for room."""
+    world = world_factory(2, env={"RINGDIST_SHM_RING_BYTES": "4096"})
+    cases = [("float32", "SUM"), ("bfloat16", "AVG"), ("int64", "MAX"), ("float64", "MIN")]
+    assert_cases(world.run(_case_all_reduce, cases, [1000, 5000, 8192], DENSE))
 
 
 @dtype_op_params

@@ -387,6 +387,19 @@ def test_mismatched_collective(world_factory, record_property, transport, op, ki
     assert not problems, "\n".join(problems)
 
 
+@transports
+def test_mismatched_allreduce_two_ranks(world_factory, transport):
+    """Two ranks take their own small-allreduce path (each reduces the other's data straight
+    off the link): a count mismatch still fails both at once, outputs untouched."""
+    res = ft_world(world_factory, 2, transport=transport).run(_mismatch, "allreduce", "count", 1,
+                                                                timeout=90)
+    for r, out in enumerate(res):
+        err = out["error"]
+        assert err is not None and "DistBackendError" in err["mro"], (r, out)
+        assert f"count={COUNT}" in err["message"] and f"count={BAD_COUNT}" in err["message"], (r, err)
+        assert out["elapsed"] < 5 and out["output_unchanged"] and out["later_error"], (r, out)
+
+
 # ------------------------------------------------------ 4. TORCH_DISTRIBUTED_DEBUG=DETAIL
 DETAIL_ENV = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 

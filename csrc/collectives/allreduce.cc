@@ -28,6 +28,37 @@ namespace {
 // How many segments after its arrival a segment is forwarded (streamOrder).
 constexpr size_t kForwardLag = 2;
 
+// Latency path for two ranks: each sends its buffer behind the op header and
+// reduces the peer's straight out of the link (Channel::postRecvReduce), the
+// lower rank's data first as in oneShotAllreduce, so both compute the same
+// bits. Two passes over the buffer (copy in, reduce out) instead of five.
+// The output is written only once the peer's header matched ours, and in
+// place only once our own send has read it (else through scratch).
+void pairAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
+                   const OpHeader& header) {
+  const int peer = 1 - comm.rank();
+  const size_t elem = elementSize(dtype);
+  const size_t bytes = count * elem;
+  Channel& link = comm.channel(peer);
+  OpHeader theirs;
+  link.postSend(&header, sizeof(OpHeader));
+  const uint64_t sent = link.postSend(data, bytes);
+  const uint64_t heard = link.postRecv(&theirs, sizeof(OpHeader));
+  comm.waitUntil([&] { return link.recvDone(heard); });
+  comm.checkHeader(header, theirs, peer);
+  const bool inPlace = link.sendDone(sent);
+  char* target = inPlace ? static_cast<char*>(data) : comm.scratch(bytes);
+  const uint64_t reduced = link.postRecvReduce(target, data, bytes, elem, reduceFunction(dtype, op),
+                                               /*incomingFirst=*/peer < comm.rank());
+  comm.waitUntil([&] { return link.recvDone(reduced) && link.sendDone(sent); });
+  if (!inPlace) {
+    std::memcpy(data, target, bytes);
+  }
+  if (op == ReduceOp::kAvg) {
+    divideInPlace(data, count, dtype, 2);
+  }
+}
+
 // Latency path for small buffers: one round. Every rank sends its whole
 // buffer, behind the op header, to every peer and receives theirs into
 // scratch (never into the output, so a header mismatch found afterwards
@@ -221,7 +252,9 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
   header.variant = small                ? kOneShotAllreduce
                    : comm.hierarchical() ? kHierarchicalAllreduce
                                          : kRingAllreduce;
-  if (n > 1 && count > 0 && small) {
+  if (n == 2 && count > 0 && small) {
+    pairAllreduce(comm, data, count, dtype, op, header);
+  } else if (n > 2 && count > 0 && small) {
     oneShotAllreduce(comm, data, count, dtype, op, header);
   } else {
     comm.exchangeRingHeaders(header);

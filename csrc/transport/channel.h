@@ -51,11 +51,13 @@ class Channel {
   virtual uint64_t postSend(const void* data, size_t bytes, Callback done = nullptr) = 0;
   virtual uint64_t postRecv(void* data, size_t bytes, Callback done = nullptr) = 0;
   // A receive that combines the incoming bytes with `other` on arrival:
-  // dst = combine(incoming, other), element by element (elementBytes each).
+  // dst = combine(incoming, other), element by element (elementBytes each);
+  // combine(other, incoming) with incomingFirst false (a reduction in rank
+  // order whose first operand is ours: min/max keep the first of two NaNs).
   // dst may alias other. Lets a transport reduce straight out of its own
   // buffers instead of landing the bytes somewhere first.
   virtual uint64_t postRecvReduce(void* dst, const void* other, size_t bytes, size_t elementBytes,
-                                  Combine combine) = 0;
+                                  Combine combine, bool incomingFirst = true) = 0;
   // From inside a receive callback only: queue a receive ahead of every
   // receive posted so far (it continues the message just read).
   virtual uint64_t postRecvNext(void* data, size_t bytes, Callback done = nullptr) = 0;

@@ -69,11 +69,12 @@ uint64_t QueuedChannel::postRecvNext(void* data, size_t bytes, Callback done) {
 }
 
 uint64_t QueuedChannel::postRecvReduce(void* dst, const void* other, size_t bytes,
-                                       size_t elementBytes, Combine combine) {
+                                       size_t elementBytes, Combine combine, bool incomingFirst) {
   Request r{static_cast<char*>(dst), bytes, 0, !checksums_, nullptr};
   r.other = static_cast<const char*>(other);
   r.elementBytes = elementBytes;
   r.combine = combine;
+  r.incomingFirst = incomingFirst;
   recvs_.push_back(r);
   if (checksums_) {
     pushRecvTrailer(nullptr, true, false);

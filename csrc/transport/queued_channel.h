@@ -22,7 +22,7 @@ class QueuedChannel : public Channel {
   uint64_t postRecv(void* data, size_t bytes, Callback done) override;
   uint64_t postRecvNext(void* data, size_t bytes, Callback done) override;
   uint64_t postRecvReduce(void* dst, const void* other, size_t bytes, size_t elementBytes,
-                          Combine combine) override;
+                          Combine combine, bool incomingFirst = true) override;
 
   bool sendDone(uint64_t ticket) const override { return sendsDone_ >= ticket; }
   bool recvDone(uint64_t ticket) const override { return recvsDone_ >= ticket; }
@@ -42,6 +42,7 @@ class QueuedChannel : public Channel {
     const char* other = nullptr;  // receive-and-reduce: combine with this
     size_t elementBytes = 0;
     Combine combine = nullptr;
+    bool incomingFirst = true;
     // Checksums: a trailer's data points at `checksum`; `expected` is the
     // CRC of the payload it follows; receive-and-reduce payloads accumulate
     // their CRC in `checksum` as bytes arrive (before they are combined).
@@ -49,6 +50,16 @@ class QueuedChannel : public Channel {
     uint32_t checksum = 0;
     uint32_t expected = 0;
   };
+
+  // Receive-and-reduce: data[offset..] = combine of `count` arrived elements
+  // with other[offset..], in the order the post asked for.
+  static void combineArrived(Request& r, size_t offset, const char* arrived, size_t count) {
+    if (r.incomingFirst) {
+      r.combine(r.data + offset, arrived, r.other + offset, count);
+    } else {
+      r.combine(r.data + offset, r.other + offset, arrived, count);
+    }
+  }
 
   // Transports call this with each piece of a receive-and-reduce payload
   // before combining it.

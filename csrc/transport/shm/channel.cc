@@ -82,14 +82,14 @@ size_t ShmChannel::reduceFromRing(Request& r, uint64_t tail, size_t n) {
     size_t offset = r.done + consumed;
     if (run > 0) {
       absorb(r, inData_ + at, run);
-      r.combine(r.data + offset, inData_ + at, r.other + offset, run / elem);
+      combineArrived(r, offset, inData_ + at, run / elem);
       consumed += run;
     } else {
       // One element straddles the end of the ring: assemble it aside.
       alignas(16) char element[16];
       copyOut(element, inData_, ringBytes_, tail + consumed, elem);
       absorb(r, element, elem);
-      r.combine(r.data + offset, element, r.other + offset, 1);
+      combineArrived(r, offset, element, 1);
       consumed += elem;
     }
   }

@@ -34,7 +34,7 @@ bool TcpChannel::progressRecvReduce(Request& r, bool* complete) {
   absorb(r, staging_.data() + stagedBytes_, static_cast<size_t>(n));
   size_t have = stagedBytes_ + static_cast<size_t>(n);
   size_t whole = have / r.elementBytes * r.elementBytes;
-  r.combine(r.data + r.done, staging_.data(), r.other + r.done, whole / r.elementBytes);
+  combineArrived(r, r.done, staging_.data(), whole / r.elementBytes);
   r.done += whole;
   stagedBytes_ = have - whole;
   if (stagedBytes_ > 0) {
