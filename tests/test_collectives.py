@@ -81,7 +81,8 @@ def world_env(seg: str) -> dict:
     # 64-byte segments: every allreduce takes a ring (no one-round latency path), so small
     # counts run the multi-segment pipeline and chunks shorter than a segment or empty.
     env = {} if segment_of(seg) == "default" else {"RINGDIST_SEGMENT_BYTES": segment_of(seg),
-                                                   "RINGDIST_SMALL_ALLREDUCE_BYTES": "0"}
+                                                   "RINGDIST_SMALL_ALLREDUCE_BYTES": "0",
+                                                   "RINGDIST_PAIR_ALLREDUCE_BYTES": "0"}
     if transport_of(seg) == "tcp":
         env["RINGDIST_TRANSPORT"] = "tcp"
     return env
@@ -809,11 +810,11 @@ def test_all_reduce_special_values(world_factory, ws, seg):
 
 
 def test_all_reduce_larger_than_ring(world_factory):
-    """One-round allreduces (up to 64 KiB) larger than a 4 KiB shared-memory ring: each rank
+    """One-round allreduces (up to 512 KiB) larger than a 4 KiB shared-memory ring: each rank
     must take the peer's data while its own send still waits for room."""
     world = world_factory(2, env={"RINGDIST_SHM_RING_BYTES": "4096"})
     cases = [("float32", "SUM"), ("bfloat16", "AVG"), ("int64", "MAX"), ("float64", "MIN")]
-    assert_cases(world.run(_case_all_reduce, cases, [1000, 5000, 8192], DENSE))
+    assert_cases(world.run(_case_all_reduce, cases, [1000, 5000, 8192, 65536], DENSE))
 
 
 @dtype_op_params

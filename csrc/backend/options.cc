@@ -83,6 +83,8 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
   o.collectives.segmentBytes = envBytes("RINGDIST_SEGMENT_BYTES", kDefaultSegmentBytes, 1);
   o.collectives.smallAllreduceBytes =
       envBytes("RINGDIST_SMALL_ALLREDUCE_BYTES", kDefaultSmallAllreduceBytes, 0);
+  o.collectives.pairAllreduceBytes =
+      envBytes("RINGDIST_PAIR_ALLREDUCE_BYTES", kDefaultPairAllreduceBytes, 0);
   o.collectives.hierarchical = envFlag("RINGDIST_HIERARCHICAL", true);
   o.collectives.checkResults = envFlag("RINGDIST_CHECK_RESULTS", false);
   o.collectives.maxUnexpectedBytes =

@@ -8,7 +8,7 @@
 // buffer. No full-size temporary exists. Each chunk is
 // reduced once, along the ring, by a fixed order, and then copied, so every
 // rank ends with bitwise identical results. Buffers up to
-// options().smallAllreduceBytes take a one-round exchange instead (latency path);
+// options().oneRoundAllreduce take a one-round exchange instead (latency path);
 // groups spanning several hosts with the same number of ranks on each take a
 // two-level variant of the ring (hierarchicalAllreduce).
 #include <algorithm>
@@ -247,7 +247,7 @@ void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataTyp
 void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
   const int n = comm.size();
   reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
-  const bool small = count * elementSize(dtype) <= comm.options().smallAllreduceBytes;
+  const bool small = comm.options().oneRoundAllreduce(count * elementSize(dtype), n);
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
   header.variant = small                ? kOneShotAllreduce
                    : comm.hierarchical() ? kHierarchicalAllreduce

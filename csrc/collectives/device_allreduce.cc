@@ -17,7 +17,7 @@
 // headers. Only control messages cross the host links.
 //
 // Each element is combined in the order the host path (allreduce.cc) would
-// combine it: rank order up to smallAllreduceBytes, otherwise along the ring
+// combine it: rank order up to oneRoundAllreduce, otherwise along the ring
 // starting after the owner of the element's chunk. So the results are bit for
 // bit those of the CPU path, and the same on every rank.
 #ifdef RINGDIST_CUDA
@@ -166,7 +166,7 @@ void DeviceAllreduce::runPiece(Communicator& comm, char* data, size_t offset, si
 
   const ChunkLayout parts(length, n, elem, elem);
   const ChunkLayout whole(count, n, elem, elem);
-  const bool small = count * elem <= comm.options().smallAllreduceBytes;
+  const bool small = comm.options().oneRoundAllreduce(count * elem, n);
   const size_t ownBegin = parts.chunkOffset(me);
   const size_t ownEnd = ownBegin + parts.chunkLength(me);
   for (size_t begin = ownBegin; begin < ownEnd;) {

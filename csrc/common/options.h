@@ -62,6 +62,11 @@ constexpr size_t kMinPipelinedSegmentBytes = 32 * 1024;
 // Up to this size an allreduce is latency-bound: one round in which every
 // rank sends its buffer to every peer beats 2(N-1) ring hops.
 constexpr size_t kDefaultSmallAllreduceBytes = 64 * 1024;
+// With two ranks the round sends no more than the ring does (each rank sends
+// its buffer once either way) and saves the ring's second step, while the
+// buffer fits a shared-memory ring (2 MiB) with room to spare: faster up to
+// 1 MiB, slower from 2 MiB (docs/perf/latency_mpi.md, session 13).
+constexpr size_t kDefaultPairAllreduceBytes = 1 << 20;
 // A point-to-point message that arrives before its receive is buffered; its
 // size comes from the wire, so it is bounded before anything is allocated.
 constexpr size_t kDefaultMaxUnexpectedBytes = size_t{1} << 30;
@@ -78,7 +83,12 @@ constexpr size_t kDefaultDeviceMinBytes = 2 << 20;
 
 struct CollectiveOptions {
   size_t segmentBytes = kDefaultSegmentBytes;  // ranks must agree (checked per op)
-  size_t smallAllreduceBytes = kDefaultSmallAllreduceBytes;
+  size_t smallAllreduceBytes = kDefaultSmallAllreduceBytes;  // 3+ ranks
+  size_t pairAllreduceBytes = kDefaultPairAllreduceBytes;    // 2 ranks
+  // Whether an allreduce of `bytes` among `ranks` takes the one-round path.
+  bool oneRoundAllreduce(size_t bytes, int ranks) const {
+    return bytes <= (ranks == 2 ? pairAllreduceBytes : smallAllreduceBytes);
+  }
   // Two-level allreduce on groups of >= 2 hosts with the same number (>= 2)
   // of ranks on each: each host link then carries 2(H-1)/H of the buffer
   // instead of 2(N-1)/N.
