@@ -29,7 +29,7 @@ c10::intrusive_ptr<c10::ivalue::Future> RingdistWork::getFuture() {
     future_ = makeFuture(nullptr);
     if (exception_) {
       future_->setError(exception_);
-    } else if (completed_) {
+    } else if (ended_) {
       future_->markCompleted(c10::IValue(outputs_));
     }
   }
@@ -93,34 +93,40 @@ void RingdistWork::setSourceRank(int rank) {
   sourceRank_ = rank;
 }
 
+// The future completes before wait() returns (as gloo's): a caller that waited
+// finds get_future() done. A future not made yet is made completed on demand.
 void RingdistWork::markSuccess() {
-  c10::intrusive_ptr<c10::ivalue::Future> future;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    completed_ = true;
-    future = future_;  // null: getFuture() completes it when asked
+  if (auto future = end(nullptr)) {
+    if (stage_) {
+      // A CUDA-aware future records its events on the current stream.
+      stage_->onStream([&] { future->markCompleted(c10::IValue(outputs_)); });
+    } else {
+      future->markCompleted(c10::IValue(outputs_));
+    }
   }
-  cv_.notify_all();
-  if (stage_) {
-    // A CUDA-aware future records its events on the current stream.
-    stage_->onStream([&] { future->markCompleted(c10::IValue(outputs_)); });
-  } else if (future) {
-    future->markCompleted(c10::IValue(outputs_));
-  }
+  wakeWaiters();
 }
 
 void RingdistWork::markError(std::exception_ptr error) {
-  c10::intrusive_ptr<c10::ivalue::Future> future;
+  if (auto future = end(error)) {
+    future->setError(error);
+  }
+  wakeWaiters();
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> RingdistWork::end(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ended_ = true;  // from here getFuture() makes a finished future
+  exception_ = error;
+  return future_;
+}
+
+void RingdistWork::wakeWaiters() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     completed_ = true;
-    exception_ = error;
-    future = future_;
   }
   cv_.notify_all();
-  if (future) {
-    future->setError(error);
-  }
 }
 
 }  // namespace ringdist

@@ -35,9 +35,15 @@ class RingdistWork : public c10d::Work {
   void markError(std::exception_ptr error);
 
  private:
+  // Records the outcome and returns the future to finish (null if not made yet).
+  c10::intrusive_ptr<c10::ivalue::Future> end(std::exception_ptr error);
+  // Marks the Work completed: wait() returns.
+  void wakeWaiters();
+
   std::vector<at::Tensor> outputs_;
   std::shared_ptr<DeviceStage> stage_;
   int sourceRank_ = -1;
+  bool ended_ = false;  // the outcome is known; completed_ follows once the future has it
   // Made on first getFuture() for host tensors (a synchronous call never asks, and
   // completing a future costs about a microsecond); at once for CUDA tensors, whose
   // future must be completed on the group's stream.
