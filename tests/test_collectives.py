@@ -727,6 +727,63 @@ def _allreduce_rings():
     return _ringdist_backend().allreduce_rings if dist.get_backend() == "ringdist" else None
 
 
+# ====================================== single copy (one host): worker functions
+# float32 counts around the single-copy limits: under and at 32 KiB, just past the two-rank
+# broadcast limit (512 KiB), and 1 MiB.
+SINGLE_COPY_COUNTS = [8191, 8192, 131073, 262144]
+
+
+def _single_copy_bytes(group=None):
+    import torch_ringdist
+    return sum(s["single_copy_bytes"] for s in torch_ringdist.stats(group).values())
+
+
+def _case_single_copy(rank, ws, counts, group_env=None):
+    """Broadcast (every root) and allgather (list, in place) of `counts` float32 elements;
+    per size and op, the bytes this rank read from peers' memory. With group_env, the ops run
+    on a new group created while this rank's environment has group_env[rank] set."""
+    import torch_ringdist
+    group = None
+    if group_env is not None:
+        saved = dict(os.environ)
+        os.environ.update(group_env[rank])
+        try:
+            group = dist.new_group(list(range(ws)))
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    out = {}
+    for n in counts:
+        for name, variant in (("broadcast", None), ("all_gather", "list"),
+                              ("all_gather", "tensor_in_place")):
+            torch_ringdist.reset_stats(group)
+            if group is None:
+                res = (_case_broadcast(rank, ws, ["float32"], [n], ["contig"]) if variant is None
+                       else _case_all_gather(rank, ws, ["float32"], [n], variant))
+            else:
+                res = _case_group_copy(rank, ws, n, name, group)
+            key = f"{name}/{variant or 'roots'}/n={n}"
+            out.update({f"{key}/{k}": v for k, v in res.items()})
+            out[f"{key}/read"] = _single_copy_bytes(group)
+    return out
+
+
+def _case_group_copy(rank, ws, n, name, group):
+    """One broadcast per root, or one allgather, on `group`, checked against closed forms."""
+    out = {}
+    if name == "broadcast":
+        for root in range(ws):
+            t = torch.full((n,), float(rank))
+            dist.broadcast(t, src=root, group=group)
+            out[f"root={root}"] = None if bool((t == root).all()) else f"root {root}: {t[:4]}"
+    else:
+        res = torch.empty(n * ws)
+        dist.all_gather_into_tensor(res, torch.full((n,), float(rank)), group=group)
+        exp = torch.arange(ws, dtype=torch.float32).repeat_interleave(n)
+        out["gathered"] = None if torch.equal(res, exp) else f"got {res[::n].tolist()}"
+    return out
+
+
 # ================================================================ parent side
 def assert_cases(results, check_digests: bool = True) -> int:
     """Fail with every failing sub-case; check cross-rank digests. Returns #sub-cases."""
@@ -881,6 +938,56 @@ def test_all_gather(world_factory, ws, seg, variant):
     assert_cases(w.run(_case_all_gather, DTYPES, SMALL_COUNTS, variant), check_digests=False)
     if variant in ("list", "tensor", "tensor_in_place") and segment_of(seg) == "default":
         assert_cases(w.run(_case_all_gather, ["float32"], [LARGE], variant), check_digests=False)
+
+
+# ---------------------------------------------------------------- single copy
+def _expected_reads(ws, n, name, readable=True):
+    """Bytes a rank reads from peers' memory in one _case_single_copy step (0: the rings)."""
+    nbytes = 4 * n
+    if not readable or nbytes < 32768 or (name == "broadcast" and ws == 2 and nbytes > 524288):
+        return 0
+    return (ws - 1) * nbytes  # broadcast: reader for each other root; allgather: each peer
+
+
+@pytest.mark.parametrize("ws,seg", [(2, "default"), (3, "default"), (4, "default"), (2, "tcp"),
+                                    (4, "hosts")],
+                         ids=["ws2", "ws3", "ws4", "ws2-tcp", "ws4-hosts"])
+def test_single_copy(world_factory, ws, seg):
+    """Broadcast and allgather around the single-copy limits give the closed-form bytes, and
+    each rank read exactly the bytes the rules say from its peers' memory: on one host from
+    32 KiB (a two-rank broadcast only up to 512 KiB), never over TCP or across hosts."""
+    if default_backend() != "ringdist":
+        pytest.skip("single copy is ringdist's")
+    res = get_world(world_factory, ws, seg).run(_case_single_copy, SINGLE_COPY_COUNTS)
+    readable = transport_of(seg) == "auto"
+    reads = [{k: r.pop(k) for k in list(r) if k.endswith("/read")} for r in res]
+    assert_cases(res, check_digests=False)
+    for rank, got in enumerate(reads):
+        want = {f"{name}/{variant}/n={n}/read": _expected_reads(ws, n, name, readable)
+                for n in SINGLE_COPY_COUNTS
+                for name, variant in (("broadcast", "roots"), ("all_gather", "list"),
+                                      ("all_gather", "tensor_in_place"))}
+        assert got == want, f"rank {rank}"
+
+
+def test_single_copy_off_on_one_rank(world_factory):
+    """One rank with RINGDIST_SINGLE_COPY_BYTES=0: the whole host agrees at connect time to
+    use the rings (no rank reads, results exact); the same world's next group, with single
+    copy on everywhere, reads."""
+    if default_backend() != "ringdist":
+        pytest.skip("single copy is ringdist's")
+    w = world_factory(3)
+    counts = [262144]
+    off = w.run(_case_single_copy, counts, [{}, {"RINGDIST_SINGLE_COPY_BYTES": "0"}, {}])
+    on = w.run(_case_single_copy, counts, [{}, {}, {}])
+    for res, readable in ((off, False), (on, True)):
+        reads = [{k: r.pop(k) for k in list(r) if k.endswith("/read")} for r in res]
+        assert_cases(res, check_digests=False)
+        for rank, got in enumerate(reads):
+            assert got == {f"{name}/{variant}/n=262144/read": _expected_reads(3, 262144, name, readable)
+                           for name, variant in (("broadcast", "roots"), ("all_gather", "list"),
+                                                 ("all_gather", "tensor_in_place"))}, \
+                f"rank {rank}, single copy {'on' if readable else 'off on rank 1'}"
 
 
 @pytest.mark.parametrize("layout", ["contig", "strided"])

@@ -37,13 +37,18 @@ def _later_op_problems(who, error, elapsed, succeeded, slow) -> list[str]:
 # "hosts": 4 ranks on 2 emulated hosts, so the allreduce runs two-level and some survivors
 # only ever talk to the victim through ranks that are themselves failing. "hosts-int8": the
 # same world looping compressed (int8) allreduces, whose two phases talk to every peer.
-@pytest.mark.parametrize("transport", TRANSPORTS + ["hosts", "hosts-int8"])
+# "auto-broadcast"/"auto-allgather": one host looping 16 MiB broadcasts from the victim
+# (its peers are reading its memory) or allgathers (every rank reads every other's).
+@pytest.mark.parametrize("transport", TRANSPORTS + ["hosts", "hosts-int8", "auto-broadcast",
+                                                    "auto-allgather"])
 def test_sigkill_mid_allreduce_fails_survivors_fast(tmp_path, record_property, transport):
     ws, victim = (4, 1) if transport.startswith("hosts") else (3, 1)
     env = ({"RINGDIST_HOST_ID": "h0,h1,h0,h1"} if transport.startswith("hosts")
-           else {"RINGDIST_TRANSPORT": transport})
+           else {"RINGDIST_TRANSPORT": transport.split("-")[0]})
     if transport.endswith("-int8"):
         env["FT_CODEC"] = "int8"
+    if transport.endswith(("-broadcast", "-allgather")):
+        env.update(FT_OP=transport.split("-")[1], FT_NUMEL=str(4 << 20))
     with Spawned("kill_mid_allreduce", ws, tmp_path, env=env) as w:
         w.wait_until("every rank looping over 64 MiB allreduces",
                      lambda: w.store.add("ft/looping", 0) >= ws, timeout=90)
@@ -232,6 +237,9 @@ def test_work_wait_timeout_raises(world_factory, record_property):
 # ---------------------------------------------- 3. ranks disagree about a collective
 MISMATCH_WS = 4
 COUNT, BAD_COUNT = 4, 5
+# "large": the others' calls are big enough to read peers' memory on one host (single
+# copy), the odd rank's is not, so the two sides even exchange headers with different peers.
+LARGE_COUNT = 65536
 SENTINEL = -7.0
 
 
@@ -239,7 +247,8 @@ def _mismatch(rank, ws, op, kind, bad_rank):
     sub = dist.new_group(list(range(ws)), timeout=sec(10))
     dist.barrier(group=sub)  # connections up, everybody here
     bad = rank == bad_rank
-    count = BAD_COUNT if bad and kind == "count" else COUNT
+    count = {"count": BAD_COUNT if bad else COUNT, "dtype": COUNT,
+             "large": COUNT if bad else LARGE_COUNT}[kind]
     dtype = torch.float64 if bad and kind == "dtype" else torch.float32
     out = {"error": None}
     t0 = time.monotonic()
@@ -337,14 +346,15 @@ def _ring_neighbours(r, ws):
 
 
 @pytest.mark.parametrize("bad_rank", [0, 2], ids=["bad-rank0", "bad-rank2"])
-@pytest.mark.parametrize("kind", ["count", "dtype"])
+@pytest.mark.parametrize("kind", ["count", "dtype", "large"])
 @pytest.mark.parametrize("op", ["allreduce", "all_gather", "broadcast"])
 @transports
 def test_mismatched_collective(world_factory, record_property, transport, op, kind, bad_rank):
     ws = MISMATCH_WS
     res = ft_world(world_factory, ws, transport=transport).run(_mismatch, op, kind, bad_rank, timeout=90)
-    mine = f"count={COUNT}" if kind == "count" else "dtype=float32"
-    theirs = f"count={BAD_COUNT}" if kind == "count" else "dtype=float64"
+    mine, theirs = {"count": (f"count={COUNT}", f"count={BAD_COUNT}"),
+                    "dtype": ("dtype=float32", "dtype=float64"),
+                    "large": (f"count={LARGE_COUNT}", f"count={COUNT}")}[kind]
     problems = []
     for r, out in enumerate(res):
         err = out["error"]

@@ -21,7 +21,7 @@ import socket
 import struct
 
 MAGIC = 0x52444832                        # kHelloMagic, "RDH2"
-VERSION = 5                               # kProtocolVersion
+VERSION = 6                               # kProtocolVersion
 CHALLENGE = struct.Struct("<IIi16s")      # magic, version, acceptor rank, nonce
 HELLO = struct.Struct("<IIii16s32s")      # magic, version, rank, size, nonce, mac
 ACK = struct.Struct("<I32s")              # magic, mac

@@ -85,6 +85,9 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
       envBytes("RINGDIST_SMALL_ALLREDUCE_BYTES", kDefaultSmallAllreduceBytes, 0);
   o.collectives.pairAllreduceBytes =
       envBytes("RINGDIST_PAIR_ALLREDUCE_BYTES", kDefaultPairAllreduceBytes, 0);
+  o.collectives.singleCopyBytes =
+      envBytes("RINGDIST_SINGLE_COPY_BYTES", kDefaultSingleCopyBytes, 0);
+  o.mesh.singleCopy = o.collectives.singleCopyBytes > 0;
   o.collectives.hierarchical = envFlag("RINGDIST_HIERARCHICAL", true);
   o.collectives.checkResults = envFlag("RINGDIST_CHECK_RESULTS", false);
   o.collectives.maxUnexpectedBytes =

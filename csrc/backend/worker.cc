@@ -384,7 +384,8 @@ std::vector<std::vector<int>> Worker::allreduceRings() const {
 }
 
 Worker::Counters Worker::counters() const {
-  return {comm_->bytesSent(), comm_->bytesReceived(), comm_->sharedCoreWaits()};
+  return {comm_->bytesSent(), comm_->bytesReceived(), comm_->sharedCoreWaits(),
+          comm_->singleCopyBytes()};
 }
 
 void Worker::recordStats(const Task& task, std::chrono::steady_clock::time_point started,
@@ -403,6 +404,7 @@ void Worker::recordStats(const Task& task, std::chrono::steady_clock::time_point
   s.bytesSent += now.sent - before.sent;
   s.bytesReceived += now.received - before.received;
   s.sharedCoreWaits += now.sharedCoreWaits - before.sharedCoreWaits;
+  s.singleCopyBytes += now.singleCopyBytes - before.singleCopyBytes;
   s.payloadBytes += payload;
   s.seconds += elapsed.count();
   s.inlineCalls += task.inlined ? 1 : 0;

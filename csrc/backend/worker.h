@@ -29,6 +29,7 @@ struct OpStats {
   double seconds = 0;          // wall time of the operation on the worker
   uint64_t inlineCalls = 0;    // calls the caller's thread ran (the latency path)
   uint64_t sharedCoreWaits = 0;  // waits that slept at once: a peer was on this CPU
+  uint64_t singleCopyBytes = 0;  // bytes read straight from peers' memory (same host)
 };
 
 // The one thread that owns a group's engine (Communicator and
@@ -130,7 +131,7 @@ class Worker {
   void run(Task& task);
   // The communicator's running totals, taken around each operation.
   struct Counters {
-    uint64_t sent, received, sharedCoreWaits;
+    uint64_t sent, received, sharedCoreWaits, singleCopyBytes;
   };
   Counters counters() const;
   void recordStats(const Task& task, std::chrono::steady_clock::time_point started,

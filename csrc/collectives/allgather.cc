@@ -1,4 +1,9 @@
-// Ring allgather. Terms as in ring.h, with "block" for one rank's whole
+// Allgather. On one host, from Communicator::singleCopy's size: every rank
+// reads each peer's input straight into its output block (one copy of each
+// byte, not two through a ring), then ranks tell each other they are done;
+// a rank returns only when every peer is done with its input.
+//
+// Otherwise a ring. Terms as in ring.h, with "block" for one rank's whole
 // contribution: the layout has one chunk (the block) cut into segments.
 //
 // N-1 steps; in step s position p sends block (p - s) and receives block
@@ -16,8 +21,28 @@
 
 namespace ringdist {
 
-void allgather(Communicator& comm, const void* input, void* const* outputs, size_t count,
-               DataType dtype) {
+namespace {
+
+void allgatherSingleCopy(Communicator& comm, const void* input, void* const* outputs,
+                         size_t count, DataType dtype) {
+  const int rank = comm.rank();
+  const size_t bytes = count * elementSize(dtype);
+  OpHeader header = comm.makeHeader(OpType::kAllgather, count, dtype, ReduceOp::kSum, -1);
+  header.variant = kSingleCopy;
+  const std::vector<int> peers = comm.others();  // each rank starts with a different peer
+  std::vector<uint64_t> address;
+  comm.exchangeHeadersAndAddresses(header, peers, input, &address);
+  if (outputs[rank] != input) {
+    std::memmove(outputs[rank], input, bytes);
+  }
+  for (int peer : peers) {
+    comm.readPeer(peer, address[static_cast<size_t>(peer)], outputs[peer], bytes);
+  }
+  comm.exchangeDone(peers, peers);
+}
+
+void allgatherRing(Communicator& comm, const void* input, void* const* outputs, size_t count,
+                   DataType dtype) {
   const int n = comm.size();
   const int rank = comm.rank();
   comm.exchangeRingHeaders(comm.makeHeader(OpType::kAllgather, count, dtype, ReduceOp::kSum, -1));
@@ -92,6 +117,17 @@ void allgather(Communicator& comm, const void* input, void* const* outputs, size
         comm.waitForActivity();
       }
     }
+  }
+}
+
+}  // namespace
+
+void allgather(Communicator& comm, const void* input, void* const* outputs, size_t count,
+               DataType dtype) {
+  if (comm.singleCopy(count * elementSize(dtype))) {
+    allgatherSingleCopy(comm, input, outputs, count, dtype);
+  } else {
+    allgatherRing(comm, input, outputs, count, dtype);
   }
 }
 

@@ -1,5 +1,11 @@
-// Pipelined chain broadcast. Terms as in ring.h: the buffer is one chunk cut
-// into segments.
+// Broadcast. On one host, from Communicator::singleCopy's size (two ranks: up
+// to kPairBroadcastSingleCopyMaxBytes): every rank
+// reads the root's buffer straight into its own (one copy of each byte, not
+// two through a ring) and tells the root when done; the root returns only
+// then, so its buffer stays unchanged while read.
+//
+// Otherwise a pipelined chain. Terms as in ring.h: the buffer is one chunk
+// cut into segments.
 //
 // A chain along the ring starting at the root; every rank but the last
 // forwards each segment to its right as soon as it arrived. The last rank
@@ -74,10 +80,35 @@ void broadcastChain(Communicator& comm, void* data, size_t count, DataType dtype
   }
 }
 
+void broadcastSingleCopy(Communicator& comm, void* data, size_t count, DataType dtype,
+                         int root) {
+  OpHeader header = comm.makeHeader(OpType::kBroadcast, count, dtype, ReduceOp::kSum, root);
+  header.variant = kSingleCopy;
+  // Headers with every peer, not just the root: a rank that disagrees is
+  // then seen by all, before any output is written.
+  const std::vector<int> peers = comm.others();
+  if (comm.rank() == root) {
+    comm.exchangeHeadersAndAddresses(header, peers, data, nullptr);
+    comm.exchangeDone({}, peers);
+    return;
+  }
+  // Only the root sends an address after its header.
+  std::vector<uint64_t> address;
+  comm.exchangeHeadersAndAddresses(header, peers, nullptr, &address, root);
+  comm.readPeer(root, address[static_cast<size_t>(root)], data, count * elementSize(dtype));
+  comm.exchangeDone({root}, {});
+}
+
 }  // namespace
 
 void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int root) {
-  broadcastChain(comm, data, count, dtype, root);
+  const size_t bytes = count * elementSize(dtype);
+  if (comm.singleCopy(bytes) &&
+      (comm.size() > 2 || bytes <= kPairBroadcastSingleCopyMaxBytes)) {
+    broadcastSingleCopy(comm, data, count, dtype, root);
+  } else {
+    broadcastChain(comm, data, count, dtype, root);
+  }
   if (comm.options().checkResults) {
     checkIdenticalResults(comm, data, count * elementSize(dtype), "broadcast");
   }

@@ -23,6 +23,12 @@ enum AllreduceVariant : uint8_t {
   kDeviceAllreduce = 3,       // GPU memory of one host's ranks (device_allreduce.h)
 };
 
+// Broadcast and allgather: how the bytes travel; in OpHeader::variant.
+enum CopyVariant : uint8_t {
+  kRingCopy = 0,    // through the links (rings, sockets)
+  kSingleCopy = 1,  // one host: each rank reads its peers' buffers (Communicator::singleCopy)
+};
+
 // In place: data (count elements) becomes the reduction over all ranks.
 void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op);
 

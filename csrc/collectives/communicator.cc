@@ -32,6 +32,13 @@ std::string describeHeader(const OpHeader& h) {
     text += strCat(", op=", reduceOpName(static_cast<ReduceOp>(h.op)), ", codec=",
                    isKnownCodec(h.variant) ? codecName(static_cast<Codec>(h.variant)) : "?");
   }
+  if (type == OpType::kAllreduce) {  // AllreduceVariant (collectives.h)
+    static const char* kAlgorithms[] = {"ring", "one round", "two-level", "GPU to GPU"};
+    text += strCat(", algorithm=", h.variant < 4 ? kAlgorithms[h.variant] : "?");
+  }
+  if (type == OpType::kBroadcast || type == OpType::kAllgather) {  // CopyVariant
+    text += h.variant == 1 ? ", single copy" : ", through the links";
+  }
   if (h.root >= 0) {
     text += strCat(", root=", h.root);
   }
@@ -76,6 +83,11 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Chann
   wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RINGDIST_CHECK(wakeFd_ >= 0, "ringdist: eventfd failed: ", std::strerror(errno));
   spin_ = sharing <= usableCores();
+  peersReadable_ = size_ > 1;
+  for (int p = 0; p < size_; ++p) {
+    peersReadable_ = peersReadable_ && (p == rank_ || (channels_[static_cast<size_t>(p)] &&
+                                                       channels_[static_cast<size_t>(p)]->readsPeerMemory()));
+  }
   RINGDIST_CHECK(static_cast<int>(hostOf_.size()) == size_, "ringdist: host map has ",
                  hostOf_.size(), " ranks, expected ", size_);
   setUpHierarchy();
@@ -237,6 +249,43 @@ void Communicator::exchangeHeaders(const OpHeader& mine, const std::vector<int>&
     recvs.emplace_back(&ch, ch.postRecv(&in[i], sizeof(OpHeader)));
   }
   waitAll(sends, recvs);
+  checkHeaders(mine, recvFrom, in, expectCount);
+}
+
+void Communicator::exchangeHeadersAndAddresses(const OpHeader& mine,
+                                               const std::vector<int>& peers, const void* lent,
+                                               std::vector<uint64_t>* addresses,
+                                               int addressFrom) {
+  const uint64_t address = reinterpret_cast<uint64_t>(lent);
+  std::vector<OpHeader> in(peers.size());
+  Transfers sends, headers, trailers;
+  for (int peer : peers) {
+    Channel& ch = channel(peer);
+    sends.emplace_back(&ch, ch.postSend(&mine, sizeof(OpHeader)));
+    if (lent != nullptr) {
+      sends.emplace_back(&ch, ch.postSend(&address, sizeof(address)));
+    }
+  }
+  if (addresses != nullptr) {
+    addresses->assign(static_cast<size_t>(size_), 0);
+  }
+  for (size_t i = 0; i < peers.size(); ++i) {
+    Channel& ch = channel(peers[i]);
+    headers.emplace_back(&ch, ch.postRecv(&in[i], sizeof(OpHeader)));
+    if (addresses != nullptr && (addressFrom < 0 || addressFrom == peers[i])) {
+      auto* at = &(*addresses)[static_cast<size_t>(peers[i])];
+      trailers.emplace_back(&ch, ch.postRecv(at, sizeof(*at)));
+    }
+  }
+  // The headers first: a peer in another operation sends no address.
+  waitAll({}, headers);
+  checkHeaders(mine, peers, in, nullptr);
+  waitAll(sends, trailers);
+}
+
+void Communicator::checkHeaders(const OpHeader& mine, const std::vector<int>& recvFrom,
+                                const std::vector<OpHeader>& in,
+                                const std::vector<uint64_t>* expectCount) {
   for (size_t i = 0; i < recvFrom.size(); ++i) {
     const int peer = recvFrom[i];
     OpHeader expected = mine;
@@ -245,6 +294,31 @@ void Communicator::exchangeHeaders(const OpHeader& mine, const std::vector<int>&
     }
     checkHeader(expected, in[i], peer);
   }
+}
+
+void Communicator::readPeer(int peer, uint64_t from, void* dst, size_t bytes) {
+  Channel& ch = channel(peer);
+  for (size_t done = 0; done < bytes;) {
+    throwIfStopped();
+    const size_t piece = std::min(bytes - done, kSingleCopyPieceBytes);
+    ch.readPeerMemory(from + done, static_cast<char*>(dst) + done, piece);
+    done += piece;
+    progress();  // keep the other links moving between pieces
+  }
+  singleCopyBytes_ += bytes;
+}
+
+void Communicator::exchangeDone(const std::vector<int>& to, const std::vector<int>& from) {
+  static const uint8_t kDone = 1;
+  std::vector<uint8_t> got(from.size());
+  Transfers sends, recvs;
+  for (int peer : to) {
+    sends.emplace_back(&channel(peer), channel(peer).postSend(&kDone, 1));
+  }
+  for (size_t i = 0; i < from.size(); ++i) {
+    recvs.emplace_back(&channel(from[i]), channel(from[i]).postRecv(&got[i], 1));
+  }
+  waitAll(sends, recvs);
 }
 
 void Communicator::checkHeader(const OpHeader& expected, const OpHeader& theirs, int peer) {
@@ -358,11 +432,19 @@ void Communicator::sleepOnDoorbell(Doorbell* bell, bool coreShared,
   }
 }
 
-void Communicator::waitForActivity(std::chrono::microseconds maxSleep,
-                                   const uint64_t* wakesSeen) {
+void Communicator::throwIfStopped() {
   if (abortRequested_.load(std::memory_order_relaxed)) {
     RINGDIST_FAIL("ringdist ", opName(), ": rank ", rank_, ": the process group was aborted");
   }
+  if (Clock::now() >= deadline_) {
+    throw TimeoutError(strCat("ringdist ", opName(), ": rank ", rank_, ": Timed out after ",
+                              opTimeout_.count(), " ms waiting for rank(s) ", pendingPeers()));
+  }
+}
+
+void Communicator::waitForActivity(std::chrono::microseconds maxSleep,
+                                   const uint64_t* wakesSeen) {
+  throwIfStopped();
   std::vector<pollfd> fds;
   std::vector<Channel*> owners;  // nullptr: the wake fd
   Doorbell* bell = nullptr;
@@ -388,8 +470,7 @@ void Communicator::waitForActivity(std::chrono::microseconds maxSleep,
   }
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
   if (left.count() <= 0) {
-    throw TimeoutError(strCat("ringdist ", opName(), ": rank ", rank_, ": Timed out after ",
-                              opTimeout_.count(), " ms waiting for rank(s) ", pendingPeers()));
+    return;  // the caller's next wait throws
   }
   const auto cap = std::min<std::chrono::microseconds>(maxSleep, left);
   if (wokenSince(wakesSeen)) {

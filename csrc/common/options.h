@@ -43,6 +43,9 @@ struct MeshOptions {
   std::chrono::milliseconds timeout{0};  // for the whole connect phase
   TransportPolicy transport = TransportPolicy::kAuto;
   size_t shmRingBytes = kDefaultShmRingBytes;
+  // Whether this rank offers single-copy reads (CollectiveOptions::
+  // singleCopyBytes > 0); a host uses them only if every rank there does.
+  bool singleCopy = true;
   // Testing: a label that refines (never replaces) this rank's detected host
   // identity, to emulate several hosts on one machine.
   std::string hostLabel;
@@ -67,6 +70,18 @@ constexpr size_t kDefaultSmallAllreduceBytes = 64 * 1024;
 // buffer fits a shared-memory ring (2 MiB) with room to spare: faster up to
 // 1 MiB, slower from 2 MiB (docs/perf/latency_mpi.md, session 13).
 constexpr size_t kDefaultPairAllreduceBytes = 1 << 20;
+// From this size per rank, broadcast and allgather on one host copy each
+// byte once: a rank reads the peer's buffer straight into its output
+// (process_vm_readv) instead of both copying through a shared-memory ring.
+// Below it the syscall's fixed cost loses (docs/perf/single_copy.md).
+constexpr size_t kDefaultSingleCopyBytes = 32 * 1024;
+// Except a two-rank broadcast above this size: the chain's two copies run on
+// both cores at once and beat the one reader, whose copy through the kernel
+// is slower than memcpy (x0.81-0.86 from 1 MiB, docs/perf/single_copy.md).
+constexpr size_t kPairBroadcastSingleCopyMaxBytes = 512 * 1024;
+// A read of a peer's memory goes in pieces of this size, with the op's abort
+// and deadline checked between them.
+constexpr size_t kSingleCopyPieceBytes = 1 << 20;
 // A point-to-point message that arrives before its receive is buffered; its
 // size comes from the wire, so it is bounded before anything is allocated.
 constexpr size_t kDefaultMaxUnexpectedBytes = size_t{1} << 30;
@@ -89,6 +104,8 @@ struct CollectiveOptions {
   bool oneRoundAllreduce(size_t bytes, int ranks) const {
     return bytes <= (ranks == 2 ? pairAllreduceBytes : smallAllreduceBytes);
   }
+  // 0: never read peers' memory (every rank of the host then uses the rings).
+  size_t singleCopyBytes = kDefaultSingleCopyBytes;
   // Two-level allreduce on groups of >= 2 hosts with the same number (>= 2)
   // of ranks on each: each host link then carries 2(H-1)/H of the buffer
   // instead of 2(N-1)/N.

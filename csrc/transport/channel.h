@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "csrc/common/error.h"
+
 namespace ringdist {
 
 // Something a waiting rank sleeps on when its pending channels have no file
@@ -101,6 +103,19 @@ class Channel {
   // longer runs the process that connected); false when alive or unknown.
   // Safe from any thread, also after close().
   virtual bool peerDead() const { return false; }
+
+  // Single copy (same host): true when this process can read the peer's
+  // memory directly, agreed by every rank of the host at connect time.
+  virtual bool readsPeerMemory() const { return false; }
+  // Copies `bytes` at address `from` of the peer's memory into dst. The peer
+  // must keep that memory unchanged until told the read is done. Throws,
+  // naming the peer, if the read fails or the peer died or closed the link
+  // (then the memory may have been reused mid-read), so a completed call
+  // read what the peer lent. Only where readsPeerMemory() is true.
+  virtual void readPeerMemory(uint64_t from, void* dst, size_t bytes) {
+    (void)from, (void)dst, (void)bytes;
+    RINGDIST_FAIL("ringdist: no single-copy reads from rank ", peer_);
+  }
 
   // Drops the connection at once (abort). Idempotent.
   virtual void close() = 0;

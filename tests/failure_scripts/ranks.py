@@ -63,8 +63,25 @@ def _error(e: BaseException) -> dict:
 
 
 # ------------------------------------------------------------------ scenarios
+def _looped_op(rank, ws, dist, torch, t):
+    """The op kill_mid_allreduce loops (FT_OP): allreduce, or broadcast from rank 1 and
+    allgather, which on one host read peers' memory (single copy)."""
+    op = os.environ.get("FT_OP", "allreduce")
+    codec = os.environ.get("FT_CODEC")  # compressed allreduces (AVG keeps ones at one)
+    if codec:
+        import torch_ringdist
+        return lambda: torch_ringdist.all_reduce(t, codec=codec, op=dist.ReduceOp.AVG, async_op=True)
+    if op == "broadcast":
+        return lambda: dist.broadcast(t, src=1, async_op=True)
+    if op == "allgather":
+        out = torch.empty(t.numel() * ws, dtype=t.dtype)
+        return lambda: dist.all_gather_into_tensor(out, t, async_op=True)
+    return lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+
+
 def kill_mid_allreduce(rank, ws, store, dist, torch):
-    """Loop 64 MiB allreduces until the test SIGKILLs one rank; survivors report the error."""
+    """Loop 64 MiB allreduces (or FT_OP) until the test SIGKILLs one rank; survivors report
+    the error."""
     before = resources()
     t_init = time.monotonic()
     dist.init_process_group("ringdist", rank=rank, world_size=ws, store=store,
@@ -72,23 +89,17 @@ def kill_mid_allreduce(rank, ws, store, dist, torch):
     init_s = time.monotonic() - t_init
     numel = int(os.environ.get("FT_NUMEL", 16 << 20))  # 64 MiB of float32
     t = torch.ones(numel, dtype=torch.float32)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # warm-up: connections and buffers in place
+    issue = _looped_op(rank, ws, dist, torch, t)
+    issue().wait()  # warm-up: connections and buffers in place
     after_init = resources()
     store.add("ft/looping", 1)
     iters, op_times = 0, []
     result = {"init_s": init_s, "resources_before_init": before, "resources_after_init": after_init}
     stop_at = time.monotonic() + float(os.environ.get("FT_LOOP_MAX_S", 60))
-    codec = os.environ.get("FT_CODEC")  # loop compressed allreduces (AVG keeps ones at one)
-    if codec:
-        import torch_ringdist
     while True:
         t0 = time.monotonic()
         try:
-            if codec:
-                w = torch_ringdist.all_reduce(t, codec=codec, op=dist.ReduceOp.AVG, async_op=True)
-            else:
-                w = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
-            w.wait()
+            issue().wait()
         except Exception as e:  # noqa: BLE001  (what we are here for)
             result["error_wall_time"] = time.time()
             result["error_wait_s"] = time.monotonic() - t0

@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -60,7 +61,8 @@ void ring(Bell* bell) {
 }
 
 ShmChannel::ShmChannel(int peer, std::shared_ptr<Segment> segment, int localSelf, int localPeer,
-                       std::shared_ptr<LocalDoorbell> doorbell, const LinkOptions& link)
+                       std::shared_ptr<LocalDoorbell> doorbell, const LinkOptions& link,
+                       bool singleCopy)
     : QueuedChannel(peer, link),
       segment_(std::move(segment)),
       out_(segment_->control(localSelf, localPeer)),
@@ -69,7 +71,8 @@ ShmChannel::ShmChannel(int peer, std::shared_ptr<Segment> segment, int localSelf
       inData_(segment_->data(localPeer, localSelf)),
       ringBytes_(segment_->ringBytes()),
       peerBell_(segment_->bell(localPeer)),
-      doorbell_(std::move(doorbell)) {}
+      doorbell_(std::move(doorbell)),
+      singleCopy_(singleCopy) {}
 
 ShmChannel::~ShmChannel() = default;
 
@@ -200,6 +203,30 @@ bool ShmChannel::progress() {
     ring(peerBell_);  // new data for it, or space it may be waiting for
   }
   return moved;
+}
+
+void ShmChannel::readPeerMemory(uint64_t from, void* dst, size_t bytes) {
+  RINGDIST_CHECK(singleCopy_ && !closed_, "ringdist: no single-copy reads from rank ", peer_);
+  char* to = static_cast<char*>(dst);
+  for (size_t done = 0; done < bytes;) {
+    iovec local{to + done, bytes - done};
+    iovec remote{reinterpret_cast<void*>(from + done), bytes - done};
+    ssize_t n = ::process_vm_readv(peerBell_->pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) {
+      checkAlive();
+      RINGDIST_FAIL("reading rank ", peer_, "'s buffer (", bytes, " bytes at 0x", std::hex, from,
+                    std::dec, ") failed: ", n < 0 ? std::strerror(errno) : "nothing read");
+    }
+    done += static_cast<size_t>(n);
+  }
+  // A peer that aborted closed the link before its op returned and its
+  // buffer could be reused. (One killed mid-read cannot reuse it: the read
+  // holds its memory until done.)
+  if (in_->closed.load(std::memory_order_acquire) != 0 ||
+      out_->closed.load(std::memory_order_acquire) != 0) {
+    failClosed();
+  }
+  bytesReceived_ += bytes;
 }
 
 void ShmChannel::close() {

@@ -34,7 +34,7 @@ void ring(Bell* bell);
 class ShmChannel final : public QueuedChannel {
  public:
   ShmChannel(int peer, std::shared_ptr<Segment> segment, int localSelf, int localPeer,
-             std::shared_ptr<LocalDoorbell> doorbell, const LinkOptions& link);
+             std::shared_ptr<LocalDoorbell> doorbell, const LinkOptions& link, bool singleCopy);
   ~ShmChannel() override;
 
   bool progress() override;
@@ -45,6 +45,8 @@ class ShmChannel final : public QueuedChannel {
   int peerCpu() const override { return peerBell_->cpu.load(std::memory_order_relaxed); }
   void checkAlive() const override;
   bool peerDead() const override;
+  bool readsPeerMemory() const override { return singleCopy_; }
+  void readPeerMemory(uint64_t from, void* dst, size_t bytes) override;
   void close() override;
 
  private:
@@ -64,6 +66,7 @@ class ShmChannel final : public QueuedChannel {
   const uint64_t ringBytes_;
   Bell* peerBell_;
   std::shared_ptr<LocalDoorbell> doorbell_;
+  const bool singleCopy_;
   bool closed_ = false;
 };
 

@@ -1,11 +1,16 @@
 #include "csrc/transport/shm/connect.h"
 
+#include <sys/random.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include "csrc/common/error.h"
+#include "csrc/common/logging.h"
 #include "csrc/transport/shm/channel.h"
 
 namespace ringdist {
@@ -52,6 +57,76 @@ std::shared_ptr<Segment> mapPublished(Rendezvous& rendezvous, int rank, int coun
   return segment;
 }
 
+// A random value at a fixed address of this process: a peer that reads it
+// back through process_vm_readv reads our memory, not some other process's.
+const uint64_t* probeToken() {
+  static const uint64_t token = [] {
+    uint64_t value = 0;
+    while (::getrandom(&value, sizeof(value), 0) != static_cast<ssize_t>(sizeof(value))) {
+    }
+    return value | 1;
+  }();
+  return &token;
+}
+
+// Waits until every local rank's probe state reached at least `state`.
+void waitForBells(const Segment& segment, uint32_t state, int rank, Clock::time_point deadline,
+                  std::chrono::milliseconds timeout) {
+  auto pause = std::chrono::microseconds(20);
+  for (int i = 0; i < segment.localRanks(); ++i) {
+    while (segment.bell(i)->singleCopy.load(std::memory_order_acquire) < state) {
+      if (Clock::now() > deadline) {
+        throw TimeoutError(strCat("ringdist: Timed out after ", timeout.count(), " ms: rank ",
+                                  rank, " waits for its same-host peers to probe single copy"));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(20000));
+    }
+  }
+}
+
+// Empty if this process can read the peer's probe value, else why not.
+std::string probeRead(const Bell& peer) {
+  uint64_t got = 0;
+  iovec local{&got, sizeof(got)};
+  iovec remote{reinterpret_cast<void*>(peer.probeAddress), sizeof(got)};
+  ssize_t n = ::process_vm_readv(peer.pid, &local, 1, &remote, 1, 0);
+  if (n < 0) {
+    return strCat("process_vm_readv: ", std::strerror(errno));
+  }
+  return n == sizeof(got) && got == peer.probeValue ? "" : "it read another value";
+}
+
+// Whether every local rank can read every other's memory (CMA); every local
+// rank gets the same answer. Containers whose seccomp profile or ptrace
+// policy forbids process_vm_readv fall back to the rings.
+bool agreeSingleCopy(const Segment& segment, int self, int rank, const MeshOptions& options) {
+  Bell* mine = segment.bell(self);
+  mine->probeAddress = reinterpret_cast<uint64_t>(probeToken());
+  mine->probeValue = *probeToken();
+  mine->singleCopy.store(kProbePublished, std::memory_order_release);
+  const auto deadline = Clock::now() + options.timeout;
+  waitForBells(segment, kProbePublished, rank, deadline, options.timeout);
+  std::string failed = options.singleCopy ? "" : "off on this rank (RINGDIST_SINGLE_COPY_BYTES=0)";
+  for (int i = 0; i < segment.localRanks() && failed.empty(); ++i) {
+    if (i != self) {
+      failed = probeRead(*segment.bell(i));
+    }
+  }
+  mine->singleCopy.store(failed.empty() ? kReadsEveryPeer : kNoPeerReads,
+                         std::memory_order_release);
+  if (!failed.empty()) {
+    logDebug(strCat("ringdist: rank ", rank, ": no single-copy reads on this host: ", failed));
+  }
+  waitForBells(segment, kReadsEveryPeer, rank, deadline, options.timeout);
+  for (int i = 0; i < segment.localRanks(); ++i) {
+    if (segment.bell(i)->singleCopy.load(std::memory_order_acquire) != kReadsEveryPeer) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void connectLocal(Rendezvous& rendezvous, int rank, const std::vector<int>& local,
@@ -66,12 +141,14 @@ void connectLocal(Rendezvous& rendezvous, int rank, const std::vector<int>& loca
   segment->bell(self)->pid = static_cast<int32_t>(::getpid());
   segment->bell(self)->startTime = processStartTime(::getpid());
   segment->bell(self)->cpu.store(-1);
+  const bool singleCopy = agreeSingleCopy(*segment, self, rank, options);
   auto doorbell = std::make_shared<LocalDoorbell>(segment->bell(self));
   for (int i = 0; i < count; ++i) {
     if (i != self) {
       int peer = local[static_cast<size_t>(i)];
       channels[static_cast<size_t>(peer)] =
-          std::make_unique<ShmChannel>(peer, segment, self, i, doorbell, options.link);
+          std::make_unique<ShmChannel>(peer, segment, self, i, doorbell, options.link,
+                                       singleCopy);
     }
   }
 }

@@ -26,6 +26,19 @@ struct alignas(64) Bell {
   int32_t pid;                     // owner's pid and its start time (clock
   uint64_t startTime;              // ticks since boot), for liveness checks
   std::atomic<int32_t> cpu;        // the CPU the owner last began an op or a wait on, -1 before
+  // Single copy (peers read each other's memory): the owner publishes where
+  // a known value sits in its memory, each peer tries to read it
+  // (connect.cc), and the host uses single copy only if every rank could.
+  uint64_t probeAddress;
+  uint64_t probeValue;
+  std::atomic<uint32_t> singleCopy;  // SingleCopyState
+};
+
+enum SingleCopyState : uint32_t {
+  kProbeUnpublished = 0,
+  kProbePublished,    // probeAddress/probeValue are valid
+  kReadsEveryPeer,    // this rank read every peer's probe value
+  kNoPeerReads,       // it could not (or single copy is off here)
 };
 
 // Start time of a process from /proc/<pid>/stat, 0 if it is gone or a

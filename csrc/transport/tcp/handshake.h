@@ -12,7 +12,7 @@ namespace tcp {
 
 // Wire version of the handshake and of everything after it (op headers);
 // ranks that speak different versions refuse each other at connect time.
-constexpr uint32_t kProtocolVersion = 5;
+constexpr uint32_t kProtocolVersion = 6;
 
 // Connects an authenticated TCP link to every rank r with wanted[r]; returns
 // the channels by rank (null elsewhere). Each rank listens on
