@@ -728,8 +728,8 @@ def _allreduce_rings():
 
 
 # ====================================== single copy (one host): worker functions
-# float32 counts around the single-copy limits: under and at 32 KiB, just past the two-rank
-# broadcast limit (512 KiB), and 1 MiB.
+# float32 counts around the single-copy limit: under and at 32 KiB, an odd count past 512 KiB
+# (broadcast parts of unequal length), and 1 MiB.
 SINGLE_COPY_COUNTS = [8191, 8192, 131073, 262144]
 
 
@@ -740,7 +740,7 @@ def _single_copy_bytes(group=None):
 
 def _case_single_copy(rank, ws, counts, group_env=None):
     """Broadcast (every root) and allgather (list, in place) of `counts` float32 elements;
-    per size and op, the bytes this rank read from peers' memory. With group_env, the ops run
+    per size and op, the bytes this rank copied to or from peers' memory. With group_env, the ops run
     on a new group created while this rank's environment has group_env[rank] set."""
     import torch_ringdist
     group = None
@@ -765,6 +765,41 @@ def _case_single_copy(rank, ws, counts, group_env=None):
             key = f"{name}/{variant or 'roots'}/n={n}"
             out.update({f"{key}/{k}": v for k, v in res.items()})
             out[f"{key}/read"] = _single_copy_bytes(group)
+    return out
+
+
+def _case_allreduce_single_copy_vs_ring(rank, ws):
+    """Allreduces of tiled special values (signed zeros, infinities, per-rank NaN payloads) of
+    256 KiB (under the two-rank one-round limit) and just over 1 MiB (over it), on a group that
+    copies straight between the ranks' buffers and on one with single copy off (the one-round
+    path, then the ring): the bytes must be equal. Also returns the bytes each group copied to
+    or from peers' memory."""
+    import torch_ringdist
+    groups = {}
+    for name, env in (("single", {}), ("ring", {"RINGDIST_SINGLE_COPY_BYTES": "0"})):
+        saved = dict(os.environ)
+        os.environ.update(env)
+        try:
+            groups[name] = dist.new_group(list(range(ws)))
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        torch_ringdist.reset_stats(groups[name])
+    out = {}
+    for size, dtype, op in product([256 << 10, 1 << 20], ["float32", "float64", "bfloat16", "float16"],
+                                   ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]):
+        base = special_inputs(rank, ws, dtype)
+        count = size // base.element_size() + 7
+        x = base.repeat(count // base.numel() + 1)[:count]
+        got = {}
+        for name, group in groups.items():
+            t = x.clone()
+            dist.all_reduce(t, op=rop(op), group=group)
+            got[name] = t.view(torch.uint8)
+        bad = (got["single"] != got["ring"]).nonzero().flatten()[:4].tolist()
+        out[f"{size}/{dtype}/{op}"] = f"bytes {bad} differ without single copy" if bad else None
+    for name, group in groups.items():
+        out[f"copied/{name}"] = _single_copy_bytes(group)
     return out
 
 
@@ -868,8 +903,9 @@ def test_all_reduce_special_values(world_factory, ws, seg):
 
 def test_all_reduce_larger_than_ring(world_factory):
     """One-round allreduces (up to 512 KiB) larger than a 4 KiB shared-memory ring: each rank
-    must take the peer's data while its own send still waits for room."""
-    world = world_factory(2, env={"RINGDIST_SHM_RING_BYTES": "4096"})
+    must take the peer's data while its own send still waits for room. (Single copy off: it
+    would take the larger ones.)"""
+    world = world_factory(2, env={"RINGDIST_SHM_RING_BYTES": "4096", "RINGDIST_SINGLE_COPY_BYTES": "0"})
     cases = [("float32", "SUM"), ("bfloat16", "AVG"), ("int64", "MAX"), ("float64", "MIN")]
     assert_cases(world.run(_case_all_reduce, cases, [1000, 5000, 8192, 65536], DENSE))
 
@@ -942,20 +978,23 @@ def test_all_gather(world_factory, ws, seg, variant):
 
 # ---------------------------------------------------------------- single copy
 def _expected_reads(ws, n, name, readable=True):
-    """Bytes a rank reads from peers' memory in one _case_single_copy step (0: the rings)."""
+    """Bytes a rank copies to or from peers' memory in one _case_single_copy step (0: the
+    rings). Allgather: it reads each peer's block. Broadcast from each root in turn: as a
+    reader at distance k from the root it reads all but part k of ws parts (the root writes
+    that one), as the root it writes parts 1..ws-1: (ws - 1) buffers in all."""
     nbytes = 4 * n
-    if not readable or nbytes < 32768 or (name == "broadcast" and ws == 2 and nbytes > 524288):
+    if not readable or nbytes < 32768:
         return 0
-    return (ws - 1) * nbytes  # broadcast: reader for each other root; allgather: each peer
+    return (ws - 1) * nbytes
 
 
 @pytest.mark.parametrize("ws,seg", [(2, "default"), (3, "default"), (4, "default"), (2, "tcp"),
                                     (4, "hosts")],
                          ids=["ws2", "ws3", "ws4", "ws2-tcp", "ws4-hosts"])
 def test_single_copy(world_factory, ws, seg):
-    """Broadcast and allgather around the single-copy limits give the closed-form bytes, and
-    each rank read exactly the bytes the rules say from its peers' memory: on one host from
-    32 KiB (a two-rank broadcast only up to 512 KiB), never over TCP or across hosts."""
+    """Broadcast and allgather around the single-copy limit give the closed-form bytes, and
+    each rank copied exactly the bytes the rules say to or from its peers' memory: on one host
+    from 32 KiB, never over TCP or across hosts."""
     if default_backend() != "ringdist":
         pytest.skip("single copy is ringdist's")
     res = get_world(world_factory, ws, seg).run(_case_single_copy, SINGLE_COPY_COUNTS)
@@ -968,6 +1007,23 @@ def test_single_copy(world_factory, ws, seg):
                 for name, variant in (("broadcast", "roots"), ("all_gather", "list"),
                                       ("all_gather", "tensor_in_place"))}
         assert got == want, f"rank {rank}"
+
+
+def test_single_copy_allreduce_matches_ring(world_factory):
+    """Two ranks: the single-copy allreduce combines each element in the order of the path it
+    replaces (rank order up to the one-round limit, the ring's above), so its bytes equal that
+    path's for every dtype and op, NaN payloads and signed zeros included (and so the GPU
+    path's, which follows the same orders). Each rank reads and writes its half."""
+    if default_backend() != "ringdist":
+        pytest.skip("single copy is ringdist's")
+    res = world_factory(2).run(_case_allreduce_single_copy_vs_ring)
+    copied = [{k: r.pop(k) for k in list(r) if k.startswith("copied/")} for r in res]
+    assert_cases(res, check_digests=False)
+    for rank, got in enumerate(copied):
+        assert got["copied/ring"] == 0, (rank, got)
+        # 20 allreduces each of about 256 KiB and 1 MiB: half of each read, half written back.
+        size = (256 << 10) + (1 << 20)
+        assert 20 * size <= got["copied/single"] <= 20 * (size + 128), (rank, got)
 
 
 def test_single_copy_off_on_one_rank(world_factory):

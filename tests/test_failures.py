@@ -38,11 +38,13 @@ def _later_op_problems(who, error, elapsed, succeeded, slow) -> list[str]:
 # only ever talk to the victim through ranks that are themselves failing. "hosts-int8": the
 # same world looping compressed (int8) allreduces, whose two phases talk to every peer.
 # "auto-broadcast"/"auto-allgather": one host looping 16 MiB broadcasts from the victim
-# (its peers are reading its memory) or allgathers (every rank reads every other's).
+# (its peers are reading its memory) or allgathers (every rank reads every other's);
+# "auto-pair": two ranks, whose allreduce copies straight between their buffers.
 @pytest.mark.parametrize("transport", TRANSPORTS + ["hosts", "hosts-int8", "auto-broadcast",
-                                                    "auto-allgather"])
+                                                    "auto-allgather", "auto-pair"])
 def test_sigkill_mid_allreduce_fails_survivors_fast(tmp_path, record_property, transport):
-    ws, victim = (4, 1) if transport.startswith("hosts") else (3, 1)
+    ws, victim = ((4, 1) if transport.startswith("hosts") else
+                  (2, 1) if transport.endswith("-pair") else (3, 1))
     env = ({"RINGDIST_HOST_ID": "h0,h1,h0,h1"} if transport.startswith("hosts")
            else {"RINGDIST_TRANSPORT": transport.split("-")[0]})
     if transport.endswith("-int8"):
@@ -102,6 +104,21 @@ def test_sigkill_mid_allreduce_fails_survivors_fast(tmp_path, record_property, t
             problems.append(f"rank {r}: fds {before['fds']} before init -> {after['fds']} after destroy "
                             f"({new_sockets} more sockets)")
     assert not problems, "\n".join(problems)
+
+
+def test_single_copy_abort_mid_write(tmp_path):
+    """A reader aborted while the root's write into its buffer is in flight (single-copy
+    broadcast): both ranks fail, naming the cause, and the reader's broadcast returns only
+    once the write ended, so nothing lands in its buffer afterwards (without the wait in
+    ShmChannel::close, the 300 ms-delayed write lands after the return)."""
+    env = {"RINGDIST_TEST_SINGLE_COPY_WRITE_DELAY_MS": "300"}
+    with Spawned("single_copy_abort", 2, tmp_path, env=env) as w:
+        got = w.results(120)
+    root, reader = got[0], got[1]
+    assert reader["error"] and "aborted" in reader["error"], reader
+    assert 0.25 < reader["seconds"] < 5, reader  # the abort at 0.1 s waited for the write
+    assert root["error"] and re.search(r"\brank 1\b", root["error"]), root
+    assert reader["stray_elements"] == 0, reader
 
 
 # ============================== harness worlds: per-test subgroups with short timeouts

@@ -74,8 +74,9 @@ def stats(group=None) -> dict:
         ``inline_calls`` counts the calls that took the latency path (run on the
         calling thread); ``shared_core_waits`` the waits that slept at once
         because a peer on the same host last waited on the same CPU;
-        ``single_copy_bytes`` the bytes read straight from same-host peers'
-        memory (broadcast and allgather from ``RINGDIST_SINGLE_COPY_BYTES``). Compressed allreduces appear per codec
+        ``single_copy_bytes`` the bytes this rank copied straight from or into
+        same-host peers' memory (broadcast and allgather from
+        ``RINGDIST_SINGLE_COPY_BYTES``). Compressed allreduces appear per codec
         (``"compressed_allreduce/int8"``). ``wire_ratio`` is bytes sent divided
         by what a plain ring allreduce of the same payload sends
         (``2 (N-1)/N`` x payload): ~0.5 for fp16/bf16, ~0.254 for int8; it is

@@ -215,7 +215,7 @@ PYBIND11_MODULE(_C, m) {
            "Per-operation counters since creation or reset_stats(): calls, wire bytes sent and "
            "received, payload bytes (output tensors), seconds running, calls run on the caller's "
            "thread (inline_calls), waits that skipped the spin because a peer shared the CPU "
-           "(shared_core_waits), bytes read straight from same-host peers' memory (single_copy_bytes)")
+           "(shared_core_waits), bytes copied straight from or into same-host peers' memory (single_copy_bytes)")
       .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats)
       .def("_dead_peers", &ringdist::ProcessGroupRingdist::deadPeers,
            "Ranks whose process is known to be gone (same host only).")

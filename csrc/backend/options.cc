@@ -79,6 +79,8 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
   o.mesh.hostLabel = hostLabel(rank, size);
   o.mesh.link.checksums = envFlag("RINGDIST_CRC", false);
   o.mesh.link.corruptSendAt = envBytes("RINGDIST_TEST_CORRUPT_SEND", 0, 0);
+  o.mesh.link.writeDelay =
+      std::chrono::milliseconds(envInt("RINGDIST_TEST_SINGLE_COPY_WRITE_DELAY_MS", 0));
 
   o.collectives.segmentBytes = envBytes("RINGDIST_SEGMENT_BYTES", kDefaultSegmentBytes, 1);
   o.collectives.smallAllreduceBytes =

@@ -29,7 +29,7 @@ struct OpStats {
   double seconds = 0;          // wall time of the operation on the worker
   uint64_t inlineCalls = 0;    // calls the caller's thread ran (the latency path)
   uint64_t sharedCoreWaits = 0;  // waits that slept at once: a peer was on this CPU
-  uint64_t singleCopyBytes = 0;  // bytes read straight from peers' memory (same host)
+  uint64_t singleCopyBytes = 0;  // bytes copied straight from or into peers' memory (same host)
 };
 
 // The one thread that owns a group's engine (Communicator and

@@ -207,6 +207,49 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
   }
 }
 
+// Two ranks on one host from kMinSingleCopyAllreduceBytes
+// (Communicator::singleCopy): each rank owns the chunk the ring would give it
+// and, piece by piece, reads the peer's part of it into scratch (cache),
+// combines it into its own buffer and writes the result straight into the
+// peer's buffer. Per rank: one read, one reduce and one write of half the
+// buffer, with no copy through a ring. The operands go in the order of the
+// path this replaces (the one-round path's rank order up to
+// oneRoundAllreduce, above it the ring's combine(peer's, owner's)), so the
+// bits are the same as there and as on the GPU path. Each rank returns once
+// the peer is done with its buffer both ways.
+void singleCopyPairAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
+                             ReduceOp op, const OpHeader& header) {
+  const int peer = 1 - comm.rank();
+  const size_t elem = elementSize(dtype);
+  std::vector<uint64_t> address;
+  comm.exchangeHeadersAndAddresses(header, {peer}, data, &address);
+  const uint64_t theirs = address[static_cast<size_t>(peer)];
+  const ChunkLayout layout(count, 2, comm.segmentBytes(), elem);
+  const size_t own = static_cast<size_t>(comm.ringPos());
+  const size_t end = layout.chunkOffset(own) + layout.chunkLength(own);
+  const size_t pieceElems = std::max<size_t>(1, kSingleCopyReducePieceBytes / elem);
+  char* piece = comm.scratch(pieceElems * elem);
+  char* base = static_cast<char*>(data);
+  ReduceFn reduceFn = reduceFunction(dtype, op);
+  const bool ownFirst =
+      comm.options().oneRoundAllreduce(count * elem, 2) && comm.rank() < peer;
+  for (size_t at = layout.chunkOffset(own); at < end; at += pieceElems) {
+    const size_t n = std::min(pieceElems, end - at);
+    char* mine = base + at * elem;
+    comm.readPeer(peer, theirs + at * elem, piece, n * elem);
+    if (ownFirst) {
+      reduceFn(mine, mine, piece, n);
+    } else {
+      reduceFn(mine, piece, mine, n);
+    }
+    if (op == ReduceOp::kAvg) {
+      divideInPlace(mine, n, dtype, 2);
+    }
+    comm.writePeer(peer, theirs + at * elem, mine, n * elem);
+  }
+  comm.exchangeDone({peer}, {peer});
+}
+
 // Flat ring over every rank (its order visits each host's ranks together).
 void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
   const int n = comm.size();
@@ -252,7 +295,11 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
   header.variant = small                ? kOneShotAllreduce
                    : comm.hierarchical() ? kHierarchicalAllreduce
                                          : kRingAllreduce;
-  if (n == 2 && count > 0 && small) {
+  const size_t bytes = count * elementSize(dtype);
+  if (n == 2 && bytes >= kMinSingleCopyAllreduceBytes && comm.singleCopy(bytes)) {
+    header.variant = kSingleCopyAllreduce;
+    singleCopyPairAllreduce(comm, data, count, dtype, op, header);
+  } else if (n == 2 && count > 0 && small) {
     pairAllreduce(comm, data, count, dtype, op, header);
   } else if (n > 2 && count > 0 && small) {
     oneShotAllreduce(comm, data, count, dtype, op, header);

@@ -1,8 +1,9 @@
-// Broadcast. On one host, from Communicator::singleCopy's size (two ranks: up
-// to kPairBroadcastSingleCopyMaxBytes): every rank
-// reads the root's buffer straight into its own (one copy of each byte, not
-// two through a ring) and tells the root when done; the root returns only
-// then, so its buffer stays unchanged while read.
+// Broadcast. On one host, from Communicator::singleCopy's size: each byte is
+// copied once, straight from the root's buffer into a reader's (not twice
+// through a ring): every reader reads most of the root's buffer while the
+// root writes the rest into the readers' buffers, so with two ranks both
+// copy at once. The root returns once every reader is done reading, a
+// reader once the root is done writing to it.
 //
 // Otherwise a pipelined chain. Terms as in ring.h: the buffer is one chunk
 // cut into segments.
@@ -80,31 +81,55 @@ void broadcastChain(Communicator& comm, void* data, size_t count, DataType dtype
   }
 }
 
+// Part k of n parts of count elements: [*first, *first + *length).
+void part(size_t count, size_t n, size_t k, size_t* first, size_t* length) {
+  *first = count * k / n;
+  *length = count * (k + 1) / n - *first;
+}
+
 void broadcastSingleCopy(Communicator& comm, void* data, size_t count, DataType dtype,
                          int root) {
   OpHeader header = comm.makeHeader(OpType::kBroadcast, count, dtype, ReduceOp::kSum, root);
   header.variant = kSingleCopy;
+  const int n = comm.size();
+  const size_t elem = elementSize(dtype);
+  char* base = static_cast<char*>(data);
   // Headers with every peer, not just the root: a rank that disagrees is
-  // then seen by all, before any output is written.
+  // then seen by all, before any output is written. Addresses only between
+  // the root and each reader.
   const std::vector<int> peers = comm.others();
+  std::vector<uint64_t> address;
+  // Reader r's part k (its distance from the root) is written by the root;
+  // r reads the rest. Each rank then copies (n-1)/n of the buffer, and with
+  // two ranks both copy at once.
+  auto partOf = [&](int rank) { return static_cast<size_t>((rank - root + n) % n); };
   if (comm.rank() == root) {
-    comm.exchangeHeadersAndAddresses(header, peers, data, nullptr);
-    comm.exchangeDone({}, peers);
+    comm.exchangeHeadersAndAddresses(header, peers, data, &address);
+    for (int reader : peers) {
+      size_t first, length;
+      part(count, static_cast<size_t>(n), partOf(reader), &first, &length);
+      comm.writePeer(reader, address[static_cast<size_t>(reader)] + first * elem,
+                     base + first * elem, length * elem);
+    }
+    comm.exchangeDone(peers, peers);  // "written" to each, "done" from each
     return;
   }
-  // Only the root sends an address after its header.
-  std::vector<uint64_t> address;
-  comm.exchangeHeadersAndAddresses(header, peers, nullptr, &address, root);
-  comm.readPeer(root, address[static_cast<size_t>(root)], data, count * elementSize(dtype));
-  comm.exchangeDone({root}, {});
+  comm.exchangeHeadersAndAddresses(header, peers, data, &address, root);
+  const uint64_t from = address[static_cast<size_t>(root)];
+  size_t first, length;
+  part(count, static_cast<size_t>(n), partOf(comm.rank()), &first, &length);
+  comm.readPeer(root, from, base, first * elem);
+  const size_t end = (first + length) * elem;
+  comm.readPeer(root, from + end, base + end, count * elem - end);
+  // Done to the root; return only once it wrote our part, so no write of
+  // its lands after we returned.
+  comm.exchangeDone({root}, {root});
 }
 
 }  // namespace
 
 void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int root) {
-  const size_t bytes = count * elementSize(dtype);
-  if (comm.singleCopy(bytes) &&
-      (comm.size() > 2 || bytes <= kPairBroadcastSingleCopyMaxBytes)) {
+  if (comm.singleCopy(count * elementSize(dtype))) {
     broadcastSingleCopy(comm, data, count, dtype, root);
   } else {
     broadcastChain(comm, data, count, dtype, root);

@@ -33,8 +33,9 @@ std::string describeHeader(const OpHeader& h) {
                    isKnownCodec(h.variant) ? codecName(static_cast<Codec>(h.variant)) : "?");
   }
   if (type == OpType::kAllreduce) {  // AllreduceVariant (collectives.h)
-    static const char* kAlgorithms[] = {"ring", "one round", "two-level", "GPU to GPU"};
-    text += strCat(", algorithm=", h.variant < 4 ? kAlgorithms[h.variant] : "?");
+    static const char* kAlgorithms[] = {"ring", "one round", "two-level", "GPU to GPU",
+                                        "single copy"};
+    text += strCat(", algorithm=", h.variant < 5 ? kAlgorithms[h.variant] : "?");
   }
   if (type == OpType::kBroadcast || type == OpType::kAllgather) {  // CopyVariant
     text += h.variant == 1 ? ", single copy" : ", through the links";
@@ -83,10 +84,10 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Chann
   wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RINGDIST_CHECK(wakeFd_ >= 0, "ringdist: eventfd failed: ", std::strerror(errno));
   spin_ = sharing <= usableCores();
-  peersReadable_ = size_ > 1;
+  peersCopyable_ = size_ > 1;
   for (int p = 0; p < size_; ++p) {
-    peersReadable_ = peersReadable_ && (p == rank_ || (channels_[static_cast<size_t>(p)] &&
-                                                       channels_[static_cast<size_t>(p)]->readsPeerMemory()));
+    peersCopyable_ = peersCopyable_ && (p == rank_ || (channels_[static_cast<size_t>(p)] &&
+                                                       channels_[static_cast<size_t>(p)]->copiesPeerMemory()));
   }
   RINGDIST_CHECK(static_cast<int>(hostOf_.size()) == size_, "ringdist: host map has ",
                  hostOf_.size(), " ranks, expected ", size_);
@@ -254,25 +255,17 @@ void Communicator::exchangeHeaders(const OpHeader& mine, const std::vector<int>&
 
 void Communicator::exchangeHeadersAndAddresses(const OpHeader& mine,
                                                const std::vector<int>& peers, const void* lent,
-                                               std::vector<uint64_t>* addresses,
-                                               int addressFrom) {
+                                               std::vector<uint64_t>* addresses, int with) {
   const uint64_t address = reinterpret_cast<uint64_t>(lent);
+  addresses->assign(static_cast<size_t>(size_), 0);
   std::vector<OpHeader> in(peers.size());
   Transfers sends, headers, trailers;
-  for (int peer : peers) {
-    Channel& ch = channel(peer);
-    sends.emplace_back(&ch, ch.postSend(&mine, sizeof(OpHeader)));
-    if (lent != nullptr) {
-      sends.emplace_back(&ch, ch.postSend(&address, sizeof(address)));
-    }
-  }
-  if (addresses != nullptr) {
-    addresses->assign(static_cast<size_t>(size_), 0);
-  }
   for (size_t i = 0; i < peers.size(); ++i) {
     Channel& ch = channel(peers[i]);
+    sends.emplace_back(&ch, ch.postSend(&mine, sizeof(OpHeader)));
     headers.emplace_back(&ch, ch.postRecv(&in[i], sizeof(OpHeader)));
-    if (addresses != nullptr && (addressFrom < 0 || addressFrom == peers[i])) {
+    if (with < 0 || with == peers[i]) {
+      sends.emplace_back(&ch, ch.postSend(&address, sizeof(address)));
       auto* at = &(*addresses)[static_cast<size_t>(peers[i])];
       trailers.emplace_back(&ch, ch.postRecv(at, sizeof(*at)));
     }
@@ -304,6 +297,18 @@ void Communicator::readPeer(int peer, uint64_t from, void* dst, size_t bytes) {
     ch.readPeerMemory(from + done, static_cast<char*>(dst) + done, piece);
     done += piece;
     progress();  // keep the other links moving between pieces
+  }
+  singleCopyBytes_ += bytes;
+}
+
+void Communicator::writePeer(int peer, uint64_t to, const void* src, size_t bytes) {
+  Channel& ch = channel(peer);
+  for (size_t done = 0; done < bytes;) {
+    throwIfStopped();
+    const size_t piece = std::min(bytes - done, kSingleCopyPieceBytes);
+    ch.writePeerMemory(to + done, static_cast<const char*>(src) + done, piece);
+    done += piece;
+    progress();
   }
   singleCopyBytes_ += bytes;
 }

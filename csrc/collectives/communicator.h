@@ -127,13 +127,13 @@ class Communicator {
                        const std::vector<int>& recvFrom,
                        const std::vector<uint64_t>* sendCount = nullptr,
                        const std::vector<uint64_t>* expectCount = nullptr);
-  // Single copy: exchangeHeaders with each of peers both ways, our header
-  // followed by the address of our buffer `lent` (nullptr: none), and, if
-  // `addresses` (indexed by rank) is given, the address that follows the
-  // header of each peer (addressFrom >= 0: of that peer only).
+  // Single copy: exchangeHeaders with each of peers both ways; our header is
+  // followed by the address of the buffer we lend, and addresses[peer]
+  // (indexed by rank) receives the one that follows each peer's header.
+  // `with` >= 0: addresses go to and come from that peer only.
   void exchangeHeadersAndAddresses(const OpHeader& mine, const std::vector<int>& peers,
                                    const void* lent, std::vector<uint64_t>* addresses,
-                                   int addressFrom = -1);
+                                   int with = -1);
   void exchangeRingHeaders(const OpHeader& mine);
   // checkHeader for each header in[i] received from recvFrom[i].
   void checkHeaders(const OpHeader& mine, const std::vector<int>& recvFrom,
@@ -185,19 +185,21 @@ class Communicator {
   // Waits that slept without spinning because a peer shared this CPU.
   uint64_t sharedCoreWaits() const { return sharedCoreWaits_; }
 
-  // Whether a broadcast or allgather of `bytes` per rank reads peers' memory
+  // Whether a broadcast or allgather of `bytes` per rank copies peers' memory
   // directly (every peer on this host, the host agreed at connect time, and
   // bytes >= singleCopyBytes); the same answer on every rank.
   bool singleCopy(size_t bytes) const {
-    return peersReadable_ && options_.singleCopyBytes > 0 && bytes >= options_.singleCopyBytes;
+    return peersCopyable_ && options_.singleCopyBytes > 0 && bytes >= options_.singleCopyBytes;
   }
-  // Reads bytes at `from` in peer's memory into dst, in pieces, checking
-  // abort and the deadline between them.
+  // Reads bytes at `from` in peer's memory into dst (writePeer: src to `to`
+  // in the peer's memory), in pieces, checking abort and the deadline
+  // between them.
   void readPeer(int peer, uint64_t from, void* dst, size_t bytes);
+  void writePeer(int peer, uint64_t to, const void* src, size_t bytes);
   // Tells each of `to` that we are done with its memory and waits until each
   // of `from` is done with ours (one byte each way).
   void exchangeDone(const std::vector<int>& to, const std::vector<int>& from);
-  // Bytes read from peers' memory so far (statistics).
+  // Bytes copied from or into peers' memory so far (statistics).
   uint64_t singleCopyBytes() const { return singleCopyBytes_; }
 
   // Scratch memory owned by the communicator, grown on demand, 64-byte aligned.
@@ -254,7 +256,7 @@ class Communicator {
   bool spin_ = false;  // busy-poll briefly before sleeping (a core per local rank)
   bool spinYields_ = true;
   uint64_t sharedCoreWaits_ = 0;
-  bool peersReadable_ = false;  // every peer's channel readsPeerMemory()
+  bool peersCopyable_ = false;  // every peer's channel copiesPeerMemory()
   uint64_t singleCopyBytes_ = 0;
   std::vector<char> watched_;  // by peer, see setWatched
   int wakeFd_ = -1;            // eventfd written by wake(), polled by idle waits

@@ -36,6 +36,9 @@ struct LinkOptions {
   bool checksums = false;
   // Testing only: this process's k-th checksummed send carries a wrong CRC.
   uint64_t corruptSendAt = 0;
+  // Testing only: a single-copy write waits this long, its write flag set,
+  // before it writes (a write in flight while the peer aborts).
+  std::chrono::milliseconds writeDelay{0};
 };
 
 struct MeshOptions {
@@ -71,17 +74,21 @@ constexpr size_t kDefaultSmallAllreduceBytes = 64 * 1024;
 // 1 MiB, slower from 2 MiB (docs/perf/latency_mpi.md, session 13).
 constexpr size_t kDefaultPairAllreduceBytes = 1 << 20;
 // From this size per rank, broadcast and allgather on one host copy each
-// byte once: a rank reads the peer's buffer straight into its output
-// (process_vm_readv) instead of both copying through a shared-memory ring.
-// Below it the syscall's fixed cost loses (docs/perf/single_copy.md).
+// byte once, straight between the ranks' buffers (process_vm_readv/writev),
+// instead of twice through a shared-memory ring. Below it the syscall's
+// fixed cost loses (docs/perf/single_copy.md).
 constexpr size_t kDefaultSingleCopyBytes = 32 * 1024;
-// Except a two-rank broadcast above this size: the chain's two copies run on
-// both cores at once and beat the one reader, whose copy through the kernel
-// is slower than memcpy (x0.81-0.86 from 1 MiB, docs/perf/single_copy.md).
-constexpr size_t kPairBroadcastSingleCopyMaxBytes = 512 * 1024;
 // A read of a peer's memory goes in pieces of this size, with the op's abort
 // and deadline checked between them.
 constexpr size_t kSingleCopyPieceBytes = 1 << 20;
+// A two-rank allreduce on one host copies straight between the two buffers
+// from this size (and singleCopyBytes): below it the one-round path's single
+// exchange wins (32 KiB: 10.6 vs 11.7 us; 64 KiB about even; 256 KiB-1 MiB
+// x1.4-1.8 for single copy, docs/perf/single_copy.md).
+constexpr size_t kMinSingleCopyAllreduceBytes = 64 * 1024;
+// The single-copy allreduce reads the peer's data into scratch this much at a
+// time, so the reduction that follows finds it in cache.
+constexpr size_t kSingleCopyReducePieceBytes = 128 * 1024;
 // A point-to-point message that arrives before its receive is buffered; its
 // size comes from the wire, so it is bounded before anything is allocated.
 constexpr size_t kDefaultMaxUnexpectedBytes = size_t{1} << 30;
@@ -104,7 +111,7 @@ struct CollectiveOptions {
   bool oneRoundAllreduce(size_t bytes, int ranks) const {
     return bytes <= (ranks == 2 ? pairAllreduceBytes : smallAllreduceBytes);
   }
-  // 0: never read peers' memory (every rank of the host then uses the rings).
+  // 0: never copy peers' memory directly (every rank of the host then uses the rings).
   size_t singleCopyBytes = kDefaultSingleCopyBytes;
   // Two-level allreduce on groups of >= 2 hosts with the same number (>= 2)
   // of ranks on each: each host link then carries 2(H-1)/H of the buffer

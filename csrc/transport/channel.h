@@ -104,17 +104,26 @@ class Channel {
   // Safe from any thread, also after close().
   virtual bool peerDead() const { return false; }
 
-  // Single copy (same host): true when this process can read the peer's
-  // memory directly, agreed by every rank of the host at connect time.
-  virtual bool readsPeerMemory() const { return false; }
+  // Single copy (same host): true when this process can read and write the
+  // peer's memory directly, agreed by every rank of the host at connect time.
+  virtual bool copiesPeerMemory() const { return false; }
   // Copies `bytes` at address `from` of the peer's memory into dst. The peer
   // must keep that memory unchanged until told the read is done. Throws,
-  // naming the peer, if the read fails or the peer died or closed the link
-  // (then the memory may have been reused mid-read), so a completed call
-  // read what the peer lent. Only where readsPeerMemory() is true.
+  // naming the peer, if the read fails or the peer closed the link (it
+  // aborted, so the memory may have been reused mid-read): a completed call
+  // read what the peer lent. Only where copiesPeerMemory() is true.
   virtual void readPeerMemory(uint64_t from, void* dst, size_t bytes) {
     (void)from, (void)dst, (void)bytes;
     RINGDIST_FAIL("ringdist: no single-copy reads from rank ", peer_);
+  }
+  // Copies `bytes` from src to address `to` of the peer's memory, which the
+  // peer lent for writing: until it is told the write is done it does not
+  // return, and closing the link (abort) waits for a write in flight, so a
+  // write never lands in memory the peer may have reused. Throws, naming
+  // the peer, if the link is closed or the write fails.
+  virtual void writePeerMemory(uint64_t to, const void* src, size_t bytes) {
+    (void)to, (void)src, (void)bytes;
+    RINGDIST_FAIL("ringdist: no single-copy writes to rank ", peer_);
   }
 
   // Drops the connection at once (abort). Idempotent.

@@ -486,8 +486,37 @@ def latency_path(rank, ws, store, dist, torch):
     return out
 
 
+def single_copy_abort(rank, ws, store, dist, torch):
+    """2 ranks: rank 0 broadcasts 1 MiB, writing half of it straight into rank 1's buffer
+    while rank 1 reads the other half. Rank 0's writes wait 300 ms with their write flag set
+    (RINGDIST_TEST_SINGLE_COPY_WRITE_DELAY_MS, set by the test), and another thread of rank 1
+    aborts its group 100 ms into the broadcast. Both ranks must fail; rank 1's broadcast must
+    return only after rank 0's write in flight ended, so no byte lands in the buffer rank 1
+    lent after it returned (filled with a pattern at once, checked 500 ms later)."""
+    _init(rank, ws, store, dist)
+    t = torch.full((1 << 18,), float(rank))
+    group = dist.new_group(timeout=datetime.timedelta(seconds=20))
+    out = {"error": None}
+    timer = threading.Timer(0.1, group.abort) if rank == 1 else None
+    start = time.monotonic()
+    try:
+        if timer is not None:
+            timer.start()
+        dist.broadcast(t, src=0, group=group)
+    except Exception as e:  # noqa: BLE001 (reported)
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+    out["seconds"] = time.monotonic() - start
+    if rank == 1:
+        t.fill_(-1.0)
+        time.sleep(0.5)
+        out["stray_elements"] = int((t != -1.0).sum())
+        timer.join(10)
+    return out
+
+
 SCENARIOS = {f.__name__: f for f in (kill_mid_allreduce, cycles, held_init, death_during_shrink,
-                                     abort_healthy, trace_desync, latency_path)}
+                                     abort_healthy, trace_desync, latency_path,
+                                     single_copy_abort)}
 
 
 def main() -> int:

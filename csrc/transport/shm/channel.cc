@@ -9,8 +9,10 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
+#include <thread>
 
 #include "csrc/common/error.h"
+#include "csrc/common/logging.h"
 
 namespace ringdist {
 namespace shm {
@@ -72,7 +74,8 @@ ShmChannel::ShmChannel(int peer, std::shared_ptr<Segment> segment, int localSelf
       ringBytes_(segment_->ringBytes()),
       peerBell_(segment_->bell(localPeer)),
       doorbell_(std::move(doorbell)),
-      singleCopy_(singleCopy) {}
+      singleCopy_(singleCopy),
+      writeDelay_(link.writeDelay) {}
 
 ShmChannel::~ShmChannel() = default;
 
@@ -229,16 +232,59 @@ void ShmChannel::readPeerMemory(uint64_t from, void* dst, size_t bytes) {
   bytesReceived_ += bytes;
 }
 
+void ShmChannel::writePeerMemory(uint64_t to, const void* src, size_t bytes) {
+  RINGDIST_CHECK(singleCopy_ && !closed_, "ringdist: no single-copy writes to rank ", peer_);
+  // Flag first, then look at closed: the peer closes first, then looks at
+  // the flag (both seq_cst), so either it waits for this write or this
+  // write sees it closed and never starts.
+  out_->writing.store(1, std::memory_order_seq_cst);
+  if (in_->closed.load(std::memory_order_seq_cst) != 0 ||
+      out_->closed.load(std::memory_order_seq_cst) != 0) {
+    out_->writing.store(0, std::memory_order_release);
+    failClosed();
+  }
+  if (writeDelay_.count() > 0) {
+    std::this_thread::sleep_for(writeDelay_);
+  }
+  const char* from = static_cast<const char*>(src);
+  for (size_t done = 0; done < bytes;) {
+    iovec local{const_cast<char*>(from + done), bytes - done};
+    iovec remote{reinterpret_cast<void*>(to + done), bytes - done};
+    ssize_t n = ::process_vm_writev(peerBell_->pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) {
+      out_->writing.store(0, std::memory_order_release);
+      checkAlive();
+      RINGDIST_FAIL("writing rank ", peer_, "'s buffer (", bytes, " bytes at 0x", std::hex, to,
+                    std::dec, ") failed: ", n < 0 ? std::strerror(errno) : "nothing written");
+    }
+    done += static_cast<size_t>(n);
+  }
+  out_->writing.store(0, std::memory_order_release);
+  bytesSent_ += bytes;
+}
+
 void ShmChannel::close() {
   if (closed_) {
     return;
   }
   closed_ = true;
   // Both directions: the peer's pending sends and receives fail at once.
-  out_->closed.store(1, std::memory_order_release);
-  in_->closed.store(1, std::memory_order_release);
+  out_->closed.store(1, std::memory_order_seq_cst);
+  in_->closed.store(1, std::memory_order_seq_cst);
   ring(peerBell_);
   clearQueues();
+  // A write of the peer's into our memory that began before it could see
+  // the close ends within one piece (kSingleCopyPieceBytes); wait for it,
+  // so our caller may free the buffer it lent.
+  const auto until = std::chrono::steady_clock::now() + kWriteDrainLimit;
+  while (in_->writing.load(std::memory_order_seq_cst) != 0 && !peerDead()) {
+    if (std::chrono::steady_clock::now() > until) {
+      logWarning(strCat("ringdist: rank ", peer_, " still writes into this process's memory ",
+                        kWriteDrainLimit.count(), " ms after the link closed"));
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 }  // namespace shm

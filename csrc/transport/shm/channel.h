@@ -27,6 +27,10 @@ class LocalDoorbell final : public Doorbell {
 // may be sleeping, so the busy path costs no syscall.
 void ring(Bell* bell);
 
+// How long closing a link waits for the peer's write into our memory (a few
+// hundred microseconds at most while the peer runs; a stopped peer is given up).
+constexpr auto kWriteDrainLimit = std::chrono::milliseconds(2000);
+
 // A Channel over two single-producer single-consumer byte rings in the host
 // segment (one per direction). A send copies from the user buffer into the
 // ring, the receive copies out of it; both sides work concurrently, with no
@@ -45,8 +49,9 @@ class ShmChannel final : public QueuedChannel {
   int peerCpu() const override { return peerBell_->cpu.load(std::memory_order_relaxed); }
   void checkAlive() const override;
   bool peerDead() const override;
-  bool readsPeerMemory() const override { return singleCopy_; }
+  bool copiesPeerMemory() const override { return singleCopy_; }
   void readPeerMemory(uint64_t from, void* dst, size_t bytes) override;
+  void writePeerMemory(uint64_t to, const void* src, size_t bytes) override;
   void close() override;
 
  private:
@@ -67,6 +72,7 @@ class ShmChannel final : public QueuedChannel {
   Bell* peerBell_;
   std::shared_ptr<LocalDoorbell> doorbell_;
   const bool singleCopy_;
+  const std::chrono::milliseconds writeDelay_;  // testing (LinkOptions::writeDelay)
   bool closed_ = false;
 };
 

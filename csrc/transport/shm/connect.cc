@@ -59,8 +59,9 @@ std::shared_ptr<Segment> mapPublished(Rendezvous& rendezvous, int rank, int coun
 
 // A random value at a fixed address of this process: a peer that reads it
 // back through process_vm_readv reads our memory, not some other process's.
+// Writable: peers also write the same value back (process_vm_writev).
 const uint64_t* probeToken() {
-  static const uint64_t token = [] {
+  static uint64_t token = [] {
     uint64_t value = 0;
     while (::getrandom(&value, sizeof(value), 0) != static_cast<ssize_t>(sizeof(value))) {
     }
@@ -85,8 +86,9 @@ void waitForBells(const Segment& segment, uint32_t state, int rank, Clock::time_
   }
 }
 
-// Empty if this process can read the peer's probe value, else why not.
-std::string probeRead(const Bell& peer) {
+// Empty if this process can read the peer's probe value and write it back
+// unchanged, else why not.
+std::string probePeer(const Bell& peer) {
   uint64_t got = 0;
   iovec local{&got, sizeof(got)};
   iovec remote{reinterpret_cast<void*>(peer.probeAddress), sizeof(got)};
@@ -94,12 +96,16 @@ std::string probeRead(const Bell& peer) {
   if (n < 0) {
     return strCat("process_vm_readv: ", std::strerror(errno));
   }
-  return n == sizeof(got) && got == peer.probeValue ? "" : "it read another value";
+  if (n != sizeof(got) || got != peer.probeValue) {
+    return "it read another value";
+  }
+  n = ::process_vm_writev(peer.pid, &local, 1, &remote, 1, 0);
+  return n == sizeof(got) ? "" : strCat("process_vm_writev: ", n < 0 ? std::strerror(errno) : "short");
 }
 
-// Whether every local rank can read every other's memory (CMA); every local
-// rank gets the same answer. Containers whose seccomp profile or ptrace
-// policy forbids process_vm_readv fall back to the rings.
+// Whether every local rank can read and write every other's memory (CMA);
+// every local rank gets the same answer. Containers whose seccomp profile or
+// ptrace policy forbids process_vm_readv/writev fall back to the rings.
 bool agreeSingleCopy(const Segment& segment, int self, int rank, const MeshOptions& options) {
   Bell* mine = segment.bell(self);
   mine->probeAddress = reinterpret_cast<uint64_t>(probeToken());
@@ -110,7 +116,7 @@ bool agreeSingleCopy(const Segment& segment, int self, int rank, const MeshOptio
   std::string failed = options.singleCopy ? "" : "off on this rank (RINGDIST_SINGLE_COPY_BYTES=0)";
   for (int i = 0; i < segment.localRanks() && failed.empty(); ++i) {
     if (i != self) {
-      failed = probeRead(*segment.bell(i));
+      failed = probePeer(*segment.bell(i));
     }
   }
   mine->singleCopy.store(failed.empty() ? kReadsEveryPeer : kNoPeerReads,

@@ -49,6 +49,10 @@ struct alignas(64) RingControl {
   alignas(64) std::atomic<uint64_t> head;  // bytes written (writer only)
   alignas(64) std::atomic<uint64_t> tail;  // bytes read (reader only)
   alignas(64) std::atomic<uint32_t> closed;
+  // Set by `from` while it writes into `to`'s memory (single copy): `to`
+  // closing the link waits for it to clear, so no write lands after `to`
+  // left its operation.
+  std::atomic<uint32_t> writing;
 };
 
 struct SegmentHeader {
