@@ -731,6 +731,9 @@ def _allreduce_rings():
 # float32 counts around the single-copy limit: under and at 32 KiB, an odd count past 512 KiB
 # (broadcast parts of unequal length), and 1 MiB.
 SINGLE_COPY_COUNTS = [8191, 8192, 131073, 262144]
+# (collective, variant) pairs of _case_single_copy.
+SINGLE_COPY_OPS = [("broadcast", "roots"), ("all_gather", "list"), ("all_gather", "tensor_in_place"),
+                   ("reduce_scatter", "tensor")]
 
 
 def _single_copy_bytes(group=None):
@@ -739,9 +742,10 @@ def _single_copy_bytes(group=None):
 
 
 def _case_single_copy(rank, ws, counts, group_env=None):
-    """Broadcast (every root) and allgather (list, in place) of `counts` float32 elements;
-    per size and op, the bytes this rank copied to or from peers' memory. With group_env, the ops run
-    on a new group created while this rank's environment has group_env[rank] set."""
+    """Broadcast (every root), allgather (list, in place) and reduce-scatter of `counts` float32
+    elements per rank; per size and op, the bytes this rank copied to or from peers' memory. With
+    group_env, the ops run on a new group created while this rank's environment has
+    group_env[rank] set."""
     import torch_ringdist
     group = None
     if group_env is not None:
@@ -754,26 +758,34 @@ def _case_single_copy(rank, ws, counts, group_env=None):
             os.environ.update(saved)
     out = {}
     for n in counts:
-        for name, variant in (("broadcast", None), ("all_gather", "list"),
-                              ("all_gather", "tensor_in_place")):
+        for name, variant in SINGLE_COPY_OPS:
             torch_ringdist.reset_stats(group)
-            if group is None:
-                res = (_case_broadcast(rank, ws, ["float32"], [n], ["contig"]) if variant is None
-                       else _case_all_gather(rank, ws, ["float32"], [n], variant))
-            else:
+            if group is not None:
                 res = _case_group_copy(rank, ws, n, name, group)
-            key = f"{name}/{variant or 'roots'}/n={n}"
+            elif name == "broadcast":
+                res = _case_broadcast(rank, ws, ["float32"], [n], ["contig"])
+            elif name == "all_gather":
+                res = _case_all_gather(rank, ws, ["float32"], [n], variant)
+            else:
+                res = _case_reduce_scatter(rank, ws, [("float32", "SUM")], [n], variant)
+            key = f"{name}/{variant}/n={n}"
             out.update({f"{key}/{k}": v for k, v in res.items()})
             out[f"{key}/read"] = _single_copy_bytes(group)
     return out
 
 
-def _case_allreduce_single_copy_vs_ring(rank, ws):
-    """Allreduces of tiled special values (signed zeros, infinities, per-rank NaN payloads) of
-    256 KiB (under the two-rank one-round limit) and just over 1 MiB (over it), on a group that
-    copies straight between the ranks' buffers and on one with single copy off (the one-round
-    path, then the ring): the bytes must be equal. Also returns the bytes each group copied to
-    or from peers' memory."""
+SPECIAL_DTYPES = ["float32", "float64", "bfloat16", "float16"]
+SPECIAL_OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
+# Per-rank bytes of the single-copy-vs-ring cases (+7 elements: not whole pieces).
+SINGLE_VS_RING_SIZES = {"all_reduce": [256 << 10, 1 << 20], "reduce_scatter": [40 << 10, 300 << 10]}
+
+
+def _case_single_copy_vs_ring(rank, ws, collectives):
+    """Allreduces (256 KiB, under the two-rank one-round limit, and just over 1 MiB) and
+    reduce-scatters (about 40 and 300 KiB per rank) of tiled special values (signed zeros,
+    infinities, per-rank NaN payloads), on a group that copies straight between the ranks'
+    buffers and on one with single copy off (the one-round path or the ring): the bytes must be
+    equal. Also returns the bytes each group copied to or from peers' memory per collective."""
     import torch_ringdist
     groups = {}
     for name, env in (("single", {}), ("ring", {"RINGDIST_SINGLE_COPY_BYTES": "0"})):
@@ -784,33 +796,48 @@ def _case_allreduce_single_copy_vs_ring(rank, ws):
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        torch_ringdist.reset_stats(groups[name])
     out = {}
-    for size, dtype, op in product([256 << 10, 1 << 20], ["float32", "float64", "bfloat16", "float16"],
-                                   ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]):
-        base = special_inputs(rank, ws, dtype)
-        count = size // base.element_size() + 7
-        x = base.repeat(count // base.numel() + 1)[:count]
-        got = {}
+    for collective in collectives:
+        for group in groups.values():
+            torch_ringdist.reset_stats(group)
+        for size, dtype, op in product(SINGLE_VS_RING_SIZES[collective], SPECIAL_DTYPES, SPECIAL_OPS):
+            base = special_inputs(rank, ws, dtype)
+            count = size // base.element_size() + 7
+            total = count * (ws if collective == "reduce_scatter" else 1)
+            x = base.repeat(total // base.numel() + 1)[:total]
+            got = {}
+            for name, group in groups.items():
+                if collective == "all_reduce":
+                    t = x.clone()
+                    dist.all_reduce(t, op=rop(op), group=group)
+                else:
+                    t = torch.empty(count, dtype=x.dtype)
+                    dist.reduce_scatter_tensor(t, x, op=rop(op), group=group)
+                got[name] = t.view(torch.uint8)
+            bad = (got["single"] != got["ring"]).nonzero().flatten()[:4].tolist()
+            out[f"{collective}/{size}/{dtype}/{op}"] = (
+                f"bytes {bad} differ without single copy" if bad else None)
         for name, group in groups.items():
-            t = x.clone()
-            dist.all_reduce(t, op=rop(op), group=group)
-            got[name] = t.view(torch.uint8)
-        bad = (got["single"] != got["ring"]).nonzero().flatten()[:4].tolist()
-        out[f"{size}/{dtype}/{op}"] = f"bytes {bad} differ without single copy" if bad else None
-    for name, group in groups.items():
-        out[f"copied/{name}"] = _single_copy_bytes(group)
+            out[f"copied/{collective}/{name}"] = _single_copy_bytes(group)
     return out
 
 
 def _case_group_copy(rank, ws, n, name, group):
-    """One broadcast per root, or one allgather, on `group`, checked against closed forms."""
+    """One broadcast per root, one allgather or one reduce-scatter on `group`, checked against
+    closed forms."""
     out = {}
     if name == "broadcast":
         for root in range(ws):
             t = torch.full((n,), float(rank))
             dist.broadcast(t, src=root, group=group)
             out[f"root={root}"] = None if bool((t == root).all()) else f"root {root}: {t[:4]}"
+    elif name == "reduce_scatter":
+        # Rank r's block j holds r + 10 j: rank j receives the sum over r, ws (ws-1)/2 + 10 j ws.
+        res = torch.empty(n)
+        src = torch.arange(ws, dtype=torch.float32).repeat_interleave(n) * 10 + rank
+        dist.reduce_scatter_tensor(res, src, group=group)
+        exp = ws * (ws - 1) / 2 + 10 * rank * ws
+        out["reduced"] = None if bool((res == exp).all()) else f"got {res[:4]}, expected {exp}"
     else:
         res = torch.empty(n * ws)
         dist.all_gather_into_tensor(res, torch.full((n,), float(rank)), group=group)
@@ -979,7 +1006,8 @@ def test_all_gather(world_factory, ws, seg, variant):
 # ---------------------------------------------------------------- single copy
 def _expected_reads(ws, n, name, readable=True):
     """Bytes a rank copies to or from peers' memory in one _case_single_copy step (0: the
-    rings). Allgather: it reads each peer's block. Broadcast from each root in turn: as a
+    rings). Allgather: it reads each peer's block; reduce-scatter: its own block of each peer's
+    input. Broadcast from each root in turn: as a
     reader at distance k from the root it reads all but part k of ws parts (the root writes
     that one), as the root it writes parts 1..ws-1: (ws - 1) buffers in all."""
     nbytes = 4 * n
@@ -992,9 +1020,9 @@ def _expected_reads(ws, n, name, readable=True):
                                     (4, "hosts")],
                          ids=["ws2", "ws3", "ws4", "ws2-tcp", "ws4-hosts"])
 def test_single_copy(world_factory, ws, seg):
-    """Broadcast and allgather around the single-copy limit give the closed-form bytes, and
-    each rank copied exactly the bytes the rules say to or from its peers' memory: on one host
-    from 32 KiB, never over TCP or across hosts."""
+    """Broadcast, allgather and reduce-scatter around the single-copy limit give the closed-form
+    bytes, and each rank copied exactly the bytes the rules say to or from its peers' memory: on
+    one host from 32 KiB (per rank), never over TCP or across hosts."""
     if default_backend() != "ringdist":
         pytest.skip("single copy is ringdist's")
     res = get_world(world_factory, ws, seg).run(_case_single_copy, SINGLE_COPY_COUNTS)
@@ -1003,27 +1031,38 @@ def test_single_copy(world_factory, ws, seg):
     assert_cases(res, check_digests=False)
     for rank, got in enumerate(reads):
         want = {f"{name}/{variant}/n={n}/read": _expected_reads(ws, n, name, readable)
-                for n in SINGLE_COPY_COUNTS
-                for name, variant in (("broadcast", "roots"), ("all_gather", "list"),
-                                      ("all_gather", "tensor_in_place"))}
+                for n in SINGLE_COPY_COUNTS for name, variant in SINGLE_COPY_OPS}
         assert got == want, f"rank {rank}"
 
 
-def test_single_copy_allreduce_matches_ring(world_factory):
-    """Two ranks: the single-copy allreduce combines each element in the order of the path it
-    replaces (rank order up to the one-round limit, the ring's above), so its bytes equal that
-    path's for every dtype and op, NaN payloads and signed zeros included (and so the GPU
-    path's, which follows the same orders). Each rank reads and writes its half."""
+@pytest.mark.parametrize("ws", [2, 3])
+def test_single_copy_matches_ring(world_factory, ws):
+    """The single-copy allreduce (two ranks) and reduce-scatter combine each element in the order
+    of the path they replace (allreduce: rank order up to the one-round limit, the ring's above;
+    reduce-scatter: the ring's chain), so their bytes equal that path's for every dtype and op,
+    NaN payloads and signed zeros included (and so the GPU path's, which follows the same
+    orders). Allreduce: each rank reads and writes back its half; reduce-scatter: it reads its
+    block of each peer's input."""
     if default_backend() != "ringdist":
         pytest.skip("single copy is ringdist's")
-    res = world_factory(2).run(_case_allreduce_single_copy_vs_ring)
+    collectives = ["all_reduce", "reduce_scatter"] if ws == 2 else ["reduce_scatter"]
+    res = world_factory(ws).run(_case_single_copy_vs_ring, collectives)
     copied = [{k: r.pop(k) for k in list(r) if k.startswith("copied/")} for r in res]
     assert_cases(res, check_digests=False)
+    elem = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
     for rank, got in enumerate(copied):
-        assert got["copied/ring"] == 0, (rank, got)
-        # 20 allreduces each of about 256 KiB and 1 MiB: half of each read, half written back.
-        size = (256 << 10) + (1 << 20)
-        assert 20 * size <= got["copied/single"] <= 20 * (size + 128), (rank, got)
+        for collective in collectives:
+            assert got[f"copied/{collective}/ring"] == 0, (rank, got)
+            sizes = SINGLE_VS_RING_SIZES[collective]
+            copied = got[f"copied/{collective}/single"]
+            if collective == "all_reduce":
+                # Half of each read, half written back: the payload (+7 elements per call).
+                calls = len(SPECIAL_OPS) * len(SPECIAL_DTYPES)
+                assert calls * sum(sizes) <= copied <= calls * (sum(sizes) + 128), (rank, got)
+            else:
+                want = len(SPECIAL_OPS) * sum((ws - 1) * (size // elem[d] + 7) * elem[d]
+                                              for size in sizes for d in SPECIAL_DTYPES)
+                assert copied == want, (rank, got)
 
 
 def test_single_copy_off_on_one_rank(world_factory):
@@ -1041,8 +1080,7 @@ def test_single_copy_off_on_one_rank(world_factory):
         assert_cases(res, check_digests=False)
         for rank, got in enumerate(reads):
             assert got == {f"{name}/{variant}/n=262144/read": _expected_reads(3, 262144, name, readable)
-                           for name, variant in (("broadcast", "roots"), ("all_gather", "list"),
-                                                 ("all_gather", "tensor_in_place"))}, \
+                           for name, variant in SINGLE_COPY_OPS}, \
                 f"rank {rank}, single copy {'on' if readable else 'off on rank 1'}"
 
 

@@ -37,11 +37,13 @@ def _later_op_problems(who, error, elapsed, succeeded, slow) -> list[str]:
 # "hosts": 4 ranks on 2 emulated hosts, so the allreduce runs two-level and some survivors
 # only ever talk to the victim through ranks that are themselves failing. "hosts-int8": the
 # same world looping compressed (int8) allreduces, whose two phases talk to every peer.
-# "auto-broadcast"/"auto-allgather": one host looping 16 MiB broadcasts from the victim
-# (its peers are reading its memory) or allgathers (every rank reads every other's);
+# "auto-broadcast"/"auto-allgather"/"auto-reduce_scatter": one host looping 16 MiB broadcasts
+# from the victim (its peers are reading its memory), allgathers or reduce-scatters (every rank
+# reads every other's);
 # "auto-pair": two ranks, whose allreduce copies straight between their buffers.
 @pytest.mark.parametrize("transport", TRANSPORTS + ["hosts", "hosts-int8", "auto-broadcast",
-                                                    "auto-allgather", "auto-pair"])
+                                                    "auto-allgather", "auto-reduce_scatter",
+                                                    "auto-pair"])
 def test_sigkill_mid_allreduce_fails_survivors_fast(tmp_path, record_property, transport):
     ws, victim = ((4, 1) if transport.startswith("hosts") else
                   (2, 1) if transport.endswith("-pair") else (3, 1))
@@ -49,7 +51,7 @@ def test_sigkill_mid_allreduce_fails_survivors_fast(tmp_path, record_property, t
            else {"RINGDIST_TRANSPORT": transport.split("-")[0]})
     if transport.endswith("-int8"):
         env["FT_CODEC"] = "int8"
-    if transport.endswith(("-broadcast", "-allgather")):
+    if transport.endswith(("-broadcast", "-allgather", "-reduce_scatter")):
         env.update(FT_OP=transport.split("-")[1], FT_NUMEL=str(4 << 20))
     with Spawned("kill_mid_allreduce", ws, tmp_path, env=env) as w:
         w.wait_until("every rank looping over 64 MiB allreduces",

@@ -24,10 +24,10 @@ enum AllreduceVariant : uint8_t {
   kSingleCopyAllreduce = 4,   // two ranks of one host: copies straight between their buffers
 };
 
-// Broadcast and allgather: how the bytes travel; in OpHeader::variant.
+// Broadcast, allgather and reduce-scatter: how the bytes travel; in OpHeader::variant.
 enum CopyVariant : uint8_t {
   kRingCopy = 0,    // through the links (rings, sockets)
-  kSingleCopy = 1,  // one host: each rank reads its peers' buffers (Communicator::singleCopy)
+  kSingleCopy = 1,  // one host: ranks copy straight from or into peers' buffers (Communicator::singleCopy)
 };
 
 // In place: data (count elements) becomes the reduction over all ranks.

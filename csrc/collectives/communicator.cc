@@ -256,8 +256,16 @@ void Communicator::exchangeHeaders(const OpHeader& mine, const std::vector<int>&
 void Communicator::exchangeHeadersAndAddresses(const OpHeader& mine,
                                                const std::vector<int>& peers, const void* lent,
                                                std::vector<uint64_t>* addresses, int with) {
-  const uint64_t address = reinterpret_cast<uint64_t>(lent);
+  exchangeHeadersAndAddresses(mine, peers, std::vector<const void*>(static_cast<size_t>(size_), lent),
+                              addresses, with);
+}
+
+void Communicator::exchangeHeadersAndAddresses(const OpHeader& mine,
+                                               const std::vector<int>& peers,
+                                               const std::vector<const void*>& lentTo,
+                                               std::vector<uint64_t>* addresses, int with) {
   addresses->assign(static_cast<size_t>(size_), 0);
+  std::vector<uint64_t> outgoing(peers.size());
   std::vector<OpHeader> in(peers.size());
   Transfers sends, headers, trailers;
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -265,7 +273,8 @@ void Communicator::exchangeHeadersAndAddresses(const OpHeader& mine,
     sends.emplace_back(&ch, ch.postSend(&mine, sizeof(OpHeader)));
     headers.emplace_back(&ch, ch.postRecv(&in[i], sizeof(OpHeader)));
     if (with < 0 || with == peers[i]) {
-      sends.emplace_back(&ch, ch.postSend(&address, sizeof(address)));
+      outgoing[i] = reinterpret_cast<uint64_t>(lentTo[static_cast<size_t>(peers[i])]);
+      sends.emplace_back(&ch, ch.postSend(&outgoing[i], sizeof(outgoing[i])));
       auto* at = &(*addresses)[static_cast<size_t>(peers[i])];
       trailers.emplace_back(&ch, ch.postRecv(at, sizeof(*at)));
     }

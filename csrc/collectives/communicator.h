@@ -130,10 +130,14 @@ class Communicator {
   // Single copy: exchangeHeaders with each of peers both ways; our header is
   // followed by the address of the buffer we lend, and addresses[peer]
   // (indexed by rank) receives the one that follows each peer's header.
-  // `with` >= 0: addresses go to and come from that peer only.
+  // `with` >= 0: addresses go to and come from that peer only. The second
+  // form lends each peer its own buffer, lentTo[peer] (indexed by rank).
   void exchangeHeadersAndAddresses(const OpHeader& mine, const std::vector<int>& peers,
                                    const void* lent, std::vector<uint64_t>* addresses,
                                    int with = -1);
+  void exchangeHeadersAndAddresses(const OpHeader& mine, const std::vector<int>& peers,
+                                   const std::vector<const void*>& lentTo,
+                                   std::vector<uint64_t>* addresses, int with = -1);
   void exchangeRingHeaders(const OpHeader& mine);
   // checkHeader for each header in[i] received from recvFrom[i].
   void checkHeaders(const OpHeader& mine, const std::vector<int>& recvFrom,

@@ -1,4 +1,10 @@
-// Out-of-place ring reduce-scatter. Terms are defined in ring.h.
+// Reduce-scatter. On one host, from Communicator::singleCopy's size (of one
+// rank's block): each rank reads its block of every peer's input straight
+// from the peer's memory, piece by piece, and reduces it in the order the
+// ring would (so the bits are the ring's); then ranks tell each other they
+// are done, and a rank returns only when every peer is done with its input.
+//
+// Otherwise an out-of-place ring. Terms are defined in ring.h.
 //
 // Inputs are never written. A segment is reduced with our own input as it
 // arrives (Channel::postRecvReduce) into one of two chunk-sized
@@ -7,6 +13,7 @@
 // of step s+1 that reads it must be done; that wait only ever points at
 // earlier transfers, so the pipeline cannot deadlock whatever the buffer
 // sizes.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -92,9 +99,54 @@ char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chun
   return result;
 }
 
+namespace {
+
+// The ring's order for our block: combine(...combine(x[pos+1], x[pos+2])...,
+// x[pos]) by ring position, the incoming operand first. The sum is built in
+// a scratch piece, so an output that aliases our input block is fine.
+void reduceScatterSingleCopy(Communicator& comm, const void* const* inputs, void* output,
+                             size_t count, DataType dtype, ReduceOp op) {
+  const int n = comm.size();
+  const size_t elem = elementSize(dtype);
+  OpHeader header = comm.makeHeader(OpType::kReduceScatter, count, dtype, op, -1);
+  header.variant = kSingleCopy;
+  const std::vector<int> peers = comm.others();
+  std::vector<uint64_t> address;
+  comm.exchangeHeadersAndAddresses(
+      header, peers, std::vector<const void*>(inputs, inputs + n), &address);
+  ReduceFn reduceFn = reduceFunction(dtype, op);
+  const size_t pieceElems = std::max<size_t>(1, kSingleCopyReducePieceBytes / elem);
+  char* sum = comm.scratch(2 * pieceElems * elem);
+  char* theirs = sum + pieceElems * elem;
+  const char* own = static_cast<const char*>(inputs[comm.rank()]);
+  char* out = static_cast<char*>(output);
+  for (size_t at = 0; at < count; at += pieceElems) {
+    const size_t len = std::min(pieceElems, count - at);
+    for (int k = 1; k < n; ++k) {
+      const int peer = comm.ringRank(static_cast<int>(modPos(comm.ringPos() + k, n)));
+      const uint64_t from = address[static_cast<size_t>(peer)] + at * elem;
+      comm.readPeer(peer, from, k == 1 ? sum : theirs, len * elem);
+      if (k > 1) {
+        reduceFn(sum, sum, theirs, len);
+      }
+    }
+    reduceFn(out + at * elem, sum, own + at * elem, len);
+    if (op == ReduceOp::kAvg) {
+      divideInPlace(out + at * elem, len, dtype, n);
+    }
+  }
+  comm.exchangeDone(peers, peers);
+}
+
+}  // namespace
+
 void reduceScatter(Communicator& comm, const void* const* inputs, void* output, size_t count,
                    DataType dtype, ReduceOp op) {
   const int n = comm.size();
+  if (count > 0 && comm.singleCopy(count * elementSize(dtype))) {
+    reduceScatterSingleCopy(comm, inputs, output, count, dtype, op);
+    return;
+  }
   comm.exchangeRingHeaders(comm.makeHeader(OpType::kReduceScatter, count, dtype, op, -1));
   reduceFunction(dtype, op);  // reject unsupported pairs on every rank alike
   const size_t elem = elementSize(dtype);

@@ -64,8 +64,8 @@ def _error(e: BaseException) -> dict:
 
 # ------------------------------------------------------------------ scenarios
 def _looped_op(rank, ws, dist, torch, t):
-    """The op kill_mid_allreduce loops (FT_OP): allreduce, or broadcast from rank 1 and
-    allgather, which on one host read peers' memory (single copy)."""
+    """The op kill_mid_allreduce loops (FT_OP): allreduce, or broadcast from rank 1, allgather
+    and reduce_scatter, which on one host read peers' memory (single copy)."""
     op = os.environ.get("FT_OP", "allreduce")
     codec = os.environ.get("FT_CODEC")  # compressed allreduces (AVG keeps ones at one)
     if codec:
@@ -76,6 +76,11 @@ def _looped_op(rank, ws, dist, torch, t):
     if op == "allgather":
         out = torch.empty(t.numel() * ws, dtype=t.dtype)
         return lambda: dist.all_gather_into_tensor(out, t, async_op=True)
+    if op == "reduce_scatter":
+        block = t.numel() // ws
+        out = torch.empty(block, dtype=t.dtype)
+        return lambda: dist.reduce_scatter_tensor(out, t[:block * ws], op=dist.ReduceOp.MAX,
+                                                  async_op=True)
     return lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
 
 
