@@ -1037,32 +1037,32 @@ def test_single_copy(world_factory, ws, seg):
 
 @pytest.mark.parametrize("ws", [2, 3])
 def test_single_copy_matches_ring(world_factory, ws):
-    """The single-copy allreduce (two ranks) and reduce-scatter combine each element in the order
-    of the path they replace (allreduce: rank order up to the one-round limit, the ring's above;
-    reduce-scatter: the ring's chain), so their bytes equal that path's for every dtype and op,
-    NaN payloads and signed zeros included (and so the GPU path's, which follows the same
-    orders). Allreduce: each rank reads and writes back its half; reduce-scatter: it reads its
-    block of each peer's input."""
+    """The single-copy allreduce and reduce-scatter combine each element in the order of the path
+    they replace (two-rank allreduce up to the one-round limit: rank order; otherwise the ring's
+    chain), so their bytes equal that path's for every dtype and op, NaN payloads and signed zeros
+    included (and so the GPU path's, which follows the same orders). Allreduce: each chunk's
+    owner reads it from every peer and writes the result back; reduce-scatter: each rank reads
+    its block of each peer's input."""
     if default_backend() != "ringdist":
         pytest.skip("single copy is ringdist's")
-    collectives = ["all_reduce", "reduce_scatter"] if ws == 2 else ["reduce_scatter"]
+    collectives = ["all_reduce", "reduce_scatter"]
     res = world_factory(ws).run(_case_single_copy_vs_ring, collectives)
     copied = [{k: r.pop(k) for k in list(r) if k.startswith("copied/")} for r in res]
     assert_cases(res, check_digests=False)
     elem = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
-    for rank, got in enumerate(copied):
-        for collective in collectives:
+    for collective in collectives:
+        # Bytes per rank and call: (size // elem + 7) elements.
+        payload = len(SPECIAL_OPS) * sum((size // elem[d] + 7) * elem[d]
+                                         for size in SINGLE_VS_RING_SIZES[collective]
+                                         for d in SPECIAL_DTYPES)
+        for rank, got in enumerate(copied):
             assert got[f"copied/{collective}/ring"] == 0, (rank, got)
-            sizes = SINGLE_VS_RING_SIZES[collective]
-            copied = got[f"copied/{collective}/single"]
-            if collective == "all_reduce":
-                # Half of each read, half written back: the payload (+7 elements per call).
-                calls = len(SPECIAL_OPS) * len(SPECIAL_DTYPES)
-                assert calls * sum(sizes) <= copied <= calls * (sum(sizes) + 128), (rank, got)
-            else:
-                want = len(SPECIAL_OPS) * sum((ws - 1) * (size // elem[d] + 7) * elem[d]
-                                              for size in sizes for d in SPECIAL_DTYPES)
-                assert copied == want, (rank, got)
+            if collective == "reduce_scatter":
+                assert got[f"copied/{collective}/single"] == (ws - 1) * payload, (rank, got)
+        if collective == "all_reduce":
+            # Each chunk is read from and written back into the ws-1 peers by its owner.
+            total = sum(got[f"copied/{collective}/single"] for got in copied)
+            assert total == 2 * (ws - 1) * payload, copied
 
 
 def test_single_copy_off_on_one_rank(world_factory):

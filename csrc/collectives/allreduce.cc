@@ -207,47 +207,62 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
   }
 }
 
-// Two ranks on one host from kMinSingleCopyAllreduceBytes
-// (Communicator::singleCopy): each rank owns the chunk the ring would give it
-// and, piece by piece, reads the peer's part of it into scratch (cache),
-// combines it into its own buffer and writes the result straight into the
-// peer's buffer. Per rank: one read, one reduce and one write of half the
-// buffer, with no copy through a ring. The operands go in the order of the
-// path this replaces (the one-round path's rank order up to
-// oneRoundAllreduce, above it the ring's combine(peer's, owner's)), so the
-// bits are the same as there and as on the GPU path. Each rank returns once
-// the peer is done with its buffer both ways.
-void singleCopyPairAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
-                             ReduceOp op, const OpHeader& header) {
-  const int peer = 1 - comm.rank();
+// One host (Communicator::singleCopy; two ranks from
+// kMinSingleCopyAllreduceBytes, more above the one-round limit): each rank
+// owns the chunk the ring would give it and, piece by piece, reads every
+// peer's part of it into scratch (cache), combines them into its own buffer
+// and writes the result straight into every peer's buffer. Per rank: (N-1)/N
+// of the buffer read and written once, with no copy through a ring. The
+// operands go in the order of the path this replaces (two ranks up to
+// oneRoundAllreduce: the one-round path's rank order; otherwise the ring's
+// chain, combine(...combine(x[pos+1], x[pos+2])..., x[pos]) by ring
+// position), so the bits are the same as there and as on the GPU path. No
+// rank touches a region of a peer's buffer that another rank reads or
+// writes; each returns once every peer is done with its buffer both ways.
+void singleCopyAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
+                         ReduceOp op, const OpHeader& header) {
+  const int n = comm.size();
   const size_t elem = elementSize(dtype);
+  const std::vector<int> peers = comm.others();
   std::vector<uint64_t> address;
-  comm.exchangeHeadersAndAddresses(header, {peer}, data, &address);
-  const uint64_t theirs = address[static_cast<size_t>(peer)];
-  const ChunkLayout layout(count, 2, comm.segmentBytes(), elem);
+  comm.exchangeHeadersAndAddresses(header, peers, data, &address);
+  const ChunkLayout layout(count, n, comm.segmentBytes(), elem);
   const size_t own = static_cast<size_t>(comm.ringPos());
   const size_t end = layout.chunkOffset(own) + layout.chunkLength(own);
   const size_t pieceElems = std::max<size_t>(1, kSingleCopyReducePieceBytes / elem);
-  char* piece = comm.scratch(pieceElems * elem);
+  char* sum = comm.scratch(2 * pieceElems * elem);
+  char* theirs = sum + pieceElems * elem;
   char* base = static_cast<char*>(data);
   ReduceFn reduceFn = reduceFunction(dtype, op);
-  const bool ownFirst =
-      comm.options().oneRoundAllreduce(count * elem, 2) && comm.rank() < peer;
+  // Two ranks, one-round order: the lower rank's operand first.
+  const bool ownFirst = n == 2 && comm.options().oneRoundAllreduce(count * elem, 2) &&
+                        comm.rank() < peers[0];
+  auto peerAt = [&](int k) { return comm.ringRank(static_cast<int>(modPos(comm.ringPos() + k, n))); };
   for (size_t at = layout.chunkOffset(own); at < end; at += pieceElems) {
-    const size_t n = std::min(pieceElems, end - at);
+    const size_t len = std::min(pieceElems, end - at);
     char* mine = base + at * elem;
-    comm.readPeer(peer, theirs + at * elem, piece, n * elem);
+    for (int k = 1; k < n; ++k) {
+      const int peer = peerAt(k);
+      comm.readPeer(peer, address[static_cast<size_t>(peer)] + at * elem, k == 1 ? sum : theirs,
+                    len * elem);
+      if (k > 1) {
+        reduceFn(sum, sum, theirs, len);
+      }
+    }
     if (ownFirst) {
-      reduceFn(mine, mine, piece, n);
+      reduceFn(mine, mine, sum, len);
     } else {
-      reduceFn(mine, piece, mine, n);
+      reduceFn(mine, sum, mine, len);
     }
     if (op == ReduceOp::kAvg) {
-      divideInPlace(mine, n, dtype, 2);
+      divideInPlace(mine, len, dtype, n);
     }
-    comm.writePeer(peer, theirs + at * elem, mine, n * elem);
+    for (int k = 1; k < n; ++k) {
+      const int peer = peerAt(k);
+      comm.writePeer(peer, address[static_cast<size_t>(peer)] + at * elem, mine, len * elem);
+    }
   }
-  comm.exchangeDone({peer}, {peer});
+  comm.exchangeDone(peers, peers);
 }
 
 // Flat ring over every rank (its order visits each host's ranks together).
@@ -296,9 +311,9 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
                    : comm.hierarchical() ? kHierarchicalAllreduce
                                          : kRingAllreduce;
   const size_t bytes = count * elementSize(dtype);
-  if (n == 2 && bytes >= kMinSingleCopyAllreduceBytes && comm.singleCopy(bytes)) {
+  if (comm.singleCopy(bytes) && (n == 2 ? bytes >= kMinSingleCopyAllreduceBytes : !small)) {
     header.variant = kSingleCopyAllreduce;
-    singleCopyPairAllreduce(comm, data, count, dtype, op, header);
+    singleCopyAllreduce(comm, data, count, dtype, op, header);
   } else if (n == 2 && count > 0 && small) {
     pairAllreduce(comm, data, count, dtype, op, header);
   } else if (n > 2 && count > 0 && small) {

@@ -21,7 +21,7 @@ enum AllreduceVariant : uint8_t {
   kOneShotAllreduce = 1,      // small buffers: one round
   kHierarchicalAllreduce = 2, // several hosts with several ranks each
   kDeviceAllreduce = 3,       // GPU memory of one host's ranks (device_allreduce.h)
-  kSingleCopyAllreduce = 4,   // two ranks of one host: copies straight between their buffers
+  kSingleCopyAllreduce = 4,   // one host: copies straight between the ranks' buffers
 };
 
 // Broadcast, allgather and reduce-scatter: how the bytes travel; in OpHeader::variant.

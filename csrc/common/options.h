@@ -82,7 +82,8 @@ constexpr size_t kDefaultSingleCopyBytes = 32 * 1024;
 // and deadline checked between them.
 constexpr size_t kSingleCopyPieceBytes = 1 << 20;
 // A two-rank allreduce on one host copies straight between the two buffers
-// from this size (and singleCopyBytes): below it the one-round path's single
+// from this size (and singleCopyBytes; 3+ ranks above the one-round limit):
+// below it the one-round path's single
 // exchange wins (32 KiB: 10.6 vs 11.7 us; 64 KiB about even; 256 KiB-1 MiB
 // x1.4-1.8 for single copy, docs/perf/single_copy.md).
 constexpr size_t kMinSingleCopyAllreduceBytes = 64 * 1024;
