@@ -620,6 +620,13 @@ std::string Communicator::describeError(const std::string& what) {
   if (text.compare(0, prefix.size(), prefix) != 0) {
     text = strCat("ringdist ", opName(), ": rank ", rank_, ": ", what);
   }
+  // A peer that died without a word (killed) is the likely root cause when
+  // what failed here is a live peer's closed link.
+  for (int r : deadPeers()) {
+    if (text.find(strCat("rank ", r, " ")) == std::string::npos) {
+      text += strCat(" [rank ", r, " (same host) is dead]");
+    }
+  }
   // A peer that aborted first may have published why; name the root cause.
   try {
     if (rendezvous_ && rendezvous_->check("ringdist/abort")) {

@@ -189,7 +189,7 @@ class Communicator {
   // Waits that slept without spinning because a peer shared this CPU.
   uint64_t sharedCoreWaits() const { return sharedCoreWaits_; }
 
-  // Whether a broadcast or allgather of `bytes` per rank copies peers' memory
+  // Whether a collective of `bytes` per rank copies peers' memory
   // directly (every peer on this host, the host agreed at connect time, and
   // bytes >= singleCopyBytes); the same answer on every rank.
   bool singleCopy(size_t bytes) const {

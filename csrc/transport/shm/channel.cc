@@ -106,6 +106,18 @@ void ShmChannel::failClosed() const {
   RINGDIST_FAIL("shared-memory link to rank ", peer_, " was closed by the peer");
 }
 
+void ShmChannel::failIfGone() const {
+  const int error = errno;
+  if (in_->closed.load(std::memory_order_acquire) != 0 ||
+      out_->closed.load(std::memory_order_acquire) != 0) {
+    failClosed();
+  }
+  checkAlive();
+  if (error == ESRCH) {  // exiting: its memory is gone before /proc shows it dead
+    RINGDIST_FAIL("rank ", peer_, " (pid ", peerBell_->pid, ", same host) exited");
+  }
+}
+
 bool ShmChannel::peerDead() const {
   const pid_t pid = peerBell_->pid;
   return pid > 0 && processStartTime(pid) != peerBell_->startTime;
@@ -216,7 +228,7 @@ void ShmChannel::readPeerMemory(uint64_t from, void* dst, size_t bytes) {
     iovec remote{reinterpret_cast<void*>(from + done), bytes - done};
     ssize_t n = ::process_vm_readv(peerBell_->pid, &local, 1, &remote, 1, 0);
     if (n <= 0) {
-      checkAlive();
+      failIfGone();
       RINGDIST_FAIL("reading rank ", peer_, "'s buffer (", bytes, " bytes at 0x", std::hex, from,
                     std::dec, ") failed: ", n < 0 ? std::strerror(errno) : "nothing read");
     }
@@ -253,7 +265,7 @@ void ShmChannel::writePeerMemory(uint64_t to, const void* src, size_t bytes) {
     ssize_t n = ::process_vm_writev(peerBell_->pid, &local, 1, &remote, 1, 0);
     if (n <= 0) {
       out_->writing.store(0, std::memory_order_release);
-      checkAlive();
+      failIfGone();
       RINGDIST_FAIL("writing rank ", peer_, "'s buffer (", bytes, " bytes at 0x", std::hex, to,
                     std::dec, ") failed: ", n < 0 ? std::strerror(errno) : "nothing written");
     }

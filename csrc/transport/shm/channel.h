@@ -62,6 +62,9 @@ class ShmChannel final : public QueuedChannel {
   bool progressSends();
   bool progressRecvs();
   [[noreturn]] void failClosed() const;
+  // After a failed single copy (errno set by it): the link closed, the peer
+  // dead or exiting each fail with their own message; returns otherwise.
+  void failIfGone() const;
 
   std::shared_ptr<Segment> segment_;
   RingControl* out_;

@@ -62,9 +62,18 @@ uint64_t processStartTime(int pid) {
   if (state == "Z" || state == "X") {
     return 0;
   }
+  constexpr unsigned long kExiting = 0x4;  // PF_EXITING in the kernel's task flags
   std::string skip;
+  unsigned long flags = 0;
   for (int i = 4; i < 22; ++i) {
-    fields >> skip;  // fields 4..21
+    if (i == 9) {
+      fields >> flags;  // field 9: flags
+    } else {
+      fields >> skip;  // fields 4..21
+    }
+  }
+  if ((flags & kExiting) != 0) {
+    return 0;
   }
   uint64_t start = 0;
   fields >> start;  // field 22: starttime

@@ -41,8 +41,10 @@ enum SingleCopyState : uint32_t {
   kNoPeerReads,       // it could not (or single copy is off here)
 };
 
-// Start time of a process from /proc/<pid>/stat, 0 if it is gone or a
-// zombie (a killed rank not yet reaped by its parent is dead to us).
+// Start time of a process from /proc/<pid>/stat, 0 if it is gone, a zombie
+// (a killed rank not yet reaped by its parent is dead to us) or exiting
+// (PF_EXITING: a killed rank tearing down its memory, which it has already
+// let go of, is not yet a zombie).
 uint64_t processStartTime(int pid);
 
 struct alignas(64) RingControl {
