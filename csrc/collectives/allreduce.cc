@@ -237,18 +237,10 @@ void singleCopyAllreduce(Communicator& comm, void* data, size_t count, DataType 
   // Two ranks, one-round order: the lower rank's operand first.
   const bool ownFirst = n == 2 && comm.options().oneRoundAllreduce(count * elem, 2) &&
                         comm.rank() < peers[0];
-  auto peerAt = [&](int k) { return comm.ringRank(static_cast<int>(modPos(comm.ringPos() + k, n))); };
   for (size_t at = layout.chunkOffset(own); at < end; at += pieceElems) {
     const size_t len = std::min(pieceElems, end - at);
     char* mine = base + at * elem;
-    for (int k = 1; k < n; ++k) {
-      const int peer = peerAt(k);
-      comm.readPeer(peer, address[static_cast<size_t>(peer)] + at * elem, k == 1 ? sum : theirs,
-                    len * elem);
-      if (k > 1) {
-        reduceFn(sum, sum, theirs, len);
-      }
-    }
+    sumPeersInRingOrder(comm, address, at * elem, len, elem, reduceFn, sum, theirs);
     if (ownFirst) {
       reduceFn(mine, mine, sum, len);
     } else {
@@ -257,8 +249,7 @@ void singleCopyAllreduce(Communicator& comm, void* data, size_t count, DataType 
     if (op == ReduceOp::kAvg) {
       divideInPlace(mine, len, dtype, n);
     }
-    for (int k = 1; k < n; ++k) {
-      const int peer = peerAt(k);
+    for (int peer : peers) {
       comm.writePeer(peer, address[static_cast<size_t>(peer)] + at * elem, mine, len * elem);
     }
   }
@@ -305,12 +296,12 @@ void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataTyp
 void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
   const int n = comm.size();
   reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
-  const bool small = comm.options().oneRoundAllreduce(count * elementSize(dtype), n);
+  const size_t bytes = count * elementSize(dtype);
+  const bool small = comm.options().oneRoundAllreduce(bytes, n);
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
   header.variant = small                ? kOneShotAllreduce
                    : comm.hierarchical() ? kHierarchicalAllreduce
                                          : kRingAllreduce;
-  const size_t bytes = count * elementSize(dtype);
   if (comm.singleCopy(bytes) && (n == 2 ? bytes >= kMinSingleCopyAllreduceBytes : !small)) {
     header.variant = kSingleCopyAllreduce;
     singleCopyAllreduce(comm, data, count, dtype, op, header);
@@ -329,7 +320,7 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
     }
   }
   if (comm.options().checkResults) {
-    checkIdenticalResults(comm, data, count * elementSize(dtype), "allreduce");
+    checkIdenticalResults(comm, data, bytes, "allreduce");
   }
 }
 

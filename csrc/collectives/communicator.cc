@@ -37,7 +37,8 @@ std::string describeHeader(const OpHeader& h) {
                                         "single copy"};
     text += strCat(", algorithm=", h.variant < 5 ? kAlgorithms[h.variant] : "?");
   }
-  if (type == OpType::kBroadcast || type == OpType::kAllgather) {  // CopyVariant
+  if (type == OpType::kBroadcast || type == OpType::kAllgather ||
+      type == OpType::kReduceScatter) {  // CopyVariant
     text += h.variant == 1 ? ", single copy" : ", through the links";
   }
   if (h.root >= 0) {
@@ -298,28 +299,30 @@ void Communicator::checkHeaders(const OpHeader& mine, const std::vector<int>& re
   }
 }
 
-void Communicator::readPeer(int peer, uint64_t from, void* dst, size_t bytes) {
-  Channel& ch = channel(peer);
+template <typename Copy>
+void Communicator::copyInPieces(size_t bytes, Copy copy) {
   for (size_t done = 0; done < bytes;) {
     throwIfStopped();
     const size_t piece = std::min(bytes - done, kSingleCopyPieceBytes);
-    ch.readPeerMemory(from + done, static_cast<char*>(dst) + done, piece);
+    copy(done, piece);
     done += piece;
     progress();  // keep the other links moving between pieces
   }
   singleCopyBytes_ += bytes;
 }
 
+void Communicator::readPeer(int peer, uint64_t from, void* dst, size_t bytes) {
+  Channel& ch = channel(peer);
+  copyInPieces(bytes, [&](size_t done, size_t piece) {
+    ch.readPeerMemory(from + done, static_cast<char*>(dst) + done, piece);
+  });
+}
+
 void Communicator::writePeer(int peer, uint64_t to, const void* src, size_t bytes) {
   Channel& ch = channel(peer);
-  for (size_t done = 0; done < bytes;) {
-    throwIfStopped();
-    const size_t piece = std::min(bytes - done, kSingleCopyPieceBytes);
+  copyInPieces(bytes, [&](size_t done, size_t piece) {
     ch.writePeerMemory(to + done, static_cast<const char*>(src) + done, piece);
-    done += piece;
-    progress();
-  }
-  singleCopyBytes_ += bytes;
+  });
 }
 
 void Communicator::exchangeDone(const std::vector<int>& to, const std::vector<int>& from) {

@@ -228,6 +228,11 @@ class Communicator {
   void setUpHierarchy();
   // Throws if abort was requested or the op's deadline passed.
   void throwIfStopped();
+  // readPeer/writePeer's loop: copy(done, piece) for each piece of at most
+  // kSingleCopyPieceBytes, abort and deadline checked and links progressed
+  // between pieces; counts the bytes in singleCopyBytes_.
+  template <typename Copy>
+  void copyInPieces(size_t bytes, Copy copy);
   static void cpuRelax();
   static int usableCores();
   void sleepOnDoorbell(Doorbell* bell, bool coreShared, std::chrono::milliseconds left,

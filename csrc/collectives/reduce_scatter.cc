@@ -99,6 +99,20 @@ char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chun
   return result;
 }
 
+void sumPeersInRingOrder(Communicator& comm, const std::vector<uint64_t>& address,
+                         uint64_t offset, size_t len, size_t elem, ReduceFn reduceFn, char* sum,
+                         char* theirs) {
+  const int n = comm.size();
+  for (int k = 1; k < n; ++k) {
+    const int peer = comm.ringRank(static_cast<int>(modPos(comm.ringPos() + k, n)));
+    comm.readPeer(peer, address[static_cast<size_t>(peer)] + offset, k == 1 ? sum : theirs,
+                  len * elem);
+    if (k > 1) {
+      reduceFn(sum, sum, theirs, len);
+    }
+  }
+}
+
 namespace {
 
 // The ring's order for our block: combine(...combine(x[pos+1], x[pos+2])...,
@@ -122,14 +136,7 @@ void reduceScatterSingleCopy(Communicator& comm, const void* const* inputs, void
   char* out = static_cast<char*>(output);
   for (size_t at = 0; at < count; at += pieceElems) {
     const size_t len = std::min(pieceElems, count - at);
-    for (int k = 1; k < n; ++k) {
-      const int peer = comm.ringRank(static_cast<int>(modPos(comm.ringPos() + k, n)));
-      const uint64_t from = address[static_cast<size_t>(peer)] + at * elem;
-      comm.readPeer(peer, from, k == 1 ? sum : theirs, len * elem);
-      if (k > 1) {
-        reduceFn(sum, sum, theirs, len);
-      }
-    }
+    sumPeersInRingOrder(comm, address, at * elem, len, elem, reduceFn, sum, theirs);
     reduceFn(out + at * elem, sum, own + at * elem, len);
     if (op == ReduceOp::kAvg) {
       divideInPlace(out + at * elem, len, dtype, n);

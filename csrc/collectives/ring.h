@@ -6,6 +6,7 @@
 
 #include "csrc/collectives/communicator.h"
 #include "csrc/common/types.h"
+#include "csrc/reduce/reduce.h"
 
 namespace ringdist {
 
@@ -65,5 +66,14 @@ inline size_t modPos(long value, int n) {
 // is null; returns where it is.
 char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chunks,
                         const ChunkLayout& layout, DataType dtype, ReduceOp op, char* out);
+
+// Single copy (reduce_scatter.cc), shared with the single-copy allreduce:
+// sum = combine(...combine(x[pos+1], x[pos+2])..., x[pos+N-1]), the ring's
+// chain order by ring position, where x[p] are the `len` elements at byte
+// `offset` of the buffer ring position p lent (address, by rank). Each is
+// read into `theirs`; both hold len elements.
+void sumPeersInRingOrder(Communicator& comm, const std::vector<uint64_t>& address,
+                         uint64_t offset, size_t len, size_t elem, ReduceFn reduceFn, char* sum,
+                         char* theirs);
 
 }  // namespace ringdist
