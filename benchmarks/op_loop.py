@@ -4,6 +4,7 @@ figures: those come from compare.py, alternating with the peers).
 
     torchrun --nproc-per-node 2 benchmarks/op_loop.py --op broadcast --bytes 64K --seconds 5
     perf record -F 20000 -g -a -- torchrun ... benchmarks/op_loop.py ...   # where time goes
+    mpirun --allow-run-as-root -np 2 python benchmarks/op_loop.py --backend mpi --op allgather ...
 
 Each rank calls the op synchronously back to back in batches of --batch calls and prints,
 on rank 0, the median time per call over the batches (each batch's time is the slowest
@@ -21,9 +22,11 @@ import torch.distributed as dist
 from sweep import init_backend, parse_bytes
 
 
-def make_op(name, nbytes, world, rank):
+def make_op(name, nbytes, world, rank, mpi=None):
     count = max(1, nbytes // 4)
     x = torch.full((count,), float(rank + 1))
+    if mpi is not None:
+        return make_mpi_op(name, count, world, rank, x, mpi)
     if name == "allreduce":
         return lambda: dist.all_reduce(x)
     if name == "broadcast":
@@ -37,10 +40,51 @@ def make_op(name, nbytes, world, rank):
     raise SystemExit(f"unknown op {name}")
 
 
+def make_mpi_op(name, count, world, rank, x, mpi):
+    """The same call on Open MPI (mpi4py), on the same tensors' memory."""
+    comm, MPI = mpi
+    if name == "allreduce":
+        return lambda: comm.Allreduce(MPI.IN_PLACE, x.numpy(), op=MPI.SUM)
+    if name == "broadcast":
+        return lambda: comm.Bcast(x.numpy(), root=0)
+    if name == "allgather":
+        out = torch.empty(count * world)
+        return lambda: comm.Allgather(x.numpy(), out.numpy())
+    inp = torch.full((count * world,), float(rank + 1))
+    return lambda: comm.Reduce_scatter_block(inp.numpy(), x.numpy(), op=MPI.SUM)
+
+
+class MpiBook:
+    """The bookkeeping main() does on a gloo side group, on a duplicate communicator."""
+
+    def __init__(self, comm, MPI):
+        self.comm, self.MPI = comm.Dup(), MPI
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def max(self, value):
+        return self.comm.allreduce(value, op=self.MPI.MAX)
+
+
+class TorchBook:
+    def __init__(self):
+        self.group = dist.new_group(backend="gloo")
+
+    def barrier(self):
+        dist.barrier(group=self.group)
+
+    def max(self, value):
+        t = torch.tensor([value])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return t.item()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="ringdist",
-                   help="ringdist, gloo, or fake (torch's dispatch floor: no data moves)")
+                   help="ringdist, gloo, fake (torch's dispatch floor: no data moves), or mpi "
+                        "(Open MPI through mpi4py; launch with mpirun instead of torchrun)")
     p.add_argument("--op", default="allreduce",
                    choices=["allreduce", "broadcast", "allgather", "reduce_scatter"])
     p.add_argument("--bytes", type=parse_bytes, default=parse_bytes("8"), help="bytes per rank's input (K/M suffixes)")
@@ -49,26 +93,28 @@ def main():
     p.add_argument("--stats", action="store_true", help="print torch_ringdist.stats() per rank")
     args = p.parse_args()
     torch.set_num_threads(1)
-    init_backend(args.backend, datetime.timedelta(seconds=60))
-    side = dist.new_group(backend="gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    op = make_op(args.op, args.bytes, world, rank)
+    mpi = None
+    if args.backend == "mpi":
+        from mpi4py import MPI
+        mpi = (MPI.COMM_WORLD, MPI)
+        rank, world = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
+        book = MpiBook(*mpi)
+    else:
+        init_backend(args.backend, datetime.timedelta(seconds=60))
+        rank, world = dist.get_rank(), dist.get_world_size()
+        book = TorchBook()
+    op = make_op(args.op, args.bytes, world, rank, mpi)
     for _ in range(args.batch):
         op()
     per_call = []
-    stop = torch.zeros(1)
     end = time.monotonic() + args.seconds
     while True:
-        dist.barrier(group=side)
+        book.barrier()
         start = time.perf_counter()
         for _ in range(args.batch):
             op()
-        t = torch.tensor([(time.perf_counter() - start) / args.batch])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=side)
-        per_call.append(t.item())
-        stop.fill_(1.0 if time.monotonic() > end else 0.0)
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX, group=side)
-        if stop.item() > 0:
+        per_call.append(book.max((time.perf_counter() - start) / args.batch))
+        if book.max(1.0 if time.monotonic() > end else 0.0) > 0:
             break
     if rank == 0:
         print(f"{args.backend} {args.op} {args.bytes} B N={world}: {statistics.median(per_call) * 1e6:.2f} us "
@@ -76,7 +122,8 @@ def main():
     if args.stats and args.backend == "ringdist":
         import torch_ringdist
         print(f"rank {rank} stats: {torch_ringdist.stats()}")
-    dist.destroy_process_group()
+    if mpi is None:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

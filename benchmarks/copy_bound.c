@@ -1,0 +1,121 @@
+// The copying a two-rank allgather cannot avoid on one host, with no library
+// around it: two processes (fork), each copies its own block into its output
+// with memcpy and reads the peer's block straight from the peer's memory with
+// process_vm_readv, in 1 MiB pieces as ringdist does. A busy-polled
+// shared-memory barrier starts and ends each iteration, so an iteration's
+// time is the slower process's. Any allgather that writes both blocks of both
+// outputs (ringdist, Open MPI) does at least this much work per call.
+//
+//   gcc -O2 -o copy_bound benchmarks/copy_bound.c
+//   ./copy_bound BYTES_PER_RANK ITERATIONS    # prints the median per call
+//
+// benchmarks/copy_bound.py builds and runs it beside the backends.
+#define _GNU_SOURCE
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { kPieceBytes = 1 << 20 };
+
+typedef struct {
+  atomic_long generation;
+  atomic_int arrived;
+  atomic_int ready;
+  char* input[2];
+  pid_t pid[2];
+} Shared;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void barrier(Shared* s) {
+  long generation = atomic_load(&s->generation);
+  if (atomic_fetch_add(&s->arrived, 1) == 1) {
+    atomic_store(&s->arrived, 0);
+    atomic_fetch_add(&s->generation, 1);
+  } else {
+    while (atomic_load(&s->generation) == generation) {
+    }
+  }
+}
+
+static void readPeer(pid_t pid, char* dst, const char* src, size_t bytes) {
+  for (size_t done = 0; done < bytes;) {
+    size_t piece = bytes - done < kPieceBytes ? bytes - done : kPieceBytes;
+    struct iovec local = {dst + done, piece};
+    struct iovec remote = {(void*)(src + done), piece};
+    ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) {
+      perror("copy_bound: process_vm_readv");
+      exit(1);
+    }
+    done += (size_t)n;
+  }
+}
+
+static int byValue(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s BYTES_PER_RANK ITERATIONS\n", argv[0]);
+    return 2;
+  }
+  size_t bytes = strtoull(argv[1], NULL, 0);
+  int iterations = atoi(argv[2]);
+  if (bytes == 0 || iterations < 1) {
+    fprintf(stderr, "copy_bound: BYTES_PER_RANK and ITERATIONS must be positive\n");
+    return 2;
+  }
+  Shared* s = mmap(NULL, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (s == MAP_FAILED) {
+    perror("copy_bound: mmap");
+    return 1;
+  }
+  pid_t child = fork();
+  int rank = child == 0 ? 1 : 0;
+  int peer = 1 - rank;
+  // Page-aligned like torch's large tensors (mmap'd by malloc), touched first.
+  char* input = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  char* output = aligned_alloc(4096, (2 * bytes + 4095) / 4096 * 4096);
+  double* times = malloc(sizeof(double) * (size_t)iterations);
+  memset(input, rank + 1, bytes);
+  memset(output, 0, 2 * bytes);
+  s->input[rank] = input;
+  s->pid[rank] = getpid();
+  barrier(s);
+  for (int i = -iterations / 10 - 1; i < iterations; ++i) {  // warm-up first
+    barrier(s);
+    double start = now();
+    readPeer(s->pid[peer], output + (size_t)peer * bytes, s->input[peer], bytes);
+    memcpy(output + (size_t)rank * bytes, input, bytes);
+    barrier(s);
+    if (i >= 0) {
+      times[i] = now() - start;
+    }
+  }
+  if (output[(size_t)peer * bytes] != peer + 1 || output[(size_t)rank * bytes] != rank + 1) {
+    fprintf(stderr, "copy_bound: wrong bytes in rank %d's output\n", rank);
+    return 1;
+  }
+  if (rank == 1) {
+    return 0;
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  qsort(times, (size_t)iterations, sizeof(double), byValue);
+  printf("copy_bound allgather %zu B N=2: %.2f us per call (median of %d)\n", bytes,
+         times[iterations / 2] * 1e6, iterations);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}

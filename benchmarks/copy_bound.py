@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Where a two-rank allgather's time goes on one host: ringdist and Open MPI against the
+copying neither can avoid, and against torch's own per-call cost.
+
+    python benchmarks/copy_bound.py --bytes 256K 1M 4M --rounds 4 --json out.json
+
+Per round and size, alternating: ringdist (op_loop.py under torchrun), Open MPI (op_loop.py
+--backend mpi under mpirun; setup: benchmarks/setup_mpi.sh), and copy_bound.c (two forked
+processes doing only the two copies an allgather needs: memcpy of the own block and
+process_vm_readv of the peer's). Once per round: torch's dispatch floor, an allgather of one
+element per rank on torch's `fake` backend (no data moves). Medians over the rounds.
+
+A backend's "own cost" is its time minus the copy bound, minus torch's floor for ringdist:
+what its software adds per call. Where ringdist's own cost is at or below Open MPI's, what
+is left between them is torch's dispatch, which no torch backend avoids.
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from sweep import parse_bytes
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OP_LOOP = os.path.join(HERE, "op_loop.py")
+PER_CALL = re.compile(r"([0-9.]+) us per call")
+
+
+def per_call_us(cmd, timeout):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=HERE)
+    found = PER_CALL.search(out.stdout)
+    if out.returncode != 0 or found is None:
+        sys.exit(f"copy_bound.py: {' '.join(cmd)} failed ({out.returncode}):\n"
+                 f"{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return float(found.group(1))
+
+
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def build_probe(workdir):
+    exe = os.path.join(workdir, "copy_bound")
+    subprocess.run(["gcc", "-O2", "-o", exe, os.path.join(HERE, "copy_bound.c")], check=True)
+    return exe
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bytes", nargs="+", type=parse_bytes, default=[parse_bytes(b) for b in ("256K", "1M", "4M")],
+                   help="bytes per rank's input (K/M suffixes)")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=1.5, help="per backend, size and round")
+    p.add_argument("--timeout", type=float, default=120)
+    p.add_argument("--json")
+    args = p.parse_args()
+    with_mpi = shutil.which("mpirun") is not None
+    if not with_mpi:
+        print("copy_bound.py: no mpirun, so no Open MPI column (bash benchmarks/setup_mpi.sh)")
+    loop = ["--op", "allgather", "--seconds", str(args.seconds)]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", OP_LOOP]
+    mpirun = ["mpirun", "--allow-run-as-root", "-np", "2", sys.executable, OP_LOOP, "--backend", "mpi"]
+    times = {}  # (label, bytes) -> [us per round]
+    with tempfile.TemporaryDirectory() as workdir:
+        probe = build_probe(workdir)
+        for r in range(args.rounds):
+            times.setdefault(("floor", 0), []).append(
+                per_call_us(torchrun + ["--backend", "fake", "--bytes", "4"] + loop, args.timeout))
+            for nbytes in args.bytes:
+                batch = ["--bytes", str(nbytes), "--batch", str(max(10, min(200, (8 << 20) // nbytes)))]
+                times.setdefault(("ringdist", nbytes), []).append(
+                    per_call_us(torchrun + batch + loop, args.timeout))
+                if with_mpi:
+                    times.setdefault(("mpi", nbytes), []).append(per_call_us(mpirun + batch + loop, args.timeout))
+                iterations = str(max(100, min(5000, (1 << 30) // nbytes)))
+                times.setdefault(("copy_bound", nbytes), []).append(
+                    per_call_us([probe, str(nbytes), iterations], args.timeout))
+            print(f"round {r + 1}/{args.rounds} done", flush=True)
+    med = {key: statistics.median(v) for key, v in times.items()}
+    floor = med[("floor", 0)]
+    rows = []
+    print(f"\ntorch's floor (fake allgather, 4 B): {floor:.1f} us; medians of {args.rounds} rounds, us per call")
+    print(f"{'bytes/rank':>10} {'copy bound':>10} {'Open MPI':>9} {'ringdist':>9} "
+          f"{'MPI own':>8} {'ringdist own':>12} {'MPI/ringdist':>12}")
+    for nbytes in args.bytes:
+        bound, ours = med[("copy_bound", nbytes)], med[("ringdist", nbytes)]
+        mpi = med.get(("mpi", nbytes), math.nan)
+        row = {"bytes_per_rank": nbytes, "copy_bound_us": bound, "mpi_us": mpi, "ringdist_us": ours,
+               "mpi_own_us": mpi - bound, "ringdist_own_us": ours - bound - floor,
+               "speedup_vs_mpi": mpi / ours,
+               "rounds": {k[0]: v for k, v in times.items() if k[1] == nbytes}}
+        rows.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
+        print(f"{nbytes:>10} {bound:>10.1f} {mpi:>9.1f} {ours:>9.1f} {row['mpi_own_us']:>8.1f} "
+              f"{row['ringdist_own_us']:>12.1f} {row['speedup_vs_mpi']:>11.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": {"processor": cpu_model(), "kernel": platform.release(),
+                                   "cpus": os.cpu_count()},
+                       "floor_us": floor, "floor_rounds": times[("floor", 0)], "rows": rows}, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

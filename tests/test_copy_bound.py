@@ -1,0 +1,25 @@
+"""benchmarks/copy_bound.py end to end on a small size: the C copy-bound program (built with
+gcc, checking its own output bytes), ringdist and torch's floor, with Open MPI where installed.
+Checks the JSON's shape and that every time is positive, not speed."""
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_copy_bound_small(tmp_path):
+    out = tmp_path / "bound.json"
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "copy_bound.py"), "--bytes", "64K",
+           "--rounds", "1", "--seconds", "0.2", "--timeout", "120", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["floor_us"] > 0
+    [row] = data["rows"]
+    assert row["bytes_per_rank"] == 64 * 1024
+    assert row["copy_bound_us"] > 0 and row["ringdist_us"] > 0
+    # ringdist's own cost is what is left after the copies and torch's floor
+    assert row["ringdist_own_us"] == row["ringdist_us"] - row["copy_bound_us"] - data["floor_us"]
+    assert (row["mpi_us"] is None) == ("no mpirun" in proc.stdout)
