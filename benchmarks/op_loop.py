@@ -41,17 +41,18 @@ def make_op(name, nbytes, world, rank, mpi=None):
 
 
 def make_mpi_op(name, count, world, rank, x, mpi):
-    """The same call on Open MPI (mpi4py), on the same tensors' memory."""
+    """The same call on Open MPI (mpi4py), on the same tensors' memory (numpy views made once)."""
     comm, MPI = mpi
+    buf = x.numpy()
     if name == "allreduce":
-        return lambda: comm.Allreduce(MPI.IN_PLACE, x.numpy(), op=MPI.SUM)
+        return lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
     if name == "broadcast":
-        return lambda: comm.Bcast(x.numpy(), root=0)
+        return lambda: comm.Bcast(buf, root=0)
     if name == "allgather":
-        out = torch.empty(count * world)
-        return lambda: comm.Allgather(x.numpy(), out.numpy())
-    inp = torch.full((count * world,), float(rank + 1))
-    return lambda: comm.Reduce_scatter_block(inp.numpy(), x.numpy(), op=MPI.SUM)
+        out = torch.empty(count * world).numpy()
+        return lambda: comm.Allgather(buf, out)
+    inp = torch.full((count * world,), float(rank + 1)).numpy()
+    return lambda: comm.Reduce_scatter_block(inp, buf, op=MPI.SUM)
 
 
 class MpiBook:
@@ -68,6 +69,8 @@ class MpiBook:
 
 
 class TorchBook:
+    """Barrier and slowest-rank time on a gloo side group, outside the timed region."""
+
     def __init__(self):
         self.group = dist.new_group(backend="gloo")
 
