@@ -66,9 +66,10 @@ def main():
     p.add_argument("--timeout", type=float, default=120)
     p.add_argument("--json")
     args = p.parse_args()
-    with_mpi = shutil.which("mpirun") is not None
+    with_mpi = shutil.which("mpirun") is not None and subprocess.run(
+        [sys.executable, "-c", "import mpi4py.MPI"], capture_output=True).returncode == 0
     if not with_mpi:
-        print("copy_bound.py: no mpirun, so no Open MPI column (bash benchmarks/setup_mpi.sh)")
+        print("copy_bound.py: no mpirun or mpi4py, so no Open MPI column (bash benchmarks/setup_mpi.sh)")
     loop = ["--op", "allgather", "--seconds", str(args.seconds)]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", OP_LOOP]
     mpirun = ["mpirun", "--allow-run-as-root", "-np", "2", sys.executable, OP_LOOP, "--backend", "mpi"]
