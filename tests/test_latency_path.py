@@ -27,6 +27,9 @@ def test_latency_path_order_deadline_and_abort(tmp_path):
     if len(os.sched_getaffinity(0)) >= 2:
         assert pinned[0]["one_cpu"] + pinned[1]["one_cpu"] >= 100, pinned
         assert pinned[0]["two_cpus"] == pinned[1]["two_cpus"] == 0, pinned
+        # A group created while each rank was pinned to its own core spins as well (it once
+        # counted the pinned process's one CPU and never spun, so no wait skipped a spin).
+        assert pinned[0]["own_core_group"] + pinned[1]["own_core_group"] >= 100, pinned
     r = got[0]
     # Deadline: the inline op's peer never comes; it fails after the group's 1 s timeout.
     assert "Timed out after 1000 ms" in r["deadline"]["error"], r

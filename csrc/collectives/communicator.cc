@@ -84,7 +84,7 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Chann
   watched_.assign(static_cast<size_t>(size_), 0);
   wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RINGDIST_CHECK(wakeFd_ >= 0, "ringdist: eventfd failed: ", std::strerror(errno));
-  spin_ = sharing <= usableCores();
+  spin_ = localBell_ == nullptr || sharing <= localBell_->hostCores();
   peersCopyable_ = size_ > 1;
   for (int p = 0; p < size_; ++p) {
     peersCopyable_ = peersCopyable_ && (p == rank_ || (channels_[static_cast<size_t>(p)] &&
@@ -386,14 +386,6 @@ bool Communicator::hasPending() const {
 }
 
 // The cores this process may run on (taskset, cgroup cpusets), not the machine's.
-int Communicator::usableCores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    return CPU_COUNT(&set);
-  }
-  return static_cast<int>(std::thread::hardware_concurrency());
-}
-
 std::string Communicator::pendingPeers() const {
   std::string peers;
   for (const auto& ch : channels_) {

@@ -234,7 +234,6 @@ class Communicator {
   template <typename Copy>
   void copyInPieces(size_t bytes, Copy copy);
   static void cpuRelax();
-  static int usableCores();
   void sleepOnDoorbell(Doorbell* bell, bool coreShared, std::chrono::milliseconds left,
                        const uint64_t* wakesSeen);
   // Bytes on a watched link: what progress() reports for queued receives.

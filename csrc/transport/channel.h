@@ -22,6 +22,10 @@ class Doorbell {
   virtual void ring() = 0;
   // Tells the peers which CPU this rank runs on (Channel::peerCpu).
   virtual void publishCpu(int cpu) = 0;
+  // CPUs the ranks of this host may run on together (the union of their
+  // affinities at connect time): ranks each pinned to a core of their own
+  // have as many cores as ranks, though each process sees only one.
+  virtual int hostCores() const = 0;
 };
 
 // A Channel is one bidirectional, ordered byte stream to one peer rank.

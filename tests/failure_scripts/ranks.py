@@ -325,6 +325,7 @@ def latency_path(rank, ws, store, dist, torch):
       rank), and some ops ran inline while others queued behind async work;
     - 4 MiB isends/irecvs crossing, 40 rounds: posts queue behind transfers in flight;
     - callers pinned to one CPU wait without spinning (shared_core_waits), on two CPUs spin;
+      a group made while each rank was pinned to its own core spins too;
     - deadline: an inline allreduce whose peer never comes fails after the group's timeout;
     - abort: an inline allreduce whose peer never comes fails soon after another thread
       aborts the group, and the abort returns."""
@@ -425,6 +426,19 @@ def latency_path(rank, ws, store, dist, torch):
             for _ in range(200):
                 dist.all_reduce(pinned)
             shared_core_waits[name] = torch_ringdist.stats()["allreduce"]["shared_core_waits"]
+        # A group made while each rank is pinned to a core of its own (taskset, numactl, a
+        # batch scheduler's binding) has a core per rank although each process sees one: it
+        # spins too, so with both callers then on one CPU it skips the spin as above.
+        os.sched_setaffinity(0, {cores[rank]})  # its worker thread inherits this
+        own_core_group = dist.new_group()
+        dist.barrier(group=own_core_group)
+        os.sched_setaffinity(0, {cores[0]})
+        dist.barrier(group=own_core_group)
+        torch_ringdist.reset_stats(own_core_group)
+        for _ in range(200):
+            dist.all_reduce(pinned, group=own_core_group)
+        shared_core_waits["own_core_group"] = \
+            torch_ringdist.stats(own_core_group)["allreduce"]["shared_core_waits"]
         os.sched_setaffinity(0, cores)
 
     # The Work's future, asked for before the op completed and after (a host op makes it

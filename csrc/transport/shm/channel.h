@@ -12,15 +12,17 @@ namespace shm {
 // wrote bytes for us or freed ring space we wait for.
 class LocalDoorbell final : public Doorbell {
  public:
-  explicit LocalDoorbell(Bell* bell) : bell_(bell) {}
+  LocalDoorbell(Bell* bell, int hostCores) : bell_(bell), hostCores_(hostCores) {}
   uint32_t arm() override;
   void sleep(uint32_t armed, std::chrono::microseconds timeout) override;
   void disarm() override;
   void ring() override;
   void publishCpu(int cpu) override { bell_->cpu.store(cpu, std::memory_order_relaxed); }
+  int hostCores() const override { return hostCores_; }
 
  private:
   Bell* bell_;
+  const int hostCores_;
 };
 
 // Rings a peer's doorbell: bump its sequence; a futex wake only when it
