@@ -15,10 +15,8 @@ what its software adds per call. Where ringdist's own cost is at or below Open M
 is left between them is torch's dispatch, which no torch backend avoids.
 """
 import argparse
-import json
 import math
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -26,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 
+from bench_common import machine_info, write_json
 from sweep import parse_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,14 +40,6 @@ def per_call_us(cmd, timeout):
         sys.exit(f"copy_bound.py: {' '.join(cmd)} failed ({out.returncode}):\n"
                  f"{out.stdout[-2000:]}{out.stderr[-2000:]}")
     return float(found.group(1))
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def build_probe(workdir):
@@ -106,10 +97,8 @@ def main():
         print(f"{nbytes:>10} {bound:>10.1f} {mpi:>9.1f} {ours:>9.1f} {row['mpi_own_us']:>8.1f} "
               f"{row['ringdist_own_us']:>12.1f} {row['speedup_vs_mpi']:>11.2f}x")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": {"processor": cpu_model(), "kernel": platform.release(),
-                                   "cpus": os.cpu_count()},
-                       "floor_us": floor, "floor_rounds": times[("floor", 0)], "rows": rows}, f, indent=1)
+        write_json(args.json, {"machine": machine_info(), "floor_us": floor,
+                               "floor_rounds": times[("floor", 0)], "rows": rows})
         print(f"wrote {args.json}")
 
 

@@ -385,7 +385,6 @@ bool Communicator::hasPending() const {
   return false;
 }
 
-// The cores this process may run on (taskset, cgroup cpusets), not the machine's.
 std::string Communicator::pendingPeers() const {
   std::string peers;
   for (const auto& ch : channels_) {

@@ -135,32 +135,23 @@ bool agreeSingleCopy(const Segment& segment, int self, int rank, const MeshOptio
 }
 
 // Our affinity into the bell, before agreeSingleCopy publishes it to the peers.
-void publishCpuMask(Bell* bell) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) {
+void publishCpus(Bell* bell) {
+  if (::sched_getaffinity(0, sizeof(bell->cpus), &bell->cpus) != 0) {
+    CPU_ZERO(&bell->cpus);
     for (int cpu = 0; cpu < static_cast<int>(std::thread::hardware_concurrency()); ++cpu) {
-      CPU_SET(cpu, &set);
-    }
-  }
-  for (int cpu = 0; cpu < 64 * 16; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) {
-      bell->cpuMask[cpu / 64] |= uint64_t{1} << (cpu % 64);
+      CPU_SET(cpu, &bell->cpus);
     }
   }
 }
 
 // How many CPUs any local rank may run on, once every rank has published.
-int unionOfCpuMasks(const Segment& segment) {
-  int cores = 0;
-  for (int word = 0; word < 16; ++word) {
-    uint64_t bits = 0;
-    for (int i = 0; i < segment.localRanks(); ++i) {
-      bits |= segment.bell(i)->cpuMask[word];
-    }
-    cores += __builtin_popcountll(bits);
+int unionOfCpus(const Segment& segment) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int i = 0; i < segment.localRanks(); ++i) {
+    CPU_OR(&all, &all, &segment.bell(i)->cpus);
   }
-  return cores;
+  return CPU_COUNT(&all);
 }
 
 }  // namespace
@@ -177,10 +168,10 @@ void connectLocal(Rendezvous& rendezvous, int rank, const std::vector<int>& loca
   segment->bell(self)->pid = static_cast<int32_t>(::getpid());
   segment->bell(self)->startTime = processStartTime(::getpid());
   segment->bell(self)->cpu.store(-1);
-  publishCpuMask(segment->bell(self));
+  publishCpus(segment->bell(self));
   // Its barriers also order every rank's mask before the union below.
   const bool singleCopy = agreeSingleCopy(*segment, self, rank, options);
-  auto doorbell = std::make_shared<LocalDoorbell>(segment->bell(self), unionOfCpuMasks(*segment));
+  auto doorbell = std::make_shared<LocalDoorbell>(segment->bell(self), unionOfCpus(*segment));
   for (int i = 0; i < count; ++i) {
     if (i != self) {
       int peer = local[static_cast<size_t>(i)];

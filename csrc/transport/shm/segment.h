@@ -1,5 +1,7 @@
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -26,9 +28,9 @@ struct alignas(64) Bell {
   int32_t pid;                     // owner's pid and its start time (clock
   uint64_t startTime;              // ticks since boot), for liveness checks
   std::atomic<int32_t> cpu;        // the CPU the owner last began an op or a wait on, -1 before
-  // The CPUs the owner may run on (its affinity at connect time, CPUs 0-1023);
-  // the host's ranks together may use the union of their masks.
-  uint64_t cpuMask[16];
+  // The CPUs the owner may run on (its affinity at connect time); the host's
+  // ranks together may use the union of their sets.
+  cpu_set_t cpus;
   // Single copy (peers read each other's memory): the owner publishes where
   // a known value sits in its memory, each peer tries to read it
   // (connect.cc), and the host uses single copy only if every rank could.
