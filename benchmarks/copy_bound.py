@@ -25,6 +25,7 @@ import sys
 import tempfile
 
 from bench_common import machine_info, write_json
+from compare import run_bounded
 from sweep import parse_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,13 +33,14 @@ OP_LOOP = os.path.join(HERE, "op_loop.py")
 PER_CALL = re.compile(r"([0-9.]+) us per call")
 
 
-def per_call_us(cmd, timeout):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=HERE)
-    found = PER_CALL.search(out.stdout)
-    if out.returncode != 0 or found is None:
-        sys.exit(f"copy_bound.py: {' '.join(cmd)} failed ({out.returncode}):\n"
-                 f"{out.stdout[-2000:]}{out.stderr[-2000:]}")
+def per_call_us(cmd, timeout, log_path):
+    """Runs cmd bounded (its whole process group killed on timeout); its per-call time."""
+    rc = run_bounded(cmd, dict(os.environ, OMP_NUM_THREADS="1"), timeout, log_path)
+    with open(log_path) as f:
+        log = f.read()
+    found = PER_CALL.search(log)
+    if rc != 0 or found is None:
+        sys.exit(f"copy_bound.py: {' '.join(cmd)} failed ({rc}):\n{log[-4000:]}")
     return float(found.group(1))
 
 
@@ -67,18 +69,19 @@ def main():
     times = {}  # (label, bytes) -> [us per round]
     with tempfile.TemporaryDirectory() as workdir:
         probe = build_probe(workdir)
+        log = os.path.join(workdir, "run.log")
         for r in range(args.rounds):
             times.setdefault(("floor", 0), []).append(
-                per_call_us(torchrun + ["--backend", "fake", "--bytes", "4"] + loop, args.timeout))
+                per_call_us(torchrun + ["--backend", "fake", "--bytes", "4"] + loop, args.timeout, log))
             for nbytes in args.bytes:
                 batch = ["--bytes", str(nbytes), "--batch", str(max(10, min(200, (8 << 20) // nbytes)))]
                 times.setdefault(("ringdist", nbytes), []).append(
-                    per_call_us(torchrun + batch + loop, args.timeout))
+                    per_call_us(torchrun + batch + loop, args.timeout, log))
                 if with_mpi:
-                    times.setdefault(("mpi", nbytes), []).append(per_call_us(mpirun + batch + loop, args.timeout))
+                    times.setdefault(("mpi", nbytes), []).append(per_call_us(mpirun + batch + loop, args.timeout, log))
                 iterations = str(max(100, min(5000, (1 << 30) // nbytes)))
                 times.setdefault(("copy_bound", nbytes), []).append(
-                    per_call_us([probe, str(nbytes), iterations], args.timeout))
+                    per_call_us([probe, str(nbytes), iterations], args.timeout, log))
             print(f"round {r + 1}/{args.rounds} done", flush=True)
     med = {key: statistics.median(v) for key, v in times.items()}
     floor = med[("floor", 0)]
