@@ -9,6 +9,13 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from world import World, default_backend  # noqa: E402
 
+# By default a host measures at connect time whether single copy beats the shared-memory
+# rings (RINGDIST_SINGLE_COPY=auto), so the path a large same-host transfer takes depends on
+# the machine. The suite pins it for every rank it starts: single copy, except where a world
+# or test says otherwise (the three-rank "default" world runs the rings; test_copy_probe the
+# measurement).
+os.environ.setdefault("RINGDIST_SINGLE_COPY", "1")
+
 
 @pytest.fixture(scope="session")
 def backend() -> str:

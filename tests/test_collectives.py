@@ -92,7 +92,16 @@ def world_env_for(ws: int, seg: str) -> dict:
     env = world_env(seg)
     if transport_of(seg) == "hosts":
         env["RINGDIST_HOST_ID"] = ",".join(f"host{r % 2}" for r in range(ws))
+    if (ws, seg) == (3, "default"):
+        # Large same-host transfers through the shared-memory rings (what hosts whose kernel
+        # copy measures slow use); the other one-host worlds copy straight (conftest.py).
+        env["RINGDIST_SINGLE_COPY"] = "0"
     return env
+
+
+def copies_straight(ws: int, seg: str) -> bool:
+    """Whether this matrix world's same-host ranks copy straight between buffers."""
+    return transport_of(seg) != "tcp" and world_env_for(ws, seg).get("RINGDIST_SINGLE_COPY") != "0"
 
 
 def get_world(world_factory, ws: int, seg: str):
@@ -710,7 +719,8 @@ def _case_objects(rank, ws):
 def _case_setup(rank, ws):
     return {"backend": dist.get_backend(), "rank": dist.get_rank(), "world_size": dist.get_world_size(),
             "segment_env": os.environ.get("RINGDIST_SEGMENT_BYTES"), "threads": torch.get_num_threads(),
-            "transports": _transports(), "allreduce_rings": _allreduce_rings()}
+            "transports": _transports(), "allreduce_rings": _allreduce_rings(),
+            "single_copy": _single_copy_host()}
 
 
 def _ringdist_backend():
@@ -725,6 +735,10 @@ def _transports():
 
 def _allreduce_rings():
     return _ringdist_backend().allreduce_rings if dist.get_backend() == "ringdist" else None
+
+
+def _single_copy_host():
+    return _ringdist_backend().same_host_copy["single_copy"] if dist.get_backend() == "ringdist" else None
 
 
 # ====================================== single copy (one host): worker functions
@@ -871,8 +885,10 @@ def test_world_setup(world_factory, ws, seg):
     """The matrix really runs on the backend and segment size it claims to."""
     res = get_world(world_factory, ws, seg).run(_case_setup)
     for rank, info in enumerate(res):
-        expected_transports = expected_rings = None
+        expected_transports = expected_rings = single_copy = None
         if default_backend() == "ringdist":
+            same_host = [p for p in range(ws) if transport_of(seg) != "hosts" or p % 2 == rank % 2]
+            single_copy = copies_straight(ws, seg) and len(same_host) > 1
             # Two emulated hosts of two ranks each (ring order 0, 2, 1, 3): large allreduces
             # go two-level, [our host's ranks, the ranks at our position on each host].
             uniform_hosts = transport_of(seg) == "hosts" and ws % 2 == 0
@@ -887,7 +903,8 @@ def test_world_setup(world_factory, ws, seg):
         seg_env = None if segment_of(seg) == "default" else segment_of(seg)
         assert info == {"backend": default_backend(), "rank": rank, "world_size": ws,
                         "segment_env": seg_env, "threads": 1,
-                        "transports": expected_transports, "allreduce_rings": expected_rings}, info
+                        "transports": expected_transports, "allreduce_rings": expected_rings,
+                        "single_copy": single_copy}, info
 
 
 # -------------------------------------------------------------------- reductions
@@ -1025,7 +1042,9 @@ def test_single_copy(world_factory, ws, seg):
     one host from 32 KiB (per rank), never over TCP or across hosts."""
     if default_backend() != "ringdist":
         pytest.skip("single copy is ringdist's")
-    res = get_world(world_factory, ws, seg).run(_case_single_copy, SINGLE_COPY_COUNTS)
+    w = get_world(world_factory, ws, seg) if copies_straight(ws, seg) or transport_of(seg) != "auto" \
+        else world_factory(ws, env=dict(world_env_for(ws, seg), RINGDIST_SINGLE_COPY="1"))
+    res = w.run(_case_single_copy, SINGLE_COPY_COUNTS)
     readable = transport_of(seg) == "auto"
     reads = [{k: r.pop(k) for k in list(r) if k.endswith("/read")} for r in res]
     assert_cases(res, check_digests=False)
@@ -1082,6 +1101,59 @@ def test_single_copy_off_on_one_rank(world_factory):
             assert got == {f"{name}/{variant}/n=262144/read": _expected_reads(3, 262144, name, readable)
                            for name, variant in SINGLE_COPY_OPS}, \
                 f"rank {rank}, single copy {'on' if readable else 'off on rank 1'}"
+
+
+def _case_copy_probe(rank, ws, group_env):
+    """On a group created with group_env[rank] in this rank's environment: how the host copies
+    (same_host_copy), and the bytes this rank copied from peers' memory in a 256 KiB-per-rank
+    allgather, whose result is checked against its closed form."""
+    import torch_ringdist
+    saved = dict(os.environ)
+    os.environ.update(group_env[rank])
+    try:
+        group = dist.new_group(list(range(ws)))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    backend = group._get_backend(torch.device("cpu"))
+    n = 65536
+    x = torch.full((n,), float(rank + 1))
+    out = torch.empty(n * ws)
+    torch_ringdist.reset_stats(group)
+    dist.all_gather_into_tensor(out, x, group=group)
+    want = torch.arange(1, ws + 1, dtype=torch.float32).repeat_interleave(n)
+    return {"copy": backend.same_host_copy, "read": _single_copy_bytes(group),
+            "exact": bool(torch.equal(out, want))}
+
+
+def test_copy_probe(world_factory):
+    """RINGDIST_SINGLE_COPY=auto: at connect time the host's ranks time a kernel copy from a
+    peer against the rings' two memcpys and every rank takes the same decision, the one the
+    rule gives for the figures they all report, which the collectives then follow (an allgather
+    reads peers' memory exactly when single copy was chosen). RINGDIST_SINGLE_COPY=1 on one
+    rank skips the measurement and turns it on for the host."""
+    if default_backend() != "ringdist":
+        pytest.skip("single copy is ringdist's")
+    w = world_factory(3)
+    measured = w.run(_case_copy_probe, [{"RINGDIST_SINGLE_COPY": "auto"}] * 3)
+    copy = measured[0]["copy"]
+    assert all(r["copy"]["single_copy"] == copy["single_copy"] for r in measured), measured
+    assert all(r["copy"]["probe_kernel_us"] == copy["probe_kernel_us"] and
+               r["copy"]["probe_rings_us"] == copy["probe_rings_us"] for r in measured), measured
+    assert copy["probe_kernel_us"] > 0 and copy["probe_rings_us"] > 0, copy
+    # The rule: the rings only when the kernel copy is x1.5 slower than their two memcpys.
+    assert copy["single_copy"] == (copy["probe_kernel_us"] <= 1.5 * copy["probe_rings_us"]), copy
+    assert "measured at connect" in copy["why"], copy
+    for rank, r in enumerate(measured):
+        assert r["exact"], rank
+        assert r["read"] == (2 * 65536 * 4 if copy["single_copy"] else 0), (rank, r)
+    forced = w.run(_case_copy_probe, [{"RINGDIST_SINGLE_COPY": "auto"},
+                                      {"RINGDIST_SINGLE_COPY": "1"},
+                                      {"RINGDIST_SINGLE_COPY": "auto"}])
+    for rank, r in enumerate(forced):
+        assert r["copy"] == {"single_copy": True, "why": "single copy: RINGDIST_SINGLE_COPY=1 on rank 1",
+                             "probe_kernel_us": 0.0, "probe_rings_us": 0.0}, (rank, r)
+        assert r["exact"] and r["read"] == 2 * 65536 * 4, (rank, r)
 
 
 @pytest.mark.parametrize("layout", ["contig", "strided"])

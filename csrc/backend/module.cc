@@ -181,6 +181,18 @@ PYBIND11_MODULE(_C, m) {
                     "Bytes per pipelined segment; every rank of the group must use the same value")
       .def_property_readonly("transports", &ringdist::ProcessGroupRingdist::transports,
                              "Transport used to reach each rank: 'tcp', 'shm' or 'self'")
+      .def_property_readonly("same_host_copy", [](const ringdist::ProcessGroupRingdist& pg) {
+             const auto& copy = pg.sameHostCopy();
+             py::dict out;
+             out["single_copy"] = copy.singleCopy;
+             out["why"] = copy.why;
+             out["probe_kernel_us"] = copy.kernelCopyUs;
+             out["probe_rings_us"] = copy.ringCopyUs;
+             return out;
+           },
+           "How this host's ranks copy large buffers between them: single_copy (straight "
+           "between buffers) or the shared-memory rings, why, and the connect-time probe's "
+           "figures (us, summed over the host's ranks; 0 when not measured)")
       .def_property_readonly("allreduce_rings", &ringdist::ProcessGroupRingdist::allreduceRings,
                              "Two-level allreduce rings [ranks of this host, one rank per host], "
                              "or [] when large allreduces take one flat ring")

@@ -41,6 +41,14 @@ size_t envBytes(const char* name, size_t fallback, int64_t minimum) {
   return static_cast<size_t>(value);
 }
 
+SingleCopyMode singleCopyMode(size_t singleCopyBytes) {
+  std::string name = envString("RINGDIST_SINGLE_COPY", "auto");
+  SingleCopyMode mode = SingleCopyMode::kAuto;
+  RINGDIST_CHECK(singleCopyModeFromName(name, &mode),
+                 "ringdist: RINGDIST_SINGLE_COPY must be auto, 1 or 0, got '", name, "'");
+  return singleCopyBytes == 0 ? SingleCopyMode::kOff : mode;
+}
+
 TransportPolicy transportPolicy() {
   std::string name = envString("RINGDIST_TRANSPORT", "auto");
   TransportPolicy policy = TransportPolicy::kAuto;
@@ -89,7 +97,7 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
       envBytes("RINGDIST_PAIR_ALLREDUCE_BYTES", kDefaultPairAllreduceBytes, 0);
   o.collectives.singleCopyBytes =
       envBytes("RINGDIST_SINGLE_COPY_BYTES", kDefaultSingleCopyBytes, 0);
-  o.mesh.singleCopy = o.collectives.singleCopyBytes > 0;
+  o.mesh.singleCopy = singleCopyMode(o.collectives.singleCopyBytes);
   o.collectives.hierarchical = envFlag("RINGDIST_HIERARCHICAL", true);
   o.collectives.checkResults = envFlag("RINGDIST_CHECK_RESULTS", false);
   o.collectives.maxUnexpectedBytes =

@@ -149,6 +149,7 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
     setDebugEnabled(options.debug);
     Mesh mesh = connectMesh(*rendezvous, rank, size, options.mesh);
     transports_ = mesh.transportOf;
+    sameHostCopy_ = mesh.sameHostCopy;
     const bool oneHost = std::all_of(mesh.hostOf.begin(), mesh.hostOf.end(),
                                      [&](int host) { return host == mesh.hostOf[0]; });
     auto comm = std::make_unique<Communicator>(rank, size, std::move(mesh.channels),

@@ -11,6 +11,7 @@
 #include "csrc/backend/flight_recorder.h"
 #include "csrc/backend/worker.h"
 #include "csrc/common/options.h"
+#include "csrc/transport/shm/connect.h"
 
 namespace ringdist {
 
@@ -101,6 +102,8 @@ class ProcessGroupRingdist : public c10d::Backend {
   // Tuning and introspection for tests and benchmarks.
   // Transport used to reach each rank ("tcp", "shm", "self").
   const std::vector<std::string>& transports() const { return transports_; }
+  // Whether this host's ranks copy large buffers straight between them, and why.
+  const shm::SameHostCopy& sameHostCopy() const { return sameHostCopy_; }
   // Large allreduces on uniform multi-host groups: {ranks of our host, ranks
   // at our position on every host}, each in ring order; empty for one flat ring.
   std::vector<std::vector<int>> allreduceRings() const { return worker_->allreduceRings(); }
@@ -191,6 +194,7 @@ class ProcessGroupRingdist : public c10d::Backend {
   bool deviceAllreduce_ = false;
   size_t deviceMinBytes_ = 0;  // smaller ones stage through host memory
   std::vector<std::string> transports_;
+  shm::SameHostCopy sameHostCopy_;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequenceNumber_{0};
 };

@@ -9,6 +9,7 @@
 
 #include "csrc/backend/dtypes.h"
 #include "csrc/codec/block_math.h"
+#include "csrc/common/cpu.h"
 #include "csrc/codec/codec.h"
 #include "csrc/hooks/topk_math.h"
 #include "csrc/reduce/elementwise.h"
@@ -370,6 +371,17 @@ void topkRadixSelect(const at::Tensor& grad, std::optional<at::Tensor> residual,
   }
 }
 
+// copyBytes within one byte tensor, regions possibly overlapping.
+void copyBytesWithin(at::Tensor& buffer, int64_t to, int64_t from, int64_t bytes) {
+  TORCH_CHECK(buffer.scalar_type() == at::kByte && buffer.is_contiguous() && buffer.is_cpu(),
+              "ringdist testing: copy_bytes takes a contiguous CPU uint8 tensor");
+  TORCH_CHECK(to >= 0 && from >= 0 && bytes >= 0 && to + bytes <= buffer.numel() &&
+                  from + bytes <= buffer.numel(),
+              "ringdist testing: copy_bytes regions must lie inside the tensor");
+  auto* base = buffer.data_ptr<uint8_t>();
+  copyBytes(base + to, base + from, static_cast<size_t>(bytes));
+}
+
 }  // namespace
 
 void defineTestingModule(py::module_& parent) {
@@ -396,6 +408,10 @@ void defineTestingModule(py::module_& parent) {
         py::arg("packed"), py::arg("tile"),
         "topk_select computed as the GPU kernels compute it (radix select, tiles of `tile` "
         "entries), on the host through the shared arithmetic");
+  m.def("copy_bytes", &copyBytesWithin, py::arg("buffer"), py::arg("to"), py::arg("from_"),
+        py::arg("bytes"),
+        "The engine's large copy (copyBytes, in pieces), from offset from_ to offset to of a "
+        "uint8 tensor, in place; the regions may overlap");
   m.def("cuda_divide", &divideWithCudaKernel, py::arg("x"), py::arg("divisor"),
         "x / divisor with the GPU kernel that finalises AVG (CUDA builds only)");
 }

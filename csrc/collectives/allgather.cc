@@ -17,6 +17,7 @@
 
 #include "csrc/collectives/collectives.h"
 #include "csrc/collectives/ring.h"
+#include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
 
 namespace ringdist {
@@ -33,7 +34,7 @@ void allgatherSingleCopy(Communicator& comm, const void* input, void* const* out
   std::vector<uint64_t> address;
   comm.exchangeHeadersAndAddresses(header, peers, input, &address);
   if (outputs[rank] != input) {
-    std::memmove(outputs[rank], input, bytes);
+    copyBytes(outputs[rank], input, bytes);
   }
   for (int peer : peers) {
     comm.readPeer(peer, address[static_cast<size_t>(peer)], outputs[peer], bytes);
@@ -50,7 +51,7 @@ void allgatherRing(Communicator& comm, const void* input, void* const* outputs, 
   const bool copyOwn = count > 0 && outputs[rank] != input;
   if (n == 1 || count == 0) {
     if (copyOwn) {
-      std::memmove(outputs[rank], input, count * elem);
+      copyBytes(outputs[rank], input, count * elem);
     }
     return;
   }
@@ -74,8 +75,8 @@ void allgatherRing(Communicator& comm, const void* input, void* const* outputs, 
   auto copyOwnSegment = [&] {
     size_t offset, length;
     block.segment(0, ownCopied++, &offset, &length);
-    std::memmove(static_cast<char*>(outputs[rank]) + offset * elem,
-                 static_cast<const char*>(input) + offset * elem, length * elem);
+    copyBytes(static_cast<char*>(outputs[rank]) + offset * elem,
+              static_cast<const char*>(input) + offset * elem, length * elem);
   };
 
   // Every receive goes straight to its final place, so all can be posted now.

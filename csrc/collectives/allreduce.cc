@@ -18,6 +18,7 @@
 
 #include "csrc/collectives/collectives.h"
 #include "csrc/collectives/ring.h"
+#include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
 #include "csrc/reduce/reduce.h"
 
@@ -52,7 +53,7 @@ void pairAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
                                                /*incomingFirst=*/peer < comm.rank());
   comm.waitUntil([&] { return link.recvDone(reduced) && link.sendDone(sent); });
   if (!inPlace) {
-    std::memcpy(data, target, bytes);
+    copyBytes(data, target, bytes);
   }
   if (op == ReduceOp::kAvg) {
     divideInPlace(data, count, dtype, 2);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "csrc/collectives/collectives.h"
+#include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
 
 namespace ringdist {
@@ -21,7 +22,7 @@ void alltoall(Communicator& comm, const void* const* inputs, const std::vector<u
   RINGDIST_CHECK(sendCounts[me] == recvCounts[me], "ringdist alltoall: rank ", rank, " sends ",
                  sendCounts[me], " elements to itself but expects ", recvCounts[me]);
   if (recvCounts[me] > 0 && outputs[rank] != inputs[rank]) {
-    std::memmove(outputs[rank], inputs[rank], recvCounts[me] * elem);
+    copyBytes(outputs[rank], inputs[rank], recvCounts[me] * elem);
   }
   // others() starts with the peer after us, so not every rank hits rank 0 first.
   Communicator::Transfers sends, recvs;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
 
 namespace ringdist {
@@ -132,7 +133,7 @@ void PointToPoint::checkMatch(int peer, const Waiting& w, size_t bytes, DataType
 
 void PointToPoint::deliver(Unexpected& message, Waiting& w) {
   if (!message.payload.empty()) {
-    std::memcpy(w.data, message.payload.data(), message.payload.size());
+    copyBytes(w.data, message.payload.data(), message.payload.size());
   }
   w.done();
 }

@@ -19,6 +19,7 @@
 
 #include "csrc/collectives/collectives.h"
 #include "csrc/collectives/ring.h"
+#include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
 #include "csrc/reduce/reduce.h"
 
@@ -159,7 +160,7 @@ void reduceScatter(Communicator& comm, const void* const* inputs, void* output, 
   const size_t elem = elementSize(dtype);
   if (n == 1) {
     if (output != inputs[0] && count > 0) {
-      std::memcpy(output, inputs[0], count * elem);
+      copyBytes(output, inputs[0], count * elem);
     }
     return;
   }

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "csrc/common/cpu.h"
+
 namespace ringdist {
 
 void rootedTransfers(Communicator& comm, OpType type, size_t count, DataType dtype, int root,
@@ -26,7 +28,7 @@ void rootedTransfers(Communicator& comm, OpType type, size_t count, DataType dty
   } else {
     void* mine = rootBlocks[rank];
     if (bytes > 0 && mine != own) {
-      std::memmove(toRoot ? mine : own, toRoot ? own : mine, bytes);
+      copyBytes(toRoot ? mine : own, toRoot ? own : mine, bytes);
     }
     for (int peer : peers) {
       post(peer, rootBlocks[peer], !toRoot);

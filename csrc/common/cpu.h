@@ -1,5 +1,7 @@
 #pragma once
 
+#include <cstddef>
+
 namespace ringdist {
 
 // CPU features, detected once from cpuid. Kernels come in two families: a
@@ -14,5 +16,11 @@ const CpuFeatures& cpuFeatures();
 
 // "avx2" or "generic": the kernel family this CPU runs.
 const char* kernelFamily();
+
+// memmove of a large buffer, in pieces of kCopyPieceBytes (options.h) that
+// glibc copies with `rep movsb`: on AMD CPUs it switches to a vector loop
+// above the L2 size, which ran 25-35% slower here (a 4 MiB allgather's own
+// block: 98-106 -> 69-74 us, docs/perf/single_copy.md). Overlap-safe.
+void copyBytes(void* dst, const void* src, size_t bytes);
 
 }  // namespace ringdist

@@ -21,4 +21,23 @@ bool transportPolicyFromName(const std::string& name, TransportPolicy* out) {
   return false;
 }
 
+const char* singleCopyModeName(SingleCopyMode mode) {
+  switch (mode) {
+    case SingleCopyMode::kAuto: return "auto";
+    case SingleCopyMode::kOn: return "1";
+    case SingleCopyMode::kOff: return "0";
+  }
+  return "unknown";
+}
+
+bool singleCopyModeFromName(const std::string& name, SingleCopyMode* out) {
+  for (SingleCopyMode m : {SingleCopyMode::kAuto, SingleCopyMode::kOn, SingleCopyMode::kOff}) {
+    if (name == singleCopyModeName(m)) {
+      *out = m;
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace ringdist

@@ -23,6 +23,30 @@ const char* transportPolicyName(TransportPolicy policy);
 // The inverse of transportPolicyName; false for any other name.
 bool transportPolicyFromName(const std::string& name, TransportPolicy* out);
 
+// How same-host ranks move large buffers between them (RINGDIST_SINGLE_COPY).
+enum class SingleCopyMode : uint8_t {
+  kAuto,  // measured at connect time (kCopyProbeBytes): single copy only where it is faster
+  kOn,    // single copy wherever the kernel allows process_vm_readv/writev
+  kOff,   // always through the shared-memory rings
+};
+const char* singleCopyModeName(SingleCopyMode mode);
+// The inverse of singleCopyModeName ("auto", "1", "0"); false for any other name.
+bool singleCopyModeFromName(const std::string& name, SingleCopyMode* out);
+
+// The connect-time copy probe (kAuto): every rank of a host times a kernel
+// copy (process_vm_readv) of this many bytes from a peer's memory against
+// what the rings do with them, a memcpy into shared memory and one out of it;
+// best of kCopyProbeRounds. Measured so far: an Intel VM's kernel copy took
+// 0.9x the two memcpys' time, an AMD EPYC VM's 2.1-3.0x, and single copy won
+// x1.3-2.9 on the first and lost x1.5-2 on the second
+// (docs/perf/single_copy.md). 256 KiB stays in L2 and takes ~30 us in all.
+constexpr size_t kCopyProbeBytes = 256 << 10;
+constexpr int kCopyProbeRounds = 5;
+// The rings are chosen only when the kernel copy is this much slower than
+// their two memcpys: per op, the rings add per-segment hand-offs the probe
+// does not see, so a close call stays with single copy.
+constexpr double kRingsWinRatio = 1.5;
+
 // Bytes per direction of a same-host shared-memory ring: 8 default segments in
 // flight, so writer and reader rarely wait on each other, while the bytes
 // between them stay in cache (4 MiB was up to x1.3 slower at 8 MiB,
@@ -46,9 +70,11 @@ struct MeshOptions {
   std::chrono::milliseconds timeout{0};  // for the whole connect phase
   TransportPolicy transport = TransportPolicy::kAuto;
   size_t shmRingBytes = kDefaultShmRingBytes;
-  // Whether this rank offers single-copy reads (CollectiveOptions::
-  // singleCopyBytes > 0); a host uses them only if every rank there does.
-  bool singleCopy = true;
+  // Whether this rank offers single-copy reads (off also when
+  // CollectiveOptions::singleCopyBytes is 0). A host uses them only if every
+  // rank there offers them, and with kAuto on every rank only if they measured
+  // faster there; kOn on any rank skips the measurement.
+  SingleCopyMode singleCopy = SingleCopyMode::kAuto;
   // Testing: a label that refines (never replaces) this rank's detected host
   // identity, to emulate several hosts on one machine.
   std::string hostLabel;
@@ -56,6 +82,10 @@ struct MeshOptions {
 };
 
 // ---------------------------------------------------------------- collectives
+
+// Large copies go in pieces of this size (copyBytes in cpu.h): below the L2
+// of any current x86 core, where glibc's memmove keeps using `rep movsb`.
+constexpr size_t kCopyPieceBytes = 256 << 10;
 
 // Big enough that per-segment syscalls and loop overhead vanish next to the
 // copy cost, small enough that reduce and transfer of neighbouring segments
@@ -79,17 +109,22 @@ constexpr size_t kDefaultPairAllreduceBytes = 1 << 20;
 // fixed cost loses (docs/perf/single_copy.md).
 constexpr size_t kDefaultSingleCopyBytes = 32 * 1024;
 // A read of a peer's memory goes in pieces of this size, with the op's abort
-// and deadline checked between them.
-constexpr size_t kSingleCopyPieceBytes = 1 << 20;
+// and deadline checked between them. Each process_vm_readv call has a fixed
+// cost: 4 MiB allgathers took 8 us less per call than with 1 MiB pieces, and
+// one piece takes well under a millisecond.
+constexpr size_t kSingleCopyPieceBytes = 4 << 20;
 // A two-rank allreduce on one host copies straight between the two buffers
 // from this size (and singleCopyBytes; 3+ ranks above the one-round limit):
 // below it the one-round path's single
 // exchange wins (32 KiB: 10.6 vs 11.7 us; 64 KiB about even; 256 KiB-1 MiB
 // x1.4-1.8 for single copy, docs/perf/single_copy.md).
 constexpr size_t kMinSingleCopyAllreduceBytes = 64 * 1024;
-// The single-copy allreduce reads the peer's data into scratch this much at a
-// time, so the reduction that follows finds it in cache.
-constexpr size_t kSingleCopyReducePieceBytes = 128 * 1024;
+// The single-copy allreduce and reduce-scatter read peers' data into scratch
+// this much at a time, so the reduction that follows finds it in cache: the
+// piece and its operand fill a 1 MiB L2. Fewer, larger calls than 128 KiB
+// pieces: two-rank allreduce 2-4 MiB 5-7% faster, 16-64 MiB unchanged; 1 MiB
+// pieces lose 12% at 16 MiB (docs/perf/single_copy.md).
+constexpr size_t kSingleCopyReducePieceBytes = 512 * 1024;
 // A point-to-point message that arrives before its receive is buffered; its
 // size comes from the wire, so it is bounded before anything is allocated.
 constexpr size_t kDefaultMaxUnexpectedBytes = size_t{1} << 30;

@@ -104,7 +104,9 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
   const std::vector<PeerRecord> records = exchangeRecords(rendezvous, rank, size, options);
   const std::vector<int> local = chooseTransports(records, rank, mesh);
   if (local.size() > 1) {
-    shm::connectLocal(rendezvous, rank, local, options, mesh.channels);
+    mesh.sameHostCopy = shm::connectLocal(rendezvous, rank, local, options, mesh.channels);
+  } else {
+    mesh.sameHostCopy.why = "no other rank of the group shares memory with this one";
   }
   orderRing(records, mesh);
   return mesh;

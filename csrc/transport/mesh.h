@@ -7,6 +7,7 @@
 #include "csrc/common/options.h"
 #include "csrc/common/rendezvous.h"
 #include "csrc/transport/channel.h"
+#include "csrc/transport/shm/connect.h"
 
 namespace ringdist {
 
@@ -15,6 +16,7 @@ struct Mesh {
   std::vector<int> ring;                            // ranks in ring order
   std::vector<int> hostOf;                          // by rank: host index, numbered in ring order
   std::vector<std::string> transportOf;             // by rank: "tcp", "shm" or "self"
+  shm::SameHostCopy sameHostCopy;                   // this host's ranks, over shared memory
 };
 
 // Connects this rank to every other rank of the group through the

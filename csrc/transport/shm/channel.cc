@@ -11,6 +11,7 @@
 #include <ctime>
 #include <thread>
 
+#include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
 #include "csrc/common/logging.h"
 
@@ -27,15 +28,15 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 void copyIn(char* ring, uint64_t size, uint64_t pos, const char* src, size_t n) {
   size_t at = static_cast<size_t>(pos % size);
   size_t first = std::min(n, static_cast<size_t>(size) - at);
-  std::memcpy(ring + at, src, first);
-  std::memcpy(ring, src + first, n - first);
+  copyBytes(ring + at, src, first);
+  copyBytes(ring, src + first, n - first);
 }
 
 void copyOut(char* dst, const char* ring, uint64_t size, uint64_t pos, size_t n) {
   size_t at = static_cast<size_t>(pos % size);
   size_t first = std::min(n, static_cast<size_t>(size) - at);
-  std::memcpy(dst, ring + at, first);
-  std::memcpy(dst + first, ring, n - first);
+  copyBytes(dst, ring + at, first);
+  copyBytes(dst + first, ring, n - first);
 }
 }  // namespace
 

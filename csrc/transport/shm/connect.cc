@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 
@@ -104,17 +106,22 @@ std::string probePeer(const Bell& peer) {
   return n == sizeof(got) ? "" : strCat("process_vm_writev: ", n < 0 ? std::strerror(errno) : "short");
 }
 
-// Whether every local rank can read and write every other's memory (CMA);
-// every local rank gets the same answer. Containers whose seccomp profile or
-// ptrace policy forbids process_vm_readv/writev fall back to the rings.
-bool agreeSingleCopy(const Segment& segment, int self, int rank, const MeshOptions& options) {
+// Empty if every local rank can read and write every other's memory (CMA),
+// else why not; every local rank gets the same answer. Containers whose
+// seccomp profile or ptrace policy forbids process_vm_readv/writev fall back
+// to the rings.
+std::string agreeSingleCopy(const Segment& segment, int self, const std::vector<int>& local,
+                            const MeshOptions& options) {
+  const int rank = local[static_cast<size_t>(self)];
   Bell* mine = segment.bell(self);
   mine->probeAddress = reinterpret_cast<uint64_t>(probeToken());
   mine->probeValue = *probeToken();
+  mine->copyMode = static_cast<uint32_t>(options.singleCopy);
   mine->singleCopy.store(kProbePublished, std::memory_order_release);
   const auto deadline = Clock::now() + options.timeout;
   waitForBells(segment, kProbePublished, rank, deadline, options.timeout);
-  std::string failed = options.singleCopy ? "" : "off on this rank (RINGDIST_SINGLE_COPY_BYTES=0)";
+  std::string failed = options.singleCopy != SingleCopyMode::kOff
+      ? "" : "off (RINGDIST_SINGLE_COPY=0 or RINGDIST_SINGLE_COPY_BYTES=0)";
   for (int i = 0; i < segment.localRanks() && failed.empty(); ++i) {
     if (i != self) {
       failed = probePeer(*segment.bell(i));
@@ -122,16 +129,116 @@ bool agreeSingleCopy(const Segment& segment, int self, int rank, const MeshOptio
   }
   mine->singleCopy.store(failed.empty() ? kReadsEveryPeer : kNoPeerReads,
                          std::memory_order_release);
-  if (!failed.empty()) {
-    logDebug(strCat("ringdist: rank ", rank, ": no single-copy reads on this host: ", failed));
-  }
   waitForBells(segment, kReadsEveryPeer, rank, deadline, options.timeout);
+  if (!failed.empty()) {
+    return strCat("rank ", rank, ": ", failed);
+  }
   for (int i = 0; i < segment.localRanks(); ++i) {
     if (segment.bell(i)->singleCopy.load(std::memory_order_acquire) != kReadsEveryPeer) {
-      return false;
+      return strCat("rank ", local[static_cast<size_t>(i)], " cannot or will not");
     }
   }
-  return true;
+  return "";
+}
+
+// The copy probe's barrier: returns once every local rank reached `step`.
+// Spins (yielding: ranks may outnumber cores); the probe's steps are short.
+void probeBarrier(const Segment& segment, int self, uint32_t step, int rank,
+                  Clock::time_point deadline, std::chrono::milliseconds timeout) {
+  segment.bell(self)->probeStep.store(step, std::memory_order_release);
+  for (int i = 0; i < segment.localRanks(); ++i) {
+    while (segment.bell(i)->probeStep.load(std::memory_order_acquire) < step) {
+      if (Clock::now() > deadline) {
+        throw TimeoutError(strCat("ringdist: Timed out after ", timeout.count(), " ms: rank ",
+                                  rank, " waits for its same-host peers to time their copies"));
+      }
+      std::this_thread::yield();
+    }
+  }
+}
+
+uint64_t nanosSince(Clock::time_point start) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+}
+
+// Every local rank at once times moving kCopyProbeBytes from its left local
+// neighbour both ways: one process_vm_readv of the neighbour's buffer, or
+// what the rings do, a memcpy into shared memory (by the neighbour) and one
+// out of it (by us); best of kCopyProbeRounds (the first round pays the page
+// faults). The ring data areas, still unused, serve as the shared memory.
+// Publishes this rank's times in its bell; all ranks' are there on return.
+void probeCopies(const Segment& segment, int self, int rank, const MeshOptions& options) {
+  const int count = segment.localRanks();
+  const int left = (self + count - 1) % count;
+  const int right = (self + 1) % count;
+  const size_t bytes = std::min(kCopyProbeBytes, segment.ringBytes());
+  const auto deadline = Clock::now() + options.timeout;
+  std::vector<char> source(bytes, static_cast<char>(self + 1));
+  std::vector<char> target(bytes);
+  Bell* mine = segment.bell(self);
+  const Bell* from = segment.bell(left);
+  mine->probeBuffer = reinterpret_cast<uint64_t>(source.data());
+  uint32_t step = 0;
+  probeBarrier(segment, self, ++step, rank, deadline, options.timeout);
+  uint64_t kernelNs = UINT64_MAX;
+  uint64_t ringNs = UINT64_MAX;
+  for (int round = 0; round < kCopyProbeRounds; ++round) {
+    auto start = Clock::now();
+    std::memcpy(segment.data(self, right), source.data(), bytes);
+    const uint64_t in = nanosSince(start);
+    probeBarrier(segment, self, ++step, rank, deadline, options.timeout);
+    start = Clock::now();
+    std::memcpy(target.data(), segment.data(left, self), bytes);
+    ringNs = std::min(ringNs, in + nanosSince(start));
+    iovec local{target.data(), bytes};
+    iovec remote{reinterpret_cast<void*>(from->probeBuffer), bytes};
+    start = Clock::now();
+    const ssize_t n = ::process_vm_readv(from->pid, &local, 1, &remote, 1, 0);
+    if (n == static_cast<ssize_t>(bytes)) {  // else it stays "infinitely slow"
+      kernelNs = std::min(kernelNs, nanosSince(start));
+    }
+    // The neighbour rewrites its half of the ring only after we read it.
+    probeBarrier(segment, self, ++step, rank, deadline, options.timeout);
+  }
+  mine->kernelCopyNs = kernelNs;
+  mine->ringCopyNs = ringNs;
+  // Also keeps `source` alive until every reader is done with it.
+  probeBarrier(segment, self, ++step, rank, deadline, options.timeout);
+}
+
+// Single copy or the rings for this host, the same answer on every local rank.
+SameHostCopy chooseCopy(const Segment& segment, int self, const std::vector<int>& local,
+                        const MeshOptions& options) {
+  const int rank = local[static_cast<size_t>(self)];
+  SameHostCopy choice;
+  choice.why = agreeSingleCopy(segment, self, local, options);
+  if (!choice.why.empty()) {
+    choice.why = strCat("rings: no single copy on this host (", choice.why, ")");
+    return choice;
+  }
+  for (int i = 0; i < segment.localRanks(); ++i) {
+    if (segment.bell(i)->copyMode == static_cast<uint32_t>(SingleCopyMode::kOn)) {
+      choice.singleCopy = true;
+      choice.why = strCat("single copy: RINGDIST_SINGLE_COPY=1 on rank ",
+                          local[static_cast<size_t>(i)]);
+      return choice;
+    }
+  }
+  probeCopies(segment, self, rank, options);
+  for (int i = 0; i < segment.localRanks(); ++i) {
+    const Bell* bell = segment.bell(i);
+    choice.kernelCopyUs += bell->kernelCopyNs == UINT64_MAX ? HUGE_VAL : bell->kernelCopyNs * 1e-3;
+    choice.ringCopyUs += bell->ringCopyNs * 1e-3;
+  }
+  choice.singleCopy = choice.kernelCopyUs <= kRingsWinRatio * choice.ringCopyUs;
+  choice.why = strCat(choice.singleCopy ? "single copy" : "rings", ": measured at connect, ",
+                      std::min(kCopyProbeBytes, segment.ringBytes()) >> 10,
+                      " KiB from a peer took ", choice.kernelCopyUs,
+                      " us by process_vm_readv against ", choice.ringCopyUs,
+                      " us by two memcpys through shared memory (sums over ",
+                      segment.localRanks(), " ranks; the rings need x", kRingsWinRatio, ")");
+  return choice;
 }
 
 // Our affinity into the bell, before agreeSingleCopy publishes it to the peers.
@@ -156,8 +263,9 @@ int unionOfCpus(const Segment& segment) {
 
 }  // namespace
 
-void connectLocal(Rendezvous& rendezvous, int rank, const std::vector<int>& local,
-                  const MeshOptions& options, std::vector<std::unique_ptr<Channel>>& channels) {
+SameHostCopy connectLocal(Rendezvous& rendezvous, int rank, const std::vector<int>& local,
+                          const MeshOptions& options,
+                          std::vector<std::unique_ptr<Channel>>& channels) {
   const int leader = local.front();
   const int count = static_cast<int>(local.size());
   const int self = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
@@ -170,16 +278,21 @@ void connectLocal(Rendezvous& rendezvous, int rank, const std::vector<int>& loca
   segment->bell(self)->cpu.store(-1);
   publishCpus(segment->bell(self));
   // Its barriers also order every rank's mask before the union below.
-  const bool singleCopy = agreeSingleCopy(*segment, self, rank, options);
+  const SameHostCopy copy = chooseCopy(*segment, self, local, options);
+  if (self == 0) {
+    logDebug(strCat("ringdist: ranks ", local.front(), "-", local.back(), " on this host: ",
+                    copy.why));
+  }
   auto doorbell = std::make_shared<LocalDoorbell>(segment->bell(self), unionOfCpus(*segment));
   for (int i = 0; i < count; ++i) {
     if (i != self) {
       int peer = local[static_cast<size_t>(i)];
       channels[static_cast<size_t>(peer)] =
           std::make_unique<ShmChannel>(peer, segment, self, i, doorbell, options.link,
-                                       singleCopy);
+                                       copy.singleCopy);
     }
   }
+  return copy;
 }
 
 }  // namespace shm

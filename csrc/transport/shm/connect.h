@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "csrc/common/options.h"
@@ -10,14 +11,23 @@
 namespace ringdist {
 namespace shm {
 
+// How the ranks of one host copy large buffers between them, and why.
+struct SameHostCopy {
+  bool singleCopy = false;  // straight between buffers (process_vm_readv/writev), else the rings
+  std::string why;
+  // The copy probe's figures, summed over the host's ranks (0: not measured).
+  double kernelCopyUs = 0;
+  double ringCopyUs = 0;
+};
+
 // Connects this rank to the other ranks of `local` (sorted, this rank among
 // them; all on this host) through one shared-memory segment: the lowest
 // local rank creates it (random name, mode 0600) and publishes its name, the
 // others map it, and the creator unlinks the name as soon as every local
 // rank has mapped it, so nothing stays in /dev/shm, crash or not. Returns
 // only once the name is gone, on every local rank. Sets channels[peer] for
-// each local peer.
-void connectLocal(Rendezvous& rendezvous, int rank, const std::vector<int>& local,
+// each local peer. Every local rank returns the same choice of copy.
+SameHostCopy connectLocal(Rendezvous& rendezvous, int rank, const std::vector<int>& local,
                   const MeshOptions& options, std::vector<std::unique_ptr<Channel>>& channels);
 
 }  // namespace shm

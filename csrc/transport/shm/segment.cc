@@ -19,7 +19,7 @@ namespace ringdist {
 namespace shm {
 
 namespace {
-constexpr uint64_t kSegmentMagic = 0x5244534847303031ull;  // "RDSHG001"
+constexpr uint64_t kSegmentMagic = 0x5244534847303032ull;  // "RDSHG002"
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 size_t bellsOffset() { return align64(sizeof(SegmentHeader)); }

@@ -37,6 +37,14 @@ struct alignas(64) Bell {
   uint64_t probeAddress;
   uint64_t probeValue;
   std::atomic<uint32_t> singleCopy;  // SingleCopyState
+  // Whether single copy pays on this host (RINGDIST_SINGLE_COPY=auto): the
+  // owner's SingleCopyMode, published with its probe value; then the copy
+  // probe's barrier step, the buffer peers read, and the owner's best times.
+  uint32_t copyMode;
+  std::atomic<uint32_t> probeStep;
+  uint64_t probeBuffer;
+  uint64_t kernelCopyNs;  // process_vm_readv of kCopyProbeBytes from its left neighbour
+  uint64_t ringCopyNs;    // memcpy into its ring plus memcpy out of the neighbour's
 };
 
 enum SingleCopyState : uint32_t {
