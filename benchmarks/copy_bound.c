@@ -1,13 +1,19 @@
 // The copying a two-rank allgather cannot avoid on one host, with no library
 // around it: two processes (fork), each copies its own block into its output
-// with memcpy and reads the peer's block straight from the peer's memory with
-// process_vm_readv, in 1 MiB pieces as ringdist does. A busy-polled
-// shared-memory barrier starts and ends each iteration, so an iteration's
-// time is the slower process's. Any allgather that writes both blocks of both
-// outputs (ringdist, Open MPI) does at least this much work per call.
+// and gets the peer's block one of the two ways processes without shared
+// buffers can:
+//   kernel: read straight from the peer's memory with process_vm_readv (Linux
+//           CMA, one copy by the kernel; Open MPI's single copy);
+//   shm:    the peer copies its block into shared memory, and we copy it out
+//           (two memcpys; what shared-memory rings do, without their protocol).
+// memcpy goes in 256 KiB pieces, as ringdist's copyBytes (glibc's vector loop
+// above the L2 size is slower on AMD). A busy-polled shared-memory barrier
+// starts and ends each iteration, so an iteration's time is the slower
+// process's. Any allgather that writes both blocks of both outputs does at
+// least the work of the cheaper mode per call.
 //
 //   gcc -O2 -o copy_bound benchmarks/copy_bound.c
-//   ./copy_bound BYTES_PER_RANK ITERATIONS    # prints the median per call
+//   ./copy_bound kernel|shm BYTES_PER_RANK ITERATIONS   # prints the median per call
 //
 // benchmarks/copy_bound.py builds and runs it beside the backends.
 #define _GNU_SOURCE
@@ -21,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { kPieceBytes = 1 << 20 };
+enum { kReadPieceBytes = 4 << 20, kCopyPieceBytes = 256 << 10 };
 
 typedef struct {
   atomic_long generation;
@@ -37,6 +43,16 @@ static double now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+// Spinning flat out slows the other core's copies on these VMs (2x for the
+// shm mode at 256 KiB): pause between looks, as ringdist's spin does.
+static void cpuRelax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 static void barrier(Shared* s) {
   long generation = atomic_load(&s->generation);
   if (atomic_fetch_add(&s->arrived, 1) == 1) {
@@ -44,13 +60,20 @@ static void barrier(Shared* s) {
     atomic_fetch_add(&s->generation, 1);
   } else {
     while (atomic_load(&s->generation) == generation) {
+      cpuRelax();
     }
+  }
+}
+
+static void copyBytes(char* dst, const char* src, size_t bytes) {
+  for (size_t done = 0; done < bytes; done += kCopyPieceBytes) {
+    memcpy(dst + done, src + done, bytes - done < kCopyPieceBytes ? bytes - done : kCopyPieceBytes);
   }
 }
 
 static void readPeer(pid_t pid, char* dst, const char* src, size_t bytes) {
   for (size_t done = 0; done < bytes;) {
-    size_t piece = bytes - done < kPieceBytes ? bytes - done : kPieceBytes;
+    size_t piece = bytes - done < kReadPieceBytes ? bytes - done : kReadPieceBytes;
     struct iovec local = {dst + done, piece};
     struct iovec remote = {(void*)(src + done), piece};
     ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
@@ -68,18 +91,20 @@ static int byValue(const void* a, const void* b) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s BYTES_PER_RANK ITERATIONS\n", argv[0]);
+  if (argc != 4 || (strcmp(argv[1], "kernel") != 0 && strcmp(argv[1], "shm") != 0)) {
+    fprintf(stderr, "usage: %s kernel|shm BYTES_PER_RANK ITERATIONS\n", argv[0]);
     return 2;
   }
-  size_t bytes = strtoull(argv[1], NULL, 0);
-  int iterations = atoi(argv[2]);
+  int viaKernel = strcmp(argv[1], "kernel") == 0;
+  size_t bytes = strtoull(argv[2], NULL, 0);
+  int iterations = atoi(argv[3]);
   if (bytes == 0 || iterations < 1) {
     fprintf(stderr, "copy_bound: BYTES_PER_RANK and ITERATIONS must be positive\n");
     return 2;
   }
   Shared* s = mmap(NULL, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (s == MAP_FAILED) {
+  char* staging = mmap(NULL, 2 * bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (s == MAP_FAILED || staging == MAP_FAILED) {
     perror("copy_bound: mmap");
     return 1;
   }
@@ -98,8 +123,14 @@ int main(int argc, char** argv) {
   for (int i = -iterations / 10 - 1; i < iterations; ++i) {  // warm-up first
     barrier(s);
     double start = now();
-    readPeer(s->pid[peer], output + (size_t)peer * bytes, s->input[peer], bytes);
-    memcpy(output + (size_t)rank * bytes, input, bytes);
+    if (viaKernel) {
+      readPeer(s->pid[peer], output + (size_t)peer * bytes, s->input[peer], bytes);
+    } else {
+      copyBytes(staging + (size_t)rank * bytes, input, bytes);
+      barrier(s);
+      copyBytes(output + (size_t)peer * bytes, staging + (size_t)peer * bytes, bytes);
+    }
+    copyBytes(output + (size_t)rank * bytes, input, bytes);
     barrier(s);
     if (i >= 0) {
       times[i] = now() - start;
@@ -115,7 +146,7 @@ int main(int argc, char** argv) {
   int status = 0;
   waitpid(child, &status, 0);
   qsort(times, (size_t)iterations, sizeof(double), byValue);
-  printf("copy_bound allgather %zu B N=2: %.2f us per call (median of %d)\n", bytes,
+  printf("copy_bound %s allgather %zu B N=2: %.2f us per call (median of %d)\n", argv[1], bytes,
          times[iterations / 2] * 1e6, iterations);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }

@@ -5,10 +5,12 @@ copying neither can avoid, and against torch's own per-call cost.
     python benchmarks/copy_bound.py --bytes 256K 1M 4M --rounds 4 --json out.json
 
 Per round and size, alternating: ringdist (op_loop.py under torchrun), Open MPI (op_loop.py
---backend mpi under mpirun; setup: benchmarks/setup_mpi.sh), and copy_bound.c (two forked
-processes doing only the two copies an allgather needs: memcpy of the own block and
-process_vm_readv of the peer's). Once per round: torch's dispatch floor, an allgather of one
-element per rank on torch's `fake` backend (no data moves). Medians over the rounds.
+--backend mpi under mpirun; setup: benchmarks/setup_mpi.sh), and copy_bound.c in both its
+modes: two forked processes doing only the copies an allgather needs, the own block with
+memcpy and the peer's either by process_vm_readv ("kernel", one copy: Open MPI's single copy)
+or through shared memory ("shm", a memcpy in by the peer and one out: what ringdist's rings
+do). The copy bound is the cheaper mode. Once per round: torch's dispatch floor, an allgather
+of one element per rank on torch's `fake` backend (no data moves). Medians over the rounds.
 
 A backend's "own cost" is its time minus the copy bound, minus torch's floor for ringdist:
 what its software adds per call. Where ringdist's own cost is at or below Open MPI's, what
@@ -80,24 +82,27 @@ def main():
                 if with_mpi:
                     times.setdefault(("mpi", nbytes), []).append(per_call_us(mpirun + batch + loop, args.timeout, log))
                 iterations = str(max(100, min(5000, (1 << 30) // nbytes)))
-                times.setdefault(("copy_bound", nbytes), []).append(
-                    per_call_us([probe, str(nbytes), iterations], args.timeout, log))
+                for mode in ("kernel", "shm"):
+                    times.setdefault((f"copy_{mode}", nbytes), []).append(
+                        per_call_us([probe, mode, str(nbytes), iterations], args.timeout, log))
             print(f"round {r + 1}/{args.rounds} done", flush=True)
     med = {key: statistics.median(v) for key, v in times.items()}
     floor = med[("floor", 0)]
     rows = []
     print(f"\ntorch's floor (fake allgather, 4 B): {floor:.1f} us; medians of {args.rounds} rounds, us per call")
-    print(f"{'bytes/rank':>10} {'copy bound':>10} {'Open MPI':>9} {'ringdist':>9} "
+    print(f"{'bytes/rank':>10} {'kernel':>8} {'shm':>8} {'Open MPI':>9} {'ringdist':>9} "
           f"{'MPI own':>8} {'ringdist own':>12} {'MPI/ringdist':>12}")
     for nbytes in args.bytes:
-        bound, ours = med[("copy_bound", nbytes)], med[("ringdist", nbytes)]
+        kernel, shm = med[("copy_kernel", nbytes)], med[("copy_shm", nbytes)]
+        bound, ours = min(kernel, shm), med[("ringdist", nbytes)]
         mpi = med.get(("mpi", nbytes), math.nan)
-        row = {"bytes_per_rank": nbytes, "copy_bound_us": bound, "mpi_us": mpi, "ringdist_us": ours,
+        row = {"bytes_per_rank": nbytes, "copy_kernel_us": kernel, "copy_shm_us": shm,
+               "copy_bound_us": bound, "mpi_us": mpi, "ringdist_us": ours,
                "mpi_own_us": mpi - bound, "ringdist_own_us": ours - bound - floor,
                "speedup_vs_mpi": mpi / ours,
                "rounds": {k[0]: v for k, v in times.items() if k[1] == nbytes}}
         rows.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
-        print(f"{nbytes:>10} {bound:>10.1f} {mpi:>9.1f} {ours:>9.1f} {row['mpi_own_us']:>8.1f} "
+        print(f"{nbytes:>10} {kernel:>8.1f} {shm:>8.1f} {mpi:>9.1f} {ours:>9.1f} {row['mpi_own_us']:>8.1f} "
               f"{row['ringdist_own_us']:>12.1f} {row['speedup_vs_mpi']:>11.2f}x")
     if args.json:
         write_json(args.json, {"machine": machine_info(), "floor_us": floor,

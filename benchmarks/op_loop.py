@@ -22,25 +22,28 @@ import torch.distributed as dist
 from sweep import init_backend, parse_bytes
 
 
-def make_op(name, nbytes, world, rank, mpi=None):
+def make_op(name, nbytes, world, rank, mpi=None, group=None):
+    """(call, result): the op as a no-argument call on tensors made once (torch's default group
+    or `group`; Open MPI's communicator with mpi=(comm, MPI)), and the tensor it writes its
+    result into."""
     count = max(1, nbytes // 4)
     x = torch.full((count,), float(rank + 1))
+    inp = torch.full((count * world,), float(rank + 1)) if name == "reduce_scatter" else None
+    out = torch.empty(count * world) if name == "allgather" else x
     if mpi is not None:
-        return make_mpi_op(name, count, world, rank, x, mpi)
+        return make_mpi_op(name, x, out, inp, mpi), out
     if name == "allreduce":
-        return lambda: dist.all_reduce(x)
+        return (lambda: dist.all_reduce(x, group=group)), out
     if name == "broadcast":
-        return lambda: dist.broadcast(x, src=0)
+        return (lambda: dist.broadcast(x, src=0, group=group)), out
     if name == "allgather":
-        out = torch.empty(count * world)
-        return lambda: dist.all_gather_into_tensor(out, x)
+        return (lambda: dist.all_gather_into_tensor(out, x, group=group)), out
     if name == "reduce_scatter":
-        inp = torch.full((count * world,), float(rank + 1))
-        return lambda: dist.reduce_scatter_tensor(x, inp)
+        return (lambda: dist.reduce_scatter_tensor(x, inp, group=group)), out
     raise SystemExit(f"unknown op {name}")
 
 
-def make_mpi_op(name, count, world, rank, x, mpi):
+def make_mpi_op(name, x, out, inp, mpi):
     """The same call on Open MPI (mpi4py), on the same tensors' memory (numpy views made once)."""
     comm, MPI = mpi
     buf = x.numpy()
@@ -49,10 +52,10 @@ def make_mpi_op(name, count, world, rank, x, mpi):
     if name == "broadcast":
         return lambda: comm.Bcast(buf, root=0)
     if name == "allgather":
-        out = torch.empty(count * world).numpy()
-        return lambda: comm.Allgather(buf, out)
-    inp = torch.full((count * world,), float(rank + 1)).numpy()
-    return lambda: comm.Reduce_scatter_block(inp, buf, op=MPI.SUM)
+        gathered = out.numpy()
+        return lambda: comm.Allgather(buf, gathered)
+    scattered = inp.numpy()
+    return lambda: comm.Reduce_scatter_block(scattered, buf, op=MPI.SUM)
 
 
 class MpiBook:
@@ -106,7 +109,7 @@ def main():
         init_backend(args.backend, datetime.timedelta(seconds=60))
         rank, world = dist.get_rank(), dist.get_world_size()
         book = TorchBook()
-    op = make_op(args.op, args.bytes, world, rank, mpi)
+    op, _ = make_op(args.op, args.bytes, world, rank, mpi)
     for _ in range(args.batch):
         op()
     per_call = []
