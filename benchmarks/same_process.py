@@ -7,7 +7,7 @@
 Separate launches (compare.py, copy_bound.py) also differ in where the kernel placed each
 run's buffers and processes; here every label shares the processes, and the op's tensors per
 size, so what differs is only the library. Labels: `mpi` (mpi4py on MPI_COMM_WORLD), `fake`
-(torch's dispatch floor: the op on a `fake` group, which moves no data), `ringdist` (the
+(torch's dispatch floor: the op of one element on a `fake` group, which moves no data), `ringdist` (the
 default group) and `ringdist:VAR=VALUE,...` (a ringdist group created with those variables
 set, e.g. single copy forced on or off). Per size and label: the median over --rounds of a
 batch's per-call time (slowest rank). Each label's result is checked after its first call,
@@ -58,6 +58,11 @@ def make_group(label):
         os.environ.update(saved)
 
 
+def backend_of(group):
+    group = group if group is not None else dist.distributed_c10d._get_default_group()
+    return group._get_backend(torch.device("cpu"))
+
+
 def expected(op, nbytes, world):
     """What every rank's result tensor holds after one call of make_op's op."""
     count = max(1, nbytes // 4)
@@ -75,7 +80,9 @@ def main():
                    help="bytes per rank's input (K/M suffixes)")
     p.add_argument("--labels", nargs="+", default=["mpi", "ringdist", "fake"])
     p.add_argument("--rounds", type=int, default=30, help="batches per label and size")
-    p.add_argument("--batch-us", type=float, default=2000, help="a batch lasts about this long")
+    p.add_argument("--batch-us", type=float, default=5000,
+                   help="a batch lasts about this long (at least 10 calls: its first call finds "
+                        "the caches holding the previous label's buffers)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     from mpi4py import MPI
@@ -85,12 +92,20 @@ def main():
     torch.set_num_threads(1)
     init_torch(comm)
     groups = {label: make_group(label) for label in args.labels if label != "mpi"}
+    copies = {label: backend_of(group).same_host_copy for label, group in groups.items()
+              if label.startswith("ringdist")}
+    if rank == 0:
+        for label, copy in copies.items():
+            print(f"{label}: {copy['why']}", flush=True)
     results = []
     for nbytes in args.bytes:
         calls, wrong = {}, {}
         for label in args.labels:
             mpi = (comm, MPI) if label == "mpi" else None
-            call, result = make_op(args.op, nbytes, world, rank, mpi=mpi, group=groups.get(label))
+            # The floor is torch's per-call cost: fake copies locally what it "gathers", so it
+            # gets one element whatever the size.
+            size = 4 if label == "fake" else nbytes
+            call, result = make_op(args.op, size, world, rank, mpi=mpi, group=groups.get(label))
             call()  # fake moves no data: nothing to check
             exact = label == "fake" or torch.equal(result, expected(args.op, nbytes, world))
             wrong[label] = book.allreduce(0 if exact else 1)
@@ -102,7 +117,7 @@ def main():
                 start = time.perf_counter()
                 call()
                 slowest = max(slowest, time.perf_counter() - start)
-        batch = book.allreduce(max(1, min(500, int(args.batch_us * 1e-6 / max(slowest, 1e-7)))), op=MPI.MIN)
+        batch = book.allreduce(max(10, min(500, int(args.batch_us * 1e-6 / max(slowest, 1e-7)))), op=MPI.MIN)
         times = {label: [] for label in args.labels}
         for _ in range(args.rounds):
             for label, call in calls.items():
@@ -121,7 +136,8 @@ def main():
                             for label in args.labels), flush=True)
     if rank == 0 and args.json:
         write_json(args.json, {"machine": machine_info(), "op": args.op, "world_size": world,
-                               "labels": args.labels, "rounds": args.rounds, "command": sys.argv,
+                               "labels": args.labels, "same_host_copy": copies,
+                               "rounds": args.rounds, "command": sys.argv,
                                "results": results})
     dist.destroy_process_group()
     # Rank 0's process holds the store: it leaves only once every rank's teardown is done.

@@ -750,6 +750,18 @@ SINGLE_COPY_OPS = [("broadcast", "roots"), ("all_gather", "list"), ("all_gather"
                    ("reduce_scatter", "tensor")]
 
 
+def _group_with_env(ws, env):
+    """A new group of all ws ranks, created while this rank's environment has `env` set (a
+    backend reads its RINGDIST_* settings when it is created)."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        return dist.new_group(list(range(ws)))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def _single_copy_bytes(group=None):
     import torch_ringdist
     return sum(s["single_copy_bytes"] for s in torch_ringdist.stats(group).values())
@@ -761,15 +773,7 @@ def _case_single_copy(rank, ws, counts, group_env=None):
     group_env, the ops run on a new group created while this rank's environment has
     group_env[rank] set."""
     import torch_ringdist
-    group = None
-    if group_env is not None:
-        saved = dict(os.environ)
-        os.environ.update(group_env[rank])
-        try:
-            group = dist.new_group(list(range(ws)))
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    group = None if group_env is None else _group_with_env(ws, group_env[rank])
     out = {}
     for n in counts:
         for name, variant in SINGLE_COPY_OPS:
@@ -801,15 +805,9 @@ def _case_single_copy_vs_ring(rank, ws, collectives):
     buffers and on one with single copy off (the one-round path or the ring): the bytes must be
     equal. Also returns the bytes each group copied to or from peers' memory per collective."""
     import torch_ringdist
-    groups = {}
-    for name, env in (("single", {}), ("ring", {"RINGDIST_SINGLE_COPY_BYTES": "0"})):
-        saved = dict(os.environ)
-        os.environ.update(env)
-        try:
-            groups[name] = dist.new_group(list(range(ws)))
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    groups = {name: _group_with_env(ws, env)
+              for name, env in (("single", {"RINGDIST_SINGLE_COPY": "1"}),
+                                ("ring", {"RINGDIST_SINGLE_COPY_BYTES": "0"}))}
     out = {}
     for collective in collectives:
         for group in groups.values():
@@ -1108,13 +1106,7 @@ def _case_copy_probe(rank, ws, group_env):
     (same_host_copy), and the bytes this rank copied from peers' memory in a 256 KiB-per-rank
     allgather, whose result is checked against its closed form."""
     import torch_ringdist
-    saved = dict(os.environ)
-    os.environ.update(group_env[rank])
-    try:
-        group = dist.new_group(list(range(ws)))
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    group = _group_with_env(ws, group_env[rank])
     backend = group._get_backend(torch.device("cpu"))
     n = 65536
     x = torch.full((n,), float(rank + 1))
@@ -1141,8 +1133,8 @@ def test_copy_probe(world_factory):
     assert all(r["copy"]["probe_kernel_us"] == copy["probe_kernel_us"] and
                r["copy"]["probe_rings_us"] == copy["probe_rings_us"] for r in measured), measured
     assert copy["probe_kernel_us"] > 0 and copy["probe_rings_us"] > 0, copy
-    # The rule: the rings only when the kernel copy is x1.5 slower than their two memcpys.
-    assert copy["single_copy"] == (copy["probe_kernel_us"] <= 1.5 * copy["probe_rings_us"]), copy
+    # The rule: the rings only when the kernel copy is x1.2 slower than their two memcpys.
+    assert copy["single_copy"] == (copy["probe_kernel_us"] <= 1.2 * copy["probe_rings_us"]), copy
     assert "measured at connect" in copy["why"], copy
     for rank, r in enumerate(measured):
         assert r["exact"], rank

@@ -36,16 +36,17 @@ bool singleCopyModeFromName(const std::string& name, SingleCopyMode* out);
 // The connect-time copy probe (kAuto): every rank of a host times a kernel
 // copy (process_vm_readv) of this many bytes from a peer's memory against
 // what the rings do with them, a memcpy into shared memory and one out of it;
-// best of kCopyProbeRounds. Measured so far: an Intel VM's kernel copy took
-// 0.9x the two memcpys' time, an AMD EPYC VM's 2.1-3.0x, and single copy won
-// x1.3-2.9 on the first and lost x1.5-2 on the second
-// (docs/perf/single_copy.md). 256 KiB stays in L2 and takes ~30 us in all.
+// best of kCopyProbeRounds (the first pays page faults). 256 KiB stays in L2;
+// the probe takes under a millisecond.
 constexpr size_t kCopyProbeBytes = 256 << 10;
-constexpr int kCopyProbeRounds = 5;
-// The rings are chosen only when the kernel copy is this much slower than
-// their two memcpys: per op, the rings add per-segment hand-offs the probe
-// does not see, so a close call stays with single copy.
-constexpr double kRingsWinRatio = 1.5;
+constexpr int kCopyProbeRounds = 8;
+// The rings are chosen when the kernel copy takes more than this times their
+// two memcpys. On an AMD EPYC VM the probe gave 1.4-2.9 (the machine's
+// memory was slower in some hours), and the rings beat single copy x1.15-1.3
+// at 1.4 and x1.5-2 at 2.3; an Intel VM's kernel copy took about 0.9 of two
+// in-cache memcpys (a C probe, session 14), where single copy won x1.3-2.9
+// (docs/perf/single_copy.md). Near the threshold the two paths are close.
+constexpr double kRingsWinRatio = 1.2;
 
 // Bytes per direction of a same-host shared-memory ring: 8 default segments in
 // flight, so writer and reader rarely wait on each other, while the bytes
