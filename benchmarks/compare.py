@@ -307,6 +307,7 @@ def main():
         "results": {lbl: {"backend": be, "env": runs[lbl][0]["env"],
                           "checked": runs[lbl][0].get("checked", True),
                           "mpi_library": runs[lbl][0].get("mpi_library"),
+                          "same_host_copy": [r.get("same_host_copy") for r in runs[lbl]],
                           # netns_hosts.sh checks the link before every sweep
                           "link_verified_gbitps": [r["env"].get("RDBENCH_VERIFIED_GBITPS")
                                                    for r in runs[lbl]] if args.hosts else None,

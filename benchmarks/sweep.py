@@ -363,6 +363,9 @@ def main():
               backend=args.backend,
               extra={"ifname": args.ifname, "device": str(device), "api": args.api,
                      "checked": args.backend != "fake",
+                     # ringdist: how this host's ranks copied (chosen at init), and why
+                     "same_host_copy": pg._get_backend(torch.device("cpu")).same_host_copy
+                     if args.backend == "ringdist" else None,
                      "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None})
     dist.barrier(group=book)
     dist.destroy_process_group()
