@@ -103,7 +103,10 @@ def sweep_cmd(args, backend, json_path):
         if args.hosts:
             sys.exit("--peer mpi runs on this host only")
         root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-        return ["mpirun", "-n", str(args.nproc)] + root + [sys.executable, MPI_SWEEP] + sweep_args
+        # More ranks than cores (N=4 on 2 cores): mpirun refuses unless told, and then does not
+        # bind, as torchrun does not.
+        over = ["--oversubscribe"] if args.nproc > (os.cpu_count() or 1) else []
+        return ["mpirun", "-n", str(args.nproc)] + root + over + [sys.executable, MPI_SWEEP] + sweep_args
     sweep_args = ["--backend", backend] + sweep_args
     if args.hosts:
         return ["bash", NETNS, "run", "--hosts", str(args.hosts), "--rate", args.rate,
