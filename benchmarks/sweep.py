@@ -364,7 +364,9 @@ def main():
               extra={"ifname": args.ifname, "device": str(device), "api": args.api,
                      "checked": args.backend != "fake",
                      # ringdist: how this host's ranks copied (chosen at init), and why
-                     "same_host_copy": pg._get_backend(torch.device("cpu")).same_host_copy
+                     # (None for builds before the choice existed, e.g. in an A/B)
+                     "same_host_copy": getattr(pg._get_backend(torch.device("cpu")),
+                                               "same_host_copy", None)
                      if args.backend == "ringdist" else None,
                      "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None})
     dist.barrier(group=book)
