@@ -280,8 +280,11 @@ SameHostCopy connectLocal(Rendezvous& rendezvous, int rank, const std::vector<in
   // Its barriers also order every rank's mask before the union below.
   const SameHostCopy copy = chooseCopy(*segment, self, local, options);
   if (self == 0) {
-    logDebug(strCat("ringdist: ranks ", local.front(), "-", local.back(), " on this host: ",
-                    copy.why));
+    std::string ranks;
+    for (int r : local) {
+      ranks += strCat(ranks.empty() ? "" : ",", r);
+    }
+    logDebug(strCat("ringdist: ranks ", ranks, " (one host): ", copy.why));
   }
   auto doorbell = std::make_shared<LocalDoorbell>(segment->bell(self), unionOfCpus(*segment));
   for (int i = 0; i < count; ++i) {
