@@ -15,7 +15,6 @@ outside the timed batches (sums, gathers and broadcasts of rank-valued floats ar
 """
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys

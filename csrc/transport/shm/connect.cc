@@ -73,18 +73,29 @@ const uint64_t* probeToken() {
   return &token;
 }
 
-// Waits until every local rank's probe state reached at least `state`.
-void waitForBells(const Segment& segment, uint32_t state, int rank, Clock::time_point deadline,
+// How waitForBells waits: sleeping with a growing pause while the ranks may
+// arrive far apart (connecting), or yielding the core while they arrive
+// together (the copy probe's steps: ranks may outnumber cores).
+enum class BellWait { kSleep, kYield };
+
+// Waits until every local rank's `field` in its bell reached at least `value`
+// (`what` the peers are doing, for the timeout's message).
+void waitForBells(const Segment& segment, std::atomic<uint32_t> Bell::*field, uint32_t value,
+                  BellWait how, const char* what, int rank, Clock::time_point deadline,
                   std::chrono::milliseconds timeout) {
   auto pause = std::chrono::microseconds(20);
   for (int i = 0; i < segment.localRanks(); ++i) {
-    while (segment.bell(i)->singleCopy.load(std::memory_order_acquire) < state) {
+    while ((segment.bell(i)->*field).load(std::memory_order_acquire) < value) {
       if (Clock::now() > deadline) {
         throw TimeoutError(strCat("ringdist: Timed out after ", timeout.count(), " ms: rank ",
-                                  rank, " waits for its same-host peers to probe single copy"));
+                                  rank, " waits for its same-host peers to ", what));
       }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(20000));
+      if (how == BellWait::kYield) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(20000));
+      }
     }
   }
 }
@@ -119,7 +130,8 @@ std::string agreeSingleCopy(const Segment& segment, int self, const std::vector<
   mine->copyMode = static_cast<uint32_t>(options.singleCopy);
   mine->singleCopy.store(kProbePublished, std::memory_order_release);
   const auto deadline = Clock::now() + options.timeout;
-  waitForBells(segment, kProbePublished, rank, deadline, options.timeout);
+  waitForBells(segment, &Bell::singleCopy, kProbePublished, BellWait::kSleep,
+               "probe single copy", rank, deadline, options.timeout);
   std::string failed = options.singleCopy != SingleCopyMode::kOff
       ? "" : "off (RINGDIST_SINGLE_COPY=0 or RINGDIST_SINGLE_COPY_BYTES=0)";
   for (int i = 0; i < segment.localRanks() && failed.empty(); ++i) {
@@ -129,7 +141,8 @@ std::string agreeSingleCopy(const Segment& segment, int self, const std::vector<
   }
   mine->singleCopy.store(failed.empty() ? kReadsEveryPeer : kNoPeerReads,
                          std::memory_order_release);
-  waitForBells(segment, kReadsEveryPeer, rank, deadline, options.timeout);
+  waitForBells(segment, &Bell::singleCopy, kReadsEveryPeer, BellWait::kSleep,
+               "probe single copy", rank, deadline, options.timeout);
   if (!failed.empty()) {
     return strCat("rank ", rank, ": ", failed);
   }
@@ -142,19 +155,11 @@ std::string agreeSingleCopy(const Segment& segment, int self, const std::vector<
 }
 
 // The copy probe's barrier: returns once every local rank reached `step`.
-// Spins (yielding: ranks may outnumber cores); the probe's steps are short.
 void probeBarrier(const Segment& segment, int self, uint32_t step, int rank,
                   Clock::time_point deadline, std::chrono::milliseconds timeout) {
   segment.bell(self)->probeStep.store(step, std::memory_order_release);
-  for (int i = 0; i < segment.localRanks(); ++i) {
-    while (segment.bell(i)->probeStep.load(std::memory_order_acquire) < step) {
-      if (Clock::now() > deadline) {
-        throw TimeoutError(strCat("ringdist: Timed out after ", timeout.count(), " ms: rank ",
-                                  rank, " waits for its same-host peers to time their copies"));
-      }
-      std::this_thread::yield();
-    }
-  }
+  waitForBells(segment, &Bell::probeStep, step, BellWait::kYield, "time their copies", rank,
+               deadline, timeout);
 }
 
 uint64_t nanosSince(Clock::time_point start) {
