@@ -7,6 +7,7 @@ at `import torch` through the package's entry point):
     dist.init_process_group(backend="ringdist")
 """
 import importlib as _importlib
+import os as _os
 
 from torch_ringdist import _extension
 from torch_ringdist._registration import BACKEND_NAME, register_backend
@@ -20,8 +21,12 @@ from torch_ringdist._collectives import all_reduce, reset_stats, stats, trace  #
 from torch_ringdist._recovery import lost_ranks  # noqa: E402
 
 __all__ = ["BACKEND_NAME", "register_backend", "reduce_kernel_family", "all_reduce", "stats",
-           "reset_stats", "lost_ranks", "trace", "hooks"]
+           "reset_stats", "lost_ranks", "trace", "hooks", "cmake_prefix_path"]
 __version__ = "0.1.0"
+
+# For C++ users: what to pass as CMAKE_PREFIX_PATH so that CMake's
+# find_package(TorchRingdist) finds lib/cmake/TorchRingdist/ (README, "Using ringdist from C++").
+cmake_prefix_path = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "lib", "cmake")
 
 # Subpackages imported on first attribute access, so `import torch_ringdist`
 # stays light (the hooks import torch's DDP hook machinery).

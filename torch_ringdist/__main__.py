@@ -18,7 +18,6 @@ import torch
 
 import torch_ringdist
 from torch_ringdist._extension import REINSTALL, load, minor
-from torch_ringdist._registration import _bind_address
 
 # Variables that change ringdist's behaviour (README's table), besides RINGDIST_*.
 RELATED_ENV = ("MASTER_ADDR", "MASTER_PORT", "TORCH_DISTRIBUTED_DEBUG",
@@ -70,7 +69,7 @@ def collect() -> tuple[dict, list[str]]:
         problems.append("shared memory is not usable: ranks on this host will talk over TCP "
                         f"({facts['shared_memory'].get('error')})")
     try:
-        facts["listen_address"] = _bind_address(None)  # what a group would listen on (no store yet)
+        facts["listen_address"] = ext.listen_address(None)  # what a group would listen on (no store yet)
     except RuntimeError as exc:
         facts["listen_address"] = None
         problems.append(str(exc))

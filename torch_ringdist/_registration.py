@@ -1,36 +1,12 @@
 """Registration of the "ringdist" backend with torch.distributed."""
 import atexit
 import logging
-import os
 
 from torch_ringdist._extension import build_record, load
 
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "ringdist"
-
-
-def _store_host(store):
-    """Host name of the TCPStore behind (possibly nested) PrefixStores, if any."""
-    seen = 0
-    while store is not None and seen < 16:
-        host = getattr(store, "host", None)
-        if host:
-            return host
-        store = getattr(store, "underlying_store", None)
-        seen += 1
-    return None
-
-
-def _bind_address(store):
-    """The address this rank listens on, never a wildcard address.
-
-    RINGDIST_SOCKET_IFNAME wins; otherwise the local address that routes to
-    the store host (torchrun's MASTER_ADDR), so peers on other hosts can
-    reach it; loopback when everything runs on this host.
-    """
-    host = _store_host(store) or os.environ.get("MASTER_ADDR") or ""
-    return load().listen_address(os.environ.get("RINGDIST_SOCKET_IFNAME", ""), host)
 
 
 _exit_hook_registered = False
@@ -48,7 +24,9 @@ def _create_backend(store, rank, world_size, timeout):
     if not _exit_hook_registered:
         atexit.register(_shutdown_at_exit)
         _exit_hook_registered = True
-    return ext.create_backend(store, rank, world_size, timeout, _bind_address(store))
+    # Listens where torch_ringdist::createBackend says: RINGDIST_SOCKET_IFNAME, else the
+    # address that routes to the store's host (MASTER_ADDR), loopback on one host.
+    return ext.create_backend(store, rank, world_size, timeout)
 
 
 def _devices():

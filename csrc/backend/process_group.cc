@@ -229,6 +229,18 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupRingdist::shrink(
 }
 #endif
 
+size_t ProcessGroupRingdist::segmentBytes() const { return worker_->options().segmentBytes; }
+
+std::vector<std::vector<int>> ProcessGroupRingdist::allreduceRings() const {
+  return worker_->allreduceRings();
+}
+
+std::map<std::string, OpStats> ProcessGroupRingdist::stats() const { return worker_->stats(); }
+
+void ProcessGroupRingdist::resetStats() { worker_->resetStats(); }
+
+std::vector<int> ProcessGroupRingdist::deadPeers() const { return worker_->deadPeers(); }
+
 void ProcessGroupRingdist::setSegmentBytes(size_t bytes) {
   TORCH_CHECK(bytes > 0, "ringdist: rank ", getRank(), ": segment size must be positive");
   worker_->configure([bytes](CollectiveOptions& options) { options.segmentBytes = bytes; });

@@ -12,6 +12,7 @@
 #include "csrc/backend/worker.h"
 #include "csrc/common/options.h"
 #include "csrc/transport/shm/connect.h"
+#include "torch_ringdist/export.h"
 
 namespace ringdist {
 
@@ -19,7 +20,10 @@ namespace ringdist {
 // at once (bad input raises in the caller), then queue the operation on the
 // group's Worker (worker.h), which runs queued operations in issue order,
 // the same on every rank, over the engine's Communicator.
-class ProcessGroupRingdist : public c10d::Backend {
+//
+// Exported (the Python module binds it): members the module may call are
+// defined in process_group.cc, as the Worker behind them is not exported.
+class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
  public:
   // Settings from the RINGDIST_* environment variables.
   ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -106,10 +110,10 @@ class ProcessGroupRingdist : public c10d::Backend {
   const shm::SameHostCopy& sameHostCopy() const { return sameHostCopy_; }
   // Large allreduces on uniform multi-host groups: {ranks of our host, ranks
   // at our position on every host}, each in ring order; empty for one flat ring.
-  std::vector<std::vector<int>> allreduceRings() const { return worker_->allreduceRings(); }
+  std::vector<std::vector<int>> allreduceRings() const;
   // Bytes per pipelined segment. The setter applies between the operations
   // issued before and after it (every rank must call it at the same point).
-  size_t segmentBytes() const { return worker_->options().segmentBytes; }
+  size_t segmentBytes() const;
   void setSegmentBytes(size_t bytes);
 
   // Allreduce with a lossy wire codec ("fp16", "bf16", "int8"; see
@@ -131,12 +135,12 @@ class ProcessGroupRingdist : public c10d::Backend {
 
   // Per-operation statistics (worker.h), keyed by op name ("allreduce",
   // "compressed_allreduce/int8", ...).
-  std::map<std::string, OpStats> stats() const { return worker_->stats(); }
+  std::map<std::string, OpStats> stats() const;
   // Ranks whose process is known to be gone (same host); others: unknown.
-  std::vector<int> deadPeers() const { return worker_->deadPeers(); }
+  std::vector<int> deadPeers() const;
   // The last operations in torch's flight-recorder dump format (a pickle).
   std::string tracePickle() const;
-  void resetStats() { worker_->resetStats(); }
+  void resetStats();
 
  private:
 
@@ -199,6 +203,8 @@ class ProcessGroupRingdist : public c10d::Backend {
   std::atomic<uint64_t> sequenceNumber_{0};
 };
 
+// A group listening on bindIp, registered for shutdownAllBackends (the C++
+// API's torch_ringdist::createBackend chooses the address).
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store,
                                                 int rank, int size,
                                                 std::chrono::milliseconds timeout,
@@ -208,6 +214,6 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
 // at interpreter exit, before Python finalizes: a worker thread that still
 // runs then, and drops a tensor, would need the GIL, which a finalizing
 // Python never gives back (the thread is unwound and the process aborts).
-void shutdownAllBackends();
+TORCH_RINGDIST_API void shutdownAllBackends();
 
 }  // namespace ringdist

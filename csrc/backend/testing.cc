@@ -23,9 +23,7 @@
 #include "csrc/reduce/half.h"
 #include "csrc/reduce/reduce.h"
 
-namespace py = pybind11;
-
-namespace ringdist {
+namespace ringdist::testing {
 
 namespace {
 
@@ -44,6 +42,67 @@ void checkPair(const at::Tensor& a, const at::Tensor& b) {
                   a.scalar_type() == b.scalar_type() && a.numel() == b.numel(),
               "ringdist testing: expected two contiguous CPU tensors of one dtype and size");
 }
+
+#ifdef RINGDIST_CUDA
+DataType cudaOperandType(const at::Tensor& t) {
+  DataType dtype;
+  TORCH_CHECK(t.is_cuda() && t.is_contiguous() && toDataType(t.scalar_type(), &dtype),
+              "ringdist testing: expected a contiguous CUDA tensor of a supported dtype");
+  return dtype;
+}
+#endif
+
+// The shared block arithmetic (block_math.h) run on the host, one element at
+// a time: what the GPU kernels compute.
+void sharedEncode(Codec codec, const float* x, size_t count, char* out) {
+  if (codec == Codec::kBf16) {
+    auto* h = reinterpret_cast<uint16_t*>(out);
+    for (size_t i = 0; i < count; ++i) h[i] = ew::floatToBf16(x[i]);
+    return;
+  }
+  for (size_t first = 0; first < count; first += kCodecBlock) {
+    const size_t n = std::min(kCodecBlock, count - first);
+    float maxAbs = 0.0f;
+    bool finite = true;
+    for (size_t i = 0; i < n; ++i) {
+      const float a = std::fabs(x[first + i]);
+      maxAbs = a > maxAbs ? a : maxAbs;
+      finite = finite && std::isfinite(x[first + i]);
+    }
+    char* block = out + encodedBytes(codec, first);
+    if (codec == Codec::kInt8) {
+      const auto s = blockmath::int8Scales(maxAbs, finite);
+      std::memcpy(block, &s.scale, sizeof(float));
+      auto* q = reinterpret_cast<int8_t*>(block + sizeof(float));
+      for (size_t i = 0; i < n; ++i) q[i] = blockmath::int8Encode(x[first + i], s.inverse);
+    } else {
+      const auto s = blockmath::fp16Scales(maxAbs, finite);
+      std::memcpy(block, &s.scale, sizeof(float));
+      auto* h = reinterpret_cast<uint16_t*>(block + sizeof(float));
+      for (size_t i = 0; i < n; ++i) h[i] = blockmath::fp16Encode(x[first + i], s.up);
+    }
+  }
+}
+
+void sharedDecode(Codec codec, const char* in, size_t count, float* out, bool add) {
+  for (size_t i = 0; i < count; ++i) {
+    float v;
+    if (codec == Codec::kBf16) {
+      v = ew::bf16ToFloat(reinterpret_cast<const uint16_t*>(in)[i]);
+    } else {
+      const char* block = in + encodedBytes(codec, i / kCodecBlock * kCodecBlock);
+      float scale;
+      std::memcpy(&scale, block, sizeof(float));
+      const size_t j = i % kCodecBlock;
+      v = codec == Codec::kInt8
+          ? blockmath::int8Decode(reinterpret_cast<const int8_t*>(block + sizeof(float))[j], scale)
+          : blockmath::fp16Decode(reinterpret_cast<const uint16_t*>(block + sizeof(float))[j], scale);
+    }
+    out[i] = add ? out[i] + v : v;
+  }
+}
+
+}  // namespace
 
 // The CPU kernel the collectives use: reduceFunction(dtype, op).
 at::Tensor reduceWithKernel(const at::Tensor& a, const at::Tensor& b, const std::string& opName) {
@@ -115,15 +174,6 @@ at::Tensor widen(const at::Tensor& bits, const std::string& from, bool shared) {
   return out;
 }
 
-#ifdef RINGDIST_CUDA
-DataType cudaOperandType(const at::Tensor& t) {
-  DataType dtype;
-  TORCH_CHECK(t.is_cuda() && t.is_contiguous() && toDataType(t.scalar_type(), &dtype),
-              "ringdist testing: expected a contiguous CUDA tensor of a supported dtype");
-  return dtype;
-}
-#endif
-
 // The GPU reduce kernel (csrc/cuda/reduce.cu) on the caller's current stream.
 at::Tensor reduceWithCudaKernel(const at::Tensor& a, const at::Tensor& b, const std::string& opName) {
 #ifdef RINGDIST_CUDA
@@ -164,56 +214,6 @@ at::Tensor divideWithKernel(const at::Tensor& x, int64_t divisor) {
 }
 
 // ---------------------------------------------------------------- codecs
-
-// The shared block arithmetic (block_math.h) run on the host, one element at
-// a time: what the GPU kernels compute.
-void sharedEncode(Codec codec, const float* x, size_t count, char* out) {
-  if (codec == Codec::kBf16) {
-    auto* h = reinterpret_cast<uint16_t*>(out);
-    for (size_t i = 0; i < count; ++i) h[i] = ew::floatToBf16(x[i]);
-    return;
-  }
-  for (size_t first = 0; first < count; first += kCodecBlock) {
-    const size_t n = std::min(kCodecBlock, count - first);
-    float maxAbs = 0.0f;
-    bool finite = true;
-    for (size_t i = 0; i < n; ++i) {
-      const float a = std::fabs(x[first + i]);
-      maxAbs = a > maxAbs ? a : maxAbs;
-      finite = finite && std::isfinite(x[first + i]);
-    }
-    char* block = out + encodedBytes(codec, first);
-    if (codec == Codec::kInt8) {
-      const auto s = blockmath::int8Scales(maxAbs, finite);
-      std::memcpy(block, &s.scale, sizeof(float));
-      auto* q = reinterpret_cast<int8_t*>(block + sizeof(float));
-      for (size_t i = 0; i < n; ++i) q[i] = blockmath::int8Encode(x[first + i], s.inverse);
-    } else {
-      const auto s = blockmath::fp16Scales(maxAbs, finite);
-      std::memcpy(block, &s.scale, sizeof(float));
-      auto* h = reinterpret_cast<uint16_t*>(block + sizeof(float));
-      for (size_t i = 0; i < n; ++i) h[i] = blockmath::fp16Encode(x[first + i], s.up);
-    }
-  }
-}
-
-void sharedDecode(Codec codec, const char* in, size_t count, float* out, bool add) {
-  for (size_t i = 0; i < count; ++i) {
-    float v;
-    if (codec == Codec::kBf16) {
-      v = ew::bf16ToFloat(reinterpret_cast<const uint16_t*>(in)[i]);
-    } else {
-      const char* block = in + encodedBytes(codec, i / kCodecBlock * kCodecBlock);
-      float scale;
-      std::memcpy(&scale, block, sizeof(float));
-      const size_t j = i % kCodecBlock;
-      v = codec == Codec::kInt8
-          ? blockmath::int8Decode(reinterpret_cast<const int8_t*>(block + sizeof(float))[j], scale)
-          : blockmath::fp16Decode(reinterpret_cast<const uint16_t*>(block + sizeof(float))[j], scale);
-    }
-    out[i] = add ? out[i] + v : v;
-  }
-}
 
 // impl: "cpu" (the CPU codec kernels), "shared" (block_math.h on the host)
 // or "cuda" (the GPU kernels; tensors on the GPU, current stream).
@@ -382,38 +382,4 @@ void copyBytesWithin(at::Tensor& buffer, int64_t to, int64_t from, int64_t bytes
   copyBytes(base + to, base + from, static_cast<size_t>(bytes));
 }
 
-}  // namespace
-
-void defineTestingModule(py::module_& parent) {
-  py::module_ m = parent.def_submodule(
-      "testing", "CPU kernels and the element arithmetic they share with the CUDA kernels");
-  m.def("reduce_kernel", &reduceWithKernel, py::arg("a"), py::arg("b"), py::arg("op"),
-        "a (op) b with the CPU reduce kernel the collectives use");
-  m.def("reduce_shared", &reduceWithShared, py::arg("a"), py::arg("b"), py::arg("op"),
-        "a (op) b one element at a time through the arithmetic shared with the CUDA kernels");
-  m.def("narrow", &narrow, py::arg("values"), py::arg("to"), py::arg("shared"),
-        "float32 -> fp16/bf16 bits (int16): CPU kernel conversion, or the shared one");
-  m.def("widen", &widen, py::arg("bits"), py::arg("from_"), py::arg("shared"),
-        "fp16/bf16 bits (int16) -> float32: CPU kernel conversion, or the shared one");
-  m.def("divide_kernel", &divideWithKernel, py::arg("x"), py::arg("divisor"),
-        "x / divisor with the CPU kernel that finalises AVG");
-  m.def("cuda_reduce", &reduceWithCudaKernel, py::arg("a"), py::arg("b"), py::arg("op"),
-        "a (op) b with the GPU reduce kernel, on the current stream (CUDA builds only)");
-  m.def("codec_encode", &codecEncode, py::arg("values"), py::arg("codec"), py::arg("impl"),
-        "Encoded bytes (uint8) of float32 values: impl 'cpu', 'shared' or 'cuda'");
-  m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("codec"), py::arg("count"),
-        py::arg("impl"), py::arg("acc") = py::none(),
-        "Decoded float32 values (added to a copy of acc if given): impl 'cpu', 'shared' or 'cuda'");
-  m.def("topk_radix_select", &topkRadixSelect, py::arg("grad"), py::arg("residual"), py::arg("k"),
-        py::arg("packed"), py::arg("tile"),
-        "topk_select computed as the GPU kernels compute it (radix select, tiles of `tile` "
-        "entries), on the host through the shared arithmetic");
-  m.def("copy_bytes", &copyBytesWithin, py::arg("buffer"), py::arg("to"), py::arg("from_"),
-        py::arg("bytes"),
-        "The engine's large copy (copyBytes, in pieces), from offset from_ to offset to of a "
-        "uint8 tensor, in place; the regions may overlap");
-  m.def("cuda_divide", &divideWithCudaKernel, py::arg("x"), py::arg("divisor"),
-        "x / divisor with the GPU kernel that finalises AVG (CUDA builds only)");
-}
-
-}  // namespace ringdist
+}  // namespace ringdist::testing

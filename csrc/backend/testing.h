@@ -1,13 +1,46 @@
 #pragma once
 
-#include <torch/csrc/utils/pybind.h>
+#include <ATen/core/Tensor.h>
 
-namespace ringdist {
+#include <optional>
+#include <string>
 
-// torch_ringdist._C.testing: the CPU reduce kernels and the element
-// arithmetic they share with the CUDA kernels (csrc/reduce/elementwise.h),
-// each callable on tensors, so tests compare the two bit for bit on any
-// machine, GPU or not.
-void defineTestingModule(pybind11::module_& parent);
+#include "torch_ringdist/export.h"
 
-}  // namespace ringdist
+// The kernels on tensors, for tests (torch_ringdist._C.testing): the CPU
+// reduce and codec kernels and the element arithmetic they share with the CUDA
+// kernels (csrc/reduce/elementwise.h, csrc/codec/block_math.h), so tests
+// compare the two bit for bit on any machine, GPU or not.
+namespace ringdist::testing {
+
+// a (op) b with the CPU reduce kernel the collectives use.
+TORCH_RINGDIST_API at::Tensor reduceWithKernel(const at::Tensor& a, const at::Tensor& b,
+                                               const std::string& op);
+// The same, one element at a time through the arithmetic shared with the GPU.
+TORCH_RINGDIST_API at::Tensor reduceWithShared(const at::Tensor& a, const at::Tensor& b,
+                                               const std::string& op);
+// float32 -> fp16/bf16 bits (int16) and back: the CPU kernels' conversion or the shared one.
+TORCH_RINGDIST_API at::Tensor narrow(const at::Tensor& values, const std::string& to, bool shared);
+TORCH_RINGDIST_API at::Tensor widen(const at::Tensor& bits, const std::string& from, bool shared);
+// x / divisor with the CPU kernel that finalises AVG.
+TORCH_RINGDIST_API at::Tensor divideWithKernel(const at::Tensor& x, int64_t divisor);
+// The GPU reduce and divide kernels on the current stream (CUDA builds only).
+TORCH_RINGDIST_API at::Tensor reduceWithCudaKernel(const at::Tensor& a, const at::Tensor& b,
+                                                   const std::string& op);
+TORCH_RINGDIST_API at::Tensor divideWithCudaKernel(const at::Tensor& x, int64_t divisor);
+// Encoded bytes of float32 values, and back (added to a copy of acc if
+// given): impl "cpu", "shared" or "cuda".
+TORCH_RINGDIST_API at::Tensor codecEncode(const at::Tensor& values, const std::string& codec,
+                                          const std::string& impl);
+TORCH_RINGDIST_API at::Tensor codecDecode(const at::Tensor& bytes, const std::string& codec,
+                                          int64_t count, const std::string& impl,
+                                          std::optional<at::Tensor> acc);
+// topk_select computed as the GPU kernels compute it (radix select, tiles of
+// `tile` entries), on the host through the shared arithmetic.
+TORCH_RINGDIST_API void topkRadixSelect(const at::Tensor& grad, std::optional<at::Tensor> residual,
+                                        int64_t k, at::Tensor& packed, int64_t tile);
+// The engine's large copy (copyBytes) within a uint8 tensor, regions may overlap.
+TORCH_RINGDIST_API void copyBytesWithin(at::Tensor& buffer, int64_t to, int64_t from,
+                                        int64_t bytes);
+
+}  // namespace ringdist::testing

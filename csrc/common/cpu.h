@@ -2,6 +2,8 @@
 
 #include <cstddef>
 
+#include "torch_ringdist/export.h"
+
 namespace ringdist {
 
 // CPU features, detected once from cpuid. Kernels come in two families: a
@@ -15,7 +17,7 @@ struct CpuFeatures {
 const CpuFeatures& cpuFeatures();
 
 // "avx2" or "generic": the kernel family this CPU runs.
-const char* kernelFamily();
+TORCH_RINGDIST_API const char* kernelFamily();
 
 // memmove of a large buffer, in pieces of kCopyPieceBytes (options.h) that
 // glibc copies with `rep movsb`: on AMD CPUs it switches to a vector loop

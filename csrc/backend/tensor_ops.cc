@@ -1,0 +1,159 @@
+#include "csrc/backend/tensor_ops.h"
+
+#include <ATen/ATen.h>
+
+#include "csrc/backend/dtypes.h"
+#include "csrc/codec/codec.h"
+#include "csrc/hooks/topk.h"
+#ifdef RINGDIST_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "csrc/cuda/codec.h"
+#include "csrc/cuda/topk.h"
+#endif
+
+namespace ringdist {
+
+namespace {
+
+constexpr bool cudaCompiled() {
+#ifdef RINGDIST_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef RINGDIST_CUDA
+// The GPU round trip, queued on the current stream: the same encode/decode
+// as the wire path (csrc/cuda/codec.h), so the residual is exactly what the
+// compressed allreduce loses.
+void cudaRoundTrip(Codec codec, const at::Tensor& in, at::Tensor& result, bool residual) {
+  const size_t count = static_cast<size_t>(in.numel());
+  if (count == 0) {
+    return;
+  }
+  c10::cuda::CUDAGuard guard(in.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(in.device().index()).stream();
+  at::Tensor wire = at::empty({static_cast<int64_t>(encodedBytes(codec, count))},
+                              in.options().dtype(at::kByte));
+  cuda::encode(codec, in.data_ptr<float>(), count, wire.data_ptr(), stream);
+  cuda::decode(codec, wire.data_ptr(), count, result.data_ptr<float>(), stream);
+  if (residual) {
+    at::sub_out(result, in, result);  // one IEEE subtraction per element, as on the CPU
+  }
+}
+#endif
+
+// The top-k kernels' operands: contiguous float32 tensors on one device, the
+// CPU or (CUDA builds) a GPU.
+void checkTopkOperand(const char* what, const at::Tensor& t, const char* name,
+                      const at::Device& device) {
+  TORCH_CHECK(t.device() == device && t.layout() == at::kStrided &&
+                  t.scalar_type() == at::kFloat && t.is_contiguous(),
+              "ringdist ", what, ": ", name, " must be a contiguous float32 tensor on ", device,
+              ", got ", t.scalar_type(), " on ", t.device());
+}
+
+at::Device topkDevice(const char* what, const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu() || (t.is_cuda() && cudaCompiled()), "ringdist ", what,
+              ": expected tensors on the CPU", cudaCompiled() ? " or a GPU" : "", ", got ",
+              t.device(), cudaCompiled() ? "" : " (this build of ringdist has no CUDA kernels)");
+  return t.device();
+}
+
+}  // namespace
+
+at::Tensor codecRoundTrip(const at::Tensor& tensor, const std::string& name,
+                          std::optional<at::Tensor> out, bool residual) {
+  Codec codec = parseCodec(name);
+  TORCH_CHECK((tensor.device().is_cpu() || (tensor.is_cuda() && cudaCompiled())) &&
+                  tensor.layout() == at::kStrided && tensor.scalar_type() == at::kFloat,
+              "ringdist codec_roundtrip: expected a dense float32 CPU",
+              cudaCompiled() ? " or CUDA" : "", " tensor, got ", tensor.scalar_type(), " on ",
+              tensor.device());
+  at::Tensor in = tensor.contiguous();
+  at::Tensor result = out.has_value() ? *out : at::empty_like(in);
+  TORCH_CHECK(result.scalar_type() == at::kFloat && result.is_contiguous() &&
+                  result.numel() == in.numel() && result.device() == in.device(),
+              "ringdist codec_roundtrip: out must be a contiguous float32 tensor of ",
+              in.numel(), " elements on ", in.device());
+#ifdef RINGDIST_CUDA
+  if (in.is_cuda()) {
+    cudaRoundTrip(codec, in, result, residual);
+    return result;
+  }
+#endif
+  if (residual) {
+    roundTripError(codec, in.data_ptr<float>(), static_cast<size_t>(in.numel()),
+                   result.data_ptr<float>());
+  } else {
+    roundTrip(codec, in.data_ptr<float>(), static_cast<size_t>(in.numel()),
+              result.data_ptr<float>());
+  }
+  return result;
+}
+
+size_t codecEncodedBytes(const std::string& codec, size_t count) {
+  return encodedBytes(parseCodec(codec), count);
+}
+
+void topkSelect(const at::Tensor& grad, std::optional<at::Tensor> residual, int64_t k,
+                at::Tensor& packed) {
+  const char* what = "topk_select";
+  const at::Device device = topkDevice(what, grad);
+  checkTopkOperand(what, grad, "grad", device);
+  checkTopkOperand(what, packed, "packed", device);
+  const int64_t n = grad.numel();
+  TORCH_CHECK(k >= 0 && k <= n && packed.numel() == 2 * k, "ringdist topk_select: k = ", k,
+              " of ", n, " entries with packed of ", packed.numel(), " (want 2k)");
+  float* res = nullptr;
+  if (residual.has_value()) {
+    checkTopkOperand(what, *residual, "residual", device);
+    TORCH_CHECK(residual->numel() == n, "ringdist topk_select: residual has ", residual->numel(),
+                " entries, grad ", n);
+    res = residual->data_ptr<float>();
+  }
+  float* values = packed.data_ptr<float>();
+  auto* indices = reinterpret_cast<int32_t*>(values + k);
+#ifdef RINGDIST_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device);
+    at::Tensor workspace = at::empty(
+        {static_cast<int64_t>(cuda::topkSelectWorkspaceBytes(static_cast<size_t>(n)))},
+        grad.options().dtype(at::kByte));
+    cuda::topkSelect(grad.data_ptr<float>(), res, static_cast<size_t>(n), static_cast<size_t>(k),
+                     values, indices, workspace.data_ptr(),
+                     c10::cuda::getCurrentCUDAStream(device.index()).stream());
+    return;
+  }
+#endif
+  topkSelect(grad.data_ptr<float>(), res, static_cast<size_t>(n), static_cast<size_t>(k), values,
+             indices);
+}
+
+void topkScatter(const at::Tensor& parts, int64_t world, int64_t k, at::Tensor& out) {
+  const char* what = "topk_scatter";
+  const at::Device device = topkDevice(what, out);
+  checkTopkOperand(what, parts, "parts", device);
+  checkTopkOperand(what, out, "out", device);
+  TORCH_CHECK(world >= 1 && k >= 0 && parts.numel() == 2 * k * world,
+              "ringdist topk_scatter: parts has ", parts.numel(), " entries, want 2 x k (", k,
+              ") x world (", world, ")");
+#ifdef RINGDIST_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device);
+    at::Tensor flag = at::empty({8}, out.options().dtype(at::kByte));
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    cuda::topkScatter(parts.data_ptr<float>(), static_cast<size_t>(world), static_cast<size_t>(k),
+                      static_cast<size_t>(out.numel()), out.data_ptr<float>(), flag.data_ptr(),
+                      stream);
+    return;
+  }
+#endif
+  topkScatter(parts.data_ptr<float>(), static_cast<size_t>(world), static_cast<size_t>(k),
+              static_cast<size_t>(out.numel()), out.data_ptr<float>());
+}
+
+}  // namespace ringdist

@@ -1,0 +1,42 @@
+#include "csrc/python/testing.h"
+
+#include "csrc/backend/testing.h"
+
+namespace py = pybind11;
+
+namespace ringdist {
+
+void defineTestingModule(py::module_& parent) {
+  using namespace testing;
+  py::module_ m = parent.def_submodule(
+      "testing", "CPU kernels and the element arithmetic they share with the CUDA kernels");
+  m.def("reduce_kernel", &reduceWithKernel, py::arg("a"), py::arg("b"), py::arg("op"),
+        "a (op) b with the CPU reduce kernel the collectives use");
+  m.def("reduce_shared", &reduceWithShared, py::arg("a"), py::arg("b"), py::arg("op"),
+        "a (op) b one element at a time through the arithmetic shared with the CUDA kernels");
+  m.def("narrow", &narrow, py::arg("values"), py::arg("to"), py::arg("shared"),
+        "float32 -> fp16/bf16 bits (int16): CPU kernel conversion, or the shared one");
+  m.def("widen", &widen, py::arg("bits"), py::arg("from_"), py::arg("shared"),
+        "fp16/bf16 bits (int16) -> float32: CPU kernel conversion, or the shared one");
+  m.def("divide_kernel", &divideWithKernel, py::arg("x"), py::arg("divisor"),
+        "x / divisor with the CPU kernel that finalises AVG");
+  m.def("cuda_reduce", &reduceWithCudaKernel, py::arg("a"), py::arg("b"), py::arg("op"),
+        "a (op) b with the GPU reduce kernel, on the current stream (CUDA builds only)");
+  m.def("codec_encode", &codecEncode, py::arg("values"), py::arg("codec"), py::arg("impl"),
+        "Encoded bytes (uint8) of float32 values: impl 'cpu', 'shared' or 'cuda'");
+  m.def("codec_decode", &codecDecode, py::arg("bytes"), py::arg("codec"), py::arg("count"),
+        py::arg("impl"), py::arg("acc") = py::none(),
+        "Decoded float32 values (added to a copy of acc if given): impl 'cpu', 'shared' or 'cuda'");
+  m.def("topk_radix_select", &topkRadixSelect, py::arg("grad"), py::arg("residual"), py::arg("k"),
+        py::arg("packed"), py::arg("tile"),
+        "topk_select computed as the GPU kernels compute it (radix select, tiles of `tile` "
+        "entries), on the host through the shared arithmetic");
+  m.def("copy_bytes", &copyBytesWithin, py::arg("buffer"), py::arg("to"), py::arg("from_"),
+        py::arg("bytes"),
+        "The engine's large copy (copyBytes, in pieces), from offset from_ to offset to of a "
+        "uint8 tensor, in place; the regions may overlap");
+  m.def("cuda_divide", &divideWithCudaKernel, py::arg("x"), py::arg("divisor"),
+        "x / divisor with the GPU kernel that finalises AVG (CUDA builds only)");
+}
+
+}  // namespace ringdist
