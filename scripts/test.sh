@@ -5,8 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 bash scripts/install.sh
-# The multi-host recipe test emulates hosts with network namespaces (ip, tc).
-if ! command -v tc >/dev/null && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
-  apt-get update -q && apt-get install -y -q iproute2 >/dev/null
+# The multi-host recipe test emulates hosts with network namespaces (ip, tc); the C++
+# tests launch the LibTorch example with mpirun too (Open MPI, pinned as in
+# benchmarks/setup_mpi.sh).
+packages=()
+command -v tc >/dev/null || packages+=(iproute2)
+command -v mpirun >/dev/null || packages+=(openmpi-bin=4.1.4-3+b1)
+if [ ${#packages[@]} -gt 0 ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -q && apt-get install -y -q "${packages[@]}" >/dev/null
 fi
 bash scripts/run_pytest.sh "$PY" "$@"

@@ -1,6 +1,6 @@
 #pragma once
 
-// Checks for the C++ tests: a failed CHECK throws std::runtime_error naming
+// Checks for the C++ tests: a failed EXPECT throws std::runtime_error naming
 // the file, line, condition and the values given; main() prints it and fails.
 
 #include <c10/util/Exception.h>
@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#define CHECK(cond, ...)                                                          \
+#define EXPECT(cond, ...)                                                          \
   do {                                                                            \
     if (!(cond)) {                                                                \
       throw std::runtime_error(::check::describe(__FILE__, __LINE__, #cond,       \
@@ -29,7 +29,7 @@ std::string join(const Args&... args) {
 }
 
 inline std::string describe(const char* file, int line, const char* cond, const std::string& what) {
-  return join(file, ":", line, ": CHECK(", cond, ") failed", what.empty() ? "" : ": ", what);
+  return join(file, ":", line, ": EXPECT(", cond, ") failed", what.empty() ? "" : ": ", what);
 }
 
 // The message of the c10::Error that `call` raises; fails if it raises none.
