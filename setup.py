@@ -43,10 +43,15 @@ def cmake_cuda_setting():
 
 
 def cmake_executable():
+    """cmake on PATH, else the one of PyPI's cmake package in this environment."""
     cmake = shutil.which("cmake")
     if cmake is None:
-        raise SystemExit("torch_ringdist builds with CMake (>= 3.18): install it "
-                         "(`apt-get install cmake` or `pip install cmake`)")
+        try:
+            import cmake as cmake_package
+            cmake = os.path.join(cmake_package.CMAKE_BIN_DIR, "cmake")
+        except ImportError:
+            raise SystemExit("torch_ringdist builds with CMake (>= 3.18): install it "
+                             "(`apt-get install cmake` or `pip install cmake`)") from None
     return cmake
 
 

@@ -90,7 +90,9 @@ if(RINGDIST_WITH_CUDA)
       ringdist_cuda_architectures("8.0;9.0+PTX" CMAKE_CUDA_ARCHITECTURES)
     endif()
   endif()
-  set(CMAKE_CUDA_STANDARD ${TORCH_CXX_STANDARD})
+  # C++17: the .cu files include no torch header, and CMake 3.25 has no CUDA20
+  # flags for nvcc 13.
+  set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   # torch's own cudart (shared): a static copy would be a second CUDA runtime.
   set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
