@@ -20,7 +20,7 @@ VPY="$VENV/bin/python"
 "$VPY" -m pip install -q -r scripts/requirements-dev.txt
 echo "cuda stage: venv and torch ready after $(( $(date +%s) - start )) s"
 
-# H100/H200 (sm_90) plus PTX; CUDA_HOME as setup.py would pick it.
+# H100/H200 (sm_90) plus PTX; nvcc as cmake/RingdistCuda.cmake picks it.
 export TORCH_RINGDIST_CUDA=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0+PTX}"
 export MAX_JOBS=${MAX_JOBS:-2}
 "$VPY" -m pip install -q --no-build-isolation .

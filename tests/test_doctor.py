@@ -65,7 +65,7 @@ def test_doctor_names_a_torch_version_mismatch(monkeypatch):
 
 
 def test_load_names_a_torch_version_mismatch_before_any_symbol_error():
-    """setup.py records the torch it built against; loading the extension under another
+    """The build records the torch it built against; loading the extension under another
     minor raises one ImportError naming both versions and the fix."""
     import textwrap
 

@@ -93,7 +93,7 @@ def test_hooks_reachable_after_plain_import():
 
 
 def test_cuda_registered_exactly_when_compiled():
-    """setup.py's build record (read at import torch, without loading the extension)
+    """The build record (read at import torch, without loading the extension)
     agrees with what the extension itself says it contains."""
     result = _run("""
         import torch.distributed as dist, torch_ringdist

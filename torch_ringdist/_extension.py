@@ -10,8 +10,8 @@ def minor(version: str) -> str:
 
 
 def build_record():
-    """What setup.py recorded of this build (`CUDA`, `TORCH`), readable without loading
-    the extension; None in a source checkout that was never built."""
+    """What the build recorded of itself (`CUDA`, `TORCH`; cmake/build_config.py.in), readable
+    without loading the extension; None in a source checkout that was never built."""
     try:
         from torch_ringdist import _build_config
     except ImportError:
@@ -21,7 +21,7 @@ def build_record():
 
 def _check_torch_version():
     """The extension only works with the torch minor version it was compiled against:
-    say so before a symbol error would (setup.py records that version)."""
+    say so before a symbol error would (the build records that version)."""
     record = build_record()
     if record is None:  # the import in load() explains
         return
