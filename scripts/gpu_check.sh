@@ -3,7 +3,8 @@
 # CUDA sources against the torch installed there, then runs, each bounded in
 # time so the whole fits one 10-minute device call:
 #   tests     the shared arithmetic, the CUDA kernels, collectives/hooks/DDP on
-#             CUDA tensors with several ranks on the one GPU
+#             CUDA tensors with several ranks on the one GPU, the C++ API's ctest
+#             suite built against the machine's torch
 #   kernels   benchmarks/cuda_kernels.py (kernels vs D2D copy, pinned copies)
 #   example   the torchrun DDP example on CUDA, 2 ranks on one GPU
 #   compare   ringdist (GPU to GPU, and staged) vs gloo on CUDA tensors, 2 ranks on one
@@ -45,8 +46,8 @@ for s in $STAGES; do
   case $s in
     tests)
       echo "==== tests" >> "$OUT/runs.log"
-      timeout -k 10 300 "$PY" -P -m pytest tests/test_shared_arithmetic.py tests/test_cuda_kernels.py tests/test_doctor.py \
-        tests/test_cuda_collectives.py -q -rs --timeout 100 2>&1 | tee "$OUT/tests.log"
+      timeout -k 10 400 "$PY" -P -m pytest tests/test_shared_arithmetic.py tests/test_cuda_kernels.py tests/test_doctor.py \
+        tests/test_cuda_collectives.py tests/test_cpp.py -q -rs --timeout 300 2>&1 | tee "$OUT/tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || failed+=(tests) ;;
     kernels)
       stage kernels 120 "$PY" -P benchmarks/cuda_kernels.py --json "$OUT/cuda_kernels.json" ;;

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import torch
+import torch.utils
 
 import torch_ringdist
 
@@ -38,6 +39,15 @@ def _cmake_env():
     return env
 
 
+def _prefix_path():
+    """torch_ringdist's CMake folder: enough where pip put torch beside it; torch's too where
+    not (an install with --target elsewhere, as scripts/gpu_check.sh does)."""
+    site = os.path.dirname(os.path.dirname(os.path.abspath(torch_ringdist.__file__)))
+    beside = os.path.realpath(os.path.join(site, "torch")) == os.path.realpath(
+        os.path.dirname(torch.__file__))
+    return torch_ringdist.cmake_prefix_path + ("" if beside else ";" + torch.utils.cmake_prefix_path)
+
+
 def _run(cmd, **kwargs):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_cmake_env(), **kwargs)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -51,7 +61,7 @@ def ctest(tmp_path_factory):
     assert TORCHRUN is not None, f"torchrun not found beside {sys.executable}"
     build = tmp_path_factory.mktemp("cpp-tests")
     configure = ["cmake", "-S", os.path.join(REPO, "tests", "cpp"), "-B", str(build),
-                 f"-DCMAKE_PREFIX_PATH={torch_ringdist.cmake_prefix_path}",
+                 f"-DCMAKE_PREFIX_PATH={_prefix_path()}",
                  f"-DTORCHRUN={TORCHRUN}", f"-DMPIRUN={MPIRUN or 'MPIRUN-NOTFOUND'}"]
     if shutil.which("ninja"):
         configure.append("-GNinja")
@@ -116,8 +126,7 @@ def test_package_refuses_another_torch_minor(tmp_path):
         "cmake_minimum_required(VERSION 3.18)\nproject(consumer LANGUAGES CXX)\n"
         "find_package(Torch REQUIRED)\nfind_package(TorchRingdist REQUIRED)\n")
     proc = subprocess.run(["cmake", "-S", str(project), "-B", str(tmp_path / "build"),
-                           f"-DTorch_DIR={fake}",
-                           f"-DCMAKE_PREFIX_PATH={torch_ringdist.cmake_prefix_path}"],
+                           f"-DTorch_DIR={fake}", f"-DCMAKE_PREFIX_PATH={_prefix_path()}"],
                           capture_output=True, text=True, env=_cmake_env(), timeout=300)
     assert proc.returncode != 0
     text = " ".join((proc.stdout + proc.stderr).split())
