@@ -55,6 +55,22 @@ void readMaster(Launch& launch, bool allLocal) {
                                : envInt("MASTER_PORT", 1, 65535);
 }
 
+// The variables an MPI launcher sets: Open MPI's, or MPICH's and Intel MPI's.
+struct MpiVariables {
+  const char* size;
+  const char* rank;
+  const char* localRank;
+  const char* localSize;
+};
+
+void readMpi(Launch& launch, const MpiVariables& names) {
+  launch.launcher = "mpirun";
+  launch.size = envInt(names.size, 1, kMaxInt);
+  launch.rank = envInt(names.rank, 0, launch.size - 1);
+  launch.localRank = envIntOr(names.localRank, -1, 0, launch.size - 1);
+  readMaster(launch, envIntOr(names.localSize, 0, 0, kMaxInt) == launch.size);
+}
+
 }  // namespace
 
 Launch launchFromEnvironment() {
@@ -78,17 +94,10 @@ Launch launchFromEnvironment() {
     launch.localRank = envIntOr("LOCAL_RANK", -1, 0, launch.size - 1);
     readMaster(launch, false);
   } else if (env("OMPI_COMM_WORLD_SIZE") != nullptr) {
-    launch.launcher = "mpirun";
-    launch.size = envInt("OMPI_COMM_WORLD_SIZE", 1, kMaxInt);
-    launch.rank = envInt("OMPI_COMM_WORLD_RANK", 0, launch.size - 1);
-    launch.localRank = envIntOr("OMPI_COMM_WORLD_LOCAL_RANK", -1, 0, launch.size - 1);
-    readMaster(launch, envIntOr("OMPI_COMM_WORLD_LOCAL_SIZE", 0, 0, kMaxInt) == launch.size);
+    readMpi(launch, {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                     "OMPI_COMM_WORLD_LOCAL_SIZE"});
   } else if (env("PMI_SIZE") != nullptr) {
-    launch.launcher = "mpirun";
-    launch.size = envInt("PMI_SIZE", 1, kMaxInt);
-    launch.rank = envInt("PMI_RANK", 0, launch.size - 1);
-    launch.localRank = envIntOr("MPI_LOCALRANKID", -1, 0, launch.size - 1);
-    readMaster(launch, envIntOr("MPI_LOCALNRANKS", 0, 0, kMaxInt) == launch.size);
+    readMpi(launch, {"PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"});
   }
   return launch;
 }
