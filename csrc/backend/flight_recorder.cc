@@ -160,7 +160,7 @@ std::string FlightRecorder::pickled(const Group& group) const {
   auto config = newDict();
   config.insert("name", group.uid);
   config.insert("desc", group.desc);
-  config.insert("ranks", "[" + c10::Join(", ", ranks) + "]");
+  config.insert("ranks", c10::str("[", c10::Join(", ", ranks), "]"));
   auto configs = newDict();
   configs.insert(group.uid, config);
   auto dump = newDict();

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "csrc/backend/dtypes.h"
-#include "csrc/codec/block_math.h"
 #include "csrc/common/cpu.h"
 #include "csrc/codec/codec.h"
+#include "csrc/codec/elementwise_codec.h"
 #include "csrc/hooks/topk_math.h"
 #include "csrc/reduce/elementwise.h"
 #ifdef RINGDIST_CUDA
@@ -51,56 +51,6 @@ DataType cudaOperandType(const at::Tensor& t) {
   return dtype;
 }
 #endif
-
-// The shared block arithmetic (block_math.h) run on the host, one element at
-// a time: what the GPU kernels compute.
-void sharedEncode(Codec codec, const float* x, size_t count, char* out) {
-  if (codec == Codec::kBf16) {
-    auto* h = reinterpret_cast<uint16_t*>(out);
-    for (size_t i = 0; i < count; ++i) h[i] = ew::floatToBf16(x[i]);
-    return;
-  }
-  for (size_t first = 0; first < count; first += kCodecBlock) {
-    const size_t n = std::min(kCodecBlock, count - first);
-    float maxAbs = 0.0f;
-    bool finite = true;
-    for (size_t i = 0; i < n; ++i) {
-      const float a = std::fabs(x[first + i]);
-      maxAbs = a > maxAbs ? a : maxAbs;
-      finite = finite && std::isfinite(x[first + i]);
-    }
-    char* block = out + encodedBytes(codec, first);
-    if (codec == Codec::kInt8) {
-      const auto s = blockmath::int8Scales(maxAbs, finite);
-      std::memcpy(block, &s.scale, sizeof(float));
-      auto* q = reinterpret_cast<int8_t*>(block + sizeof(float));
-      for (size_t i = 0; i < n; ++i) q[i] = blockmath::int8Encode(x[first + i], s.inverse);
-    } else {
-      const auto s = blockmath::fp16Scales(maxAbs, finite);
-      std::memcpy(block, &s.scale, sizeof(float));
-      auto* h = reinterpret_cast<uint16_t*>(block + sizeof(float));
-      for (size_t i = 0; i < n; ++i) h[i] = blockmath::fp16Encode(x[first + i], s.up);
-    }
-  }
-}
-
-void sharedDecode(Codec codec, const char* in, size_t count, float* out, bool add) {
-  for (size_t i = 0; i < count; ++i) {
-    float v;
-    if (codec == Codec::kBf16) {
-      v = ew::bf16ToFloat(reinterpret_cast<const uint16_t*>(in)[i]);
-    } else {
-      const char* block = in + encodedBytes(codec, i / kCodecBlock * kCodecBlock);
-      float scale;
-      std::memcpy(&scale, block, sizeof(float));
-      const size_t j = i % kCodecBlock;
-      v = codec == Codec::kInt8
-          ? blockmath::int8Decode(reinterpret_cast<const int8_t*>(block + sizeof(float))[j], scale)
-          : blockmath::fp16Decode(reinterpret_cast<const uint16_t*>(block + sizeof(float))[j], scale);
-    }
-    out[i] = add ? out[i] + v : v;
-  }
-}
 
 }  // namespace
 
@@ -239,7 +189,7 @@ at::Tensor codecEncode(const at::Tensor& x, const std::string& name, const std::
   if (impl == "cpu") {
     encode(codec, x.data_ptr<float>(), n, out.data_ptr());
   } else {
-    sharedEncode(codec, x.data_ptr<float>(), n, static_cast<char*>(out.data_ptr()));
+    encodeElementwise(codec, x.data_ptr<float>(), n, static_cast<char*>(out.data_ptr()));
   }
   return out;
 }
@@ -271,7 +221,7 @@ at::Tensor codecDecode(const at::Tensor& bytes, const std::string& name, int64_t
   TORCH_CHECK(bytes.device().is_cpu() && (impl == "cpu" || impl == "shared"),
               "ringdist testing: impl must be cpu, shared or cuda");
   if (impl == "shared") {
-    sharedDecode(codec, static_cast<const char*>(bytes.data_ptr()), n, out.data_ptr<float>(),
+    decodeElementwise(codec, static_cast<const char*>(bytes.data_ptr()), n, out.data_ptr<float>(),
                  acc.has_value());
   } else if (acc.has_value()) {
     decodeAdd(codec, bytes.data_ptr(), n, out.data_ptr<float>());

@@ -3,20 +3,62 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(RINGDIST_ARM)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 #include "csrc/common/options.h"
 
 namespace ringdist {
 
-const CpuFeatures& cpuFeatures() {
-  static const CpuFeatures features{
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-          __builtin_cpu_supports("f16c"),
-      static_cast<bool>(__builtin_cpu_supports("sse4.2")),
-  };
-  return features;
+namespace {
+
+CpuFeatures detect() {
+#if defined(RINGDIST_X86)
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  return {avx2 ? KernelFamily::kAvx2 : KernelFamily::kGeneric,
+          static_cast<bool>(__builtin_cpu_supports("sse4.2"))};
+#elif defined(RINGDIST_ARM)
+  const unsigned long hwcap = getauxval(AT_HWCAP);
+  return {(hwcap & HWCAP_ASIMD) != 0 ? KernelFamily::kNeon : KernelFamily::kGeneric,
+          (hwcap & HWCAP_CRC32) != 0};
+#else
+  return {KernelFamily::kGeneric, false};
+#endif
 }
 
-const char* kernelFamily() { return cpuFeatures().avx2Family ? "avx2" : "generic"; }
+CpuFeatures& features() {
+  static CpuFeatures detected = detect();
+  return detected;
+}
+
+const char* familyName(KernelFamily family) {
+  switch (family) {
+    case KernelFamily::kAvx2: return "avx2";
+    case KernelFamily::kNeon: return "neon";
+    case KernelFamily::kGeneric: break;
+  }
+  return "generic";
+}
+
+}  // namespace
+
+const CpuFeatures& cpuFeatures() { return features(); }
+
+const char* kernelFamily() { return familyName(features().family); }
+
+bool selectKernelFamily(const char* name) {
+  const KernelFamily best = detect().family;
+  for (KernelFamily family : {KernelFamily::kGeneric, best}) {
+    if (std::strcmp(name, familyName(family)) == 0) {
+      features().family = family;
+      return true;
+    }
+  }
+  return false;
+}
 
 void copyBytes(void* dst, const void* src, size_t bytes) {
   char* to = static_cast<char*>(dst);

@@ -1,10 +1,20 @@
 #include "csrc/common/crc32c.h"
 
-#include <nmmintrin.h>
-
 #include <cstring>
 
 #include "csrc/common/cpu.h"
+
+#if defined(RINGDIST_X86)
+#include <nmmintrin.h>
+#define RD_CRC_TARGET __attribute__((target("sse4.2")))
+#define RD_CRC64(c, word) _mm_crc32_u64(c, word)
+#define RD_CRC8(c, byte) _mm_crc32_u8(c, byte)
+#elif defined(RINGDIST_ARM)
+#include <arm_acle.h>
+#define RD_CRC_TARGET __attribute__((target("+crc")))
+#define RD_CRC64(c, word) __crc32cd(static_cast<uint32_t>(c), word)
+#define RD_CRC8(c, byte) __crc32cb(c, byte)
+#endif
 
 namespace ringdist {
 
@@ -33,26 +43,31 @@ uint32_t software(uint32_t crc, const uint8_t* p, size_t n) {
   return crc;
 }
 
-__attribute__((target("sse4.2"))) uint32_t hardware(uint32_t crc, const uint8_t* p, size_t n) {
+#if defined(RD_CRC_TARGET)
+// The CRC32C instructions (SSE4.2, aarch64's CRC32 extension): 8 bytes a step.
+RD_CRC_TARGET uint32_t hardware(uint32_t crc, const uint8_t* p, size_t n) {
   uint64_t c = crc;
   for (; n >= 8; n -= 8, p += 8) {
     uint64_t word;
     std::memcpy(&word, p, 8);
-    c = _mm_crc32_u64(c, word);
+    c = RD_CRC64(c, word);
   }
   uint32_t c32 = static_cast<uint32_t>(c);
   for (; n > 0; --n, ++p) {
-    c32 = _mm_crc32_u8(c32, *p);
+    c32 = RD_CRC8(c32, *p);
   }
   return c32;
 }
+#else
+uint32_t hardware(uint32_t crc, const uint8_t* p, size_t n) { return software(crc, p, n); }
+#endif
 
 }  // namespace
 
 uint32_t crc32cExtend(uint32_t crc, const void* data, size_t bytes) {
   const auto* p = static_cast<const uint8_t*>(data);
   crc = ~crc;
-  crc = cpuFeatures().sse42 ? hardware(crc, p, bytes) : software(crc, p, bytes);
+  crc = cpuFeatures().crc32 ? hardware(crc, p, bytes) : software(crc, p, bytes);
   return ~crc;
 }
 

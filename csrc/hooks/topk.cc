@@ -15,8 +15,6 @@
 // result is the exact top k, whatever the sample.
 #include "csrc/hooks/topk.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -25,6 +23,12 @@
 #include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
 #include "csrc/hooks/topk_math.h"
+
+#if defined(RINGDIST_X86)
+#include <immintrin.h>
+#elif defined(RINGDIST_ARM)
+#include <arm_neon.h>
+#endif
 
 #define RD_INLINE inline __attribute__((always_inline))
 
@@ -82,11 +86,12 @@ RD_INLINE size_t scanGeneric(const float* x, size_t begin, size_t end, uint32_t 
   return c;
 }
 
+#if defined(RINGDIST_X86)
 // Pass 2, AVX2: compare eight magnitudes at once and branch only on hits
 // (about 1 in 80 entries for a 1% cut). Magnitudes are below 2^31, so a
 // signed compare orders them.
-__attribute__((target("avx2"))) size_t scanAvx2(const float* x, size_t begin, size_t end,
-                                               uint32_t threshold, uint64_t* out) {
+__attribute__((target("avx2"))) size_t scanVector(const float* x, size_t begin, size_t end,
+                                                 uint32_t threshold, uint64_t* out) {
   const __m256i absMask = _mm256_set1_epi32(0x7fffffff);
   const __m256i below = _mm256_set1_epi32(static_cast<int32_t>(threshold) - 1);
   size_t c = 0;
@@ -105,23 +110,54 @@ __attribute__((target("avx2"))) size_t scanAvx2(const float* x, size_t begin, si
   return c + scanGeneric(x, i, end, threshold, out + c);
 }
 
+// Pass 1 with AVX2 code for the residual update.
+__attribute__((target("avx2,fma"))) void addAndSampleVector(const float* g, float* r, size_t n,
+                                                            uint32_t* sample) {
+  addAndSample(g, r, n, sample);
+}
+#elif defined(RINGDIST_ARM)
+// Pass 2, NEON: test eight magnitudes at once and look at them one by one
+// only when one reaches the threshold (about 1 in 80 entries for a 1% cut).
+size_t scanVector(const float* x, size_t begin, size_t end, uint32_t threshold, uint64_t* out) {
+  const uint32x4_t absMask = vdupq_n_u32(0x7fffffffu);
+  const uint32x4_t cut = vdupq_n_u32(threshold);
+  const auto* bits = reinterpret_cast<const uint32_t*>(x);
+  size_t c = 0;
+  size_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    uint32x4_t a = vandq_u32(vld1q_u32(bits + i), absMask);
+    uint32x4_t b = vandq_u32(vld1q_u32(bits + i + 4), absMask);
+    if (vmaxvq_u32(vorrq_u32(vcgeq_u32(a, cut), vcgeq_u32(b, cut))) != 0) {
+      c += scanGeneric(x, i, i + 8, threshold, out + c);
+    }
+  }
+  return c + scanGeneric(x, i, end, threshold, out + c);
+}
+
+// NEON is the base architecture's: the portable pass is already vectorised.
+void addAndSampleVector(const float* g, float* r, size_t n, uint32_t* sample) {
+  addAndSample(g, r, n, sample);
+}
+#endif
+
 // Pass 2 over the whole bucket into cand (grown as needed, a block at a time
 // so the kernels need no bounds checks).
-size_t scan(bool avx2, const float* x, size_t n, uint32_t threshold, std::vector<uint64_t>& cand) {
+size_t scan(bool vector, const float* x, size_t n, uint32_t threshold,
+            std::vector<uint64_t>& cand) {
   constexpr size_t kScanBlock = 4096;
   size_t c = 0;
   for (size_t b = 0; b < n; b += kScanBlock) {
     size_t e = std::min(n, b + kScanBlock);
     if (cand.size() < c + (e - b)) cand.resize(std::max(2 * cand.size(), c + (e - b)));
-    c += avx2 ? scanAvx2(x, b, e, threshold, cand.data() + c)
-              : scanGeneric(x, b, e, threshold, cand.data() + c);
+#if defined(RINGDIST_X86) || defined(RINGDIST_ARM)
+    if (vector) {
+      c += scanVector(x, b, e, threshold, cand.data() + c);
+      continue;
+    }
+#endif
+    c += scanGeneric(x, b, e, threshold, cand.data() + c);
   }
   return c;
-}
-
-__attribute__((target("avx2,fma"))) void addAndSampleAvx2(const float* g, float* r, size_t n,
-                                                          uint32_t* sample) {
-  addAndSample(g, r, n, sample);
 }
 
 void addAndSampleGeneric(const float* g, float* r, size_t n, uint32_t* sample) {
@@ -134,7 +170,7 @@ void topkSelect(const float* grad, float* residual, size_t n, size_t k, float* v
                 int32_t* indices) {
   RINGDIST_CHECK(k <= n && n < (size_t{1} << 31), "ringdist topk: k = ", k, " of n = ", n,
                  " (need k <= n < 2^31)");
-  const bool avx2 = cpuFeatures().avx2Family;
+  const bool vector = useVectorKernels();
   const float* x = residual != nullptr ? residual : grad;
   const size_t samples = (n + kSampleStride - 1) / kSampleStride;
   // Kept per thread: the hook runs on DDP's autograd thread every step.
@@ -142,7 +178,11 @@ void topkSelect(const float* grad, float* residual, size_t n, size_t k, float* v
   thread_local std::vector<uint64_t> cand;
   sample.resize(samples);
   if (residual != nullptr) {
-    (avx2 ? addAndSampleAvx2 : addAndSampleGeneric)(grad, residual, n, sample.data());
+#if defined(RINGDIST_X86) || defined(RINGDIST_ARM)
+    (vector ? addAndSampleVector : addAndSampleGeneric)(grad, residual, n, sample.data());
+#else
+    addAndSampleGeneric(grad, residual, n, sample.data());
+#endif
   } else {
     onlySample(x, n, sample.data());
   }
@@ -171,7 +211,7 @@ void topkSelect(const float* grad, float* residual, size_t n, size_t k, float* v
                        std::greater<uint32_t>());
       threshold = sample[q];
     }
-    count = scan(avx2, x, n, threshold, cand);
+    count = scan(vector, x, n, threshold, cand);
     if (count >= k) break;
     q *= 4;  // the sample overestimated the cut: lower the threshold
   }

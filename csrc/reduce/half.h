@@ -1,8 +1,8 @@
 #pragma once
 
 // float32 <-> float16 / bfloat16 conversions shared by the reduce kernels and
-// the wire codecs. Always inlined so each kernel family (baseline, AVX2+F16C)
-// compiles them with its own instruction set (vcvtph2ps / vcvtps2ph there).
+// the wire codecs. Always inlined so each kernel family compiles them with its
+// own instruction set (vcvtph2ps / vcvtps2ph with F16C, fcvt on aarch64).
 
 #include <cstddef>
 #include <cstdint>
@@ -31,17 +31,31 @@ struct Bf16 {
   }
 };
 
-// Round to nearest even, as torch's float -> half cast. The hardware
-// conversion (F16C) on x86; elementwise::fp16ToFloat / floatToFp16 are the
-// same conversions in portable bit arithmetic, for the GPU.
+// Round to nearest even, as torch's float -> half cast: the compiler's half
+// type (the hardware conversion with F16C on x86-64, fcvt on aarch64, whose
+// g++ has __fp16 but no _Float16 in C++); elsewhere elementwise's bit
+// arithmetic, the conversion the GPU kernels use.
 struct Fp16 {
+#if defined(__aarch64__) || defined(__FLT16_MAX__)
+#if defined(__aarch64__)
+  using Bits = __fp16;
+#else
+  using Bits = _Float16;
+#endif
+  static RD_INLINE float toFloat(Bits h) { return static_cast<float>(h); }
+  static RD_INLINE Bits fromFloat(float x) { return static_cast<Bits>(x); }
+#else
+  using Bits = uint16_t;
+  static RD_INLINE float toFloat(Bits h) { return elementwise::fp16ToFloat(h); }
+  static RD_INLINE Bits fromFloat(float x) { return elementwise::floatToFp16(x); }
+#endif
   static RD_INLINE void widen(float* out, const void* in, size_t n) {
-    const auto* h = static_cast<const _Float16*>(in);
-    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(h[i]);
+    const auto* h = static_cast<const Bits*>(in);
+    for (size_t i = 0; i < n; ++i) out[i] = toFloat(h[i]);
   }
   static RD_INLINE void narrow(void* out, const float* in, size_t n) {
-    auto* h = static_cast<_Float16*>(out);
-    for (size_t i = 0; i < n; ++i) h[i] = static_cast<_Float16>(in[i]);
+    auto* h = static_cast<Bits*>(out);
+    for (size_t i = 0; i < n; ++i) h[i] = fromFloat(in[i]);
   }
 };
 

@@ -1,7 +1,5 @@
 #include "csrc/reduce/reduce.h"
 
-#include <immintrin.h>
-
 #include <cstdint>
 #include <cstring>
 
@@ -10,9 +8,11 @@
 #include "csrc/reduce/elementwise.h"
 #include "csrc/reduce/half.h"
 
-// Every kernel is written once as an always-inline template and instantiated
-// twice: a baseline x86-64 family and an AVX2+F16C+FMA family (vcvtph2ps for
-// float16). The family is picked once from cpuid.
+// Every kernel is written once as an always-inline template. On x86-64 it is
+// instantiated twice, a baseline family and an AVX2+F16C+FMA family
+// (vcvtph2ps for float16), picked once from cpuid. On aarch64 once: NEON is
+// part of the base architecture, so the compiler vectorises the templates
+// with it (fcvtl/fcvtn for float16) in either family.
 
 namespace ringdist {
 
@@ -135,9 +135,12 @@ RD_INLINE void dispatchInt(DataType dtype, void* dst, const void* a, const void*
   RD_KERNEL(FAMILY, ATTR, T##_xor, DTYPE, Xor, dispatchInt)
 
 RD_FAMILY(generic, )
+#if defined(RINGDIST_X86)
 RD_FAMILY(avx2, __attribute__((target("avx2,fma,f16c"))))
-
-#define RD_PICK(NAME) (cpuFeatures().avx2Family ? &avx2_##NAME : &generic_##NAME)
+#define RD_PICK(NAME) (useVectorKernels() ? &avx2_##NAME : &generic_##NAME)
+#else
+#define RD_PICK(NAME) (&generic_##NAME)
+#endif
 
 // The arithmetic ops of every numeric dtype; AVG reduces with SUM (the owner
 // of a chunk divides once, see divideInPlace).
