@@ -15,14 +15,19 @@ Settings (environment), passed on to CMake:
   MAX_JOBS              parallel compile jobs
   CMAKE_ARGS            further arguments for the CMake configure step
 """
-import os
-import shlex
-import shutil
-import subprocess
 import sys
 
-from setuptools import Extension, setup
-from setuptools.command.build_ext import build_ext
+if not sys.platform.startswith("linux"):  # before anything that may not import there
+    raise SystemExit(f"torch_ringdist runs on Linux only (x86-64 and aarch64): its transports use "
+                     f"futexes, /dev/shm and process_vm_readv, which {sys.platform} does not have.")
+
+import os  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+
+from setuptools import Extension, setup  # noqa: E402
+from setuptools.command.build_ext import build_ext  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

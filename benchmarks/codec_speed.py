@@ -8,6 +8,8 @@ Per kernel: median of --reps calls after one warm-up, on a buffer that fits in L
 float32 input GB/s of codec_roundtrip (encode + decode, block by block); with
 residual=True as error feedback uses it. topk_select: 1% with error feedback;
 topk_scatter: the dense result of N=2 ranks' selections. No process group needed.
+Each kernel family this CPU runs is measured: generic, then avx2 (x86-64) or neon
+(aarch64); --family picks one.
 """
 
 import argparse
@@ -36,9 +38,27 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--json", help="write results here")
+    p.add_argument("--family", action="append", help="kernel family (default: every one this CPU runs)")
     args = p.parse_args()
     torch.set_num_threads(1)
     ext = load()
+    best = ext.codec_kernel_family()
+    families = args.family or (["generic"] if best == "generic" else ["generic", best])
+    rows = []
+    for family in families:
+        if not ext.testing.select_kernel_family(family):
+            raise SystemExit(f"this CPU cannot run kernel family {family!r} (best: {best})")
+        rows += measure(ext, family, args.reps)
+    print(f"{'family':<9}{'kernel':<24}{'size':>8}{'time(ms)':>10}{'GB/s':>8}")
+    for r in rows:
+        print(f"{r['family']:<9}{r['kernel']:<24}{r['size']:>8}{r['seconds'] * 1e3:>10.2f}"
+              f"{r['gbps_fp32_in']:>8.2f}")
+    if args.json:
+        write_json(args.json, {"machine": machine_info(), "results": rows})
+
+
+def measure(ext, family, reps):
+    """One family's rows."""
     rows = []
     for count, size in ((1 << 20, "4 MiB"), (25_000_000, "100 MB")):
         grad = torch.randn(count) * 1e-3
@@ -47,25 +67,21 @@ def main():
         for codec in ("bf16", "fp16", "int8"):
             for residual in (False, True):
                 s = median_time(lambda: ext.codec_roundtrip(grad, codec, out=out, residual=residual),
-                                args.reps)
-                rows.append({"kernel": f"{codec} roundtrip" + (" residual" if residual else ""),
+                                reps)
+                rows.append({"family": family,
+                             "kernel": f"{codec} roundtrip" + (" residual" if residual else ""),
                              "size": size, "seconds": s, "gbps_fp32_in": count * 4 / s / 1e9})
         k = count // 100
         packed = torch.empty(2 * k)
         residual = torch.zeros(count)
-        s = median_time(lambda: ext.topk_select(grad, residual, k, packed), args.reps)
-        rows.append({"kernel": "topk_select 1% EF", "size": size, "seconds": s,
+        s = median_time(lambda: ext.topk_select(grad, residual, k, packed), reps)
+        rows.append({"family": family, "kernel": "topk_select 1% EF", "size": size, "seconds": s,
                      "gbps_fp32_in": count * 4 / s / 1e9})
         gathered = torch.cat([packed, packed])
-        s = median_time(lambda: ext.topk_scatter(gathered, 2, k, out), args.reps)
-        rows.append({"kernel": "topk_scatter N=2", "size": size, "seconds": s,
+        s = median_time(lambda: ext.topk_scatter(gathered, 2, k, out), reps)
+        rows.append({"family": family, "kernel": "topk_scatter N=2", "size": size, "seconds": s,
                      "gbps_fp32_in": count * 4 / s / 1e9})
-    print(f"codec kernels: {ext.codec_kernel_family()}, top-k kernels: {ext.topk_kernel_family()}")
-    print(f"{'kernel':<24}{'size':>8}{'time(ms)':>10}{'GB/s':>8}")
-    for r in rows:
-        print(f"{r['kernel']:<24}{r['size']:>8}{r['seconds'] * 1e3:>10.2f}{r['gbps_fp32_in']:>8.2f}")
-    if args.json:
-        write_json(args.json, {"machine": machine_info(), "results": rows})
+    return rows
 
 
 if __name__ == "__main__":

@@ -14,4 +14,7 @@ command -v mpirun >/dev/null || packages+=(openmpi-bin=4.1.4-3+b1)
 if [ ${#packages[@]} -gt 0 ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
   apt-get update -q && apt-get install -y -q "${packages[@]}" >/dev/null
 fi
+# The aarch64 cross-build and emulated run (tests/test_arm.py): cross compiler, qemu-user,
+# the aarch64 torch wheel's headers and libraries.
+bash scripts/setup_arm.sh
 bash scripts/run_pytest.sh "$PY" "$@"

@@ -1,6 +1,7 @@
 #include "csrc/python/testing.h"
 
 #include "csrc/backend/testing.h"
+#include "csrc/common/cpu.h"
 
 namespace py = pybind11;
 
@@ -37,6 +38,10 @@ void defineTestingModule(py::module_& parent) {
         "uint8 tensor, in place; the regions may overlap");
   m.def("cuda_divide", &divideWithCudaKernel, py::arg("x"), py::arg("divisor"),
         "x / divisor with the GPU kernel that finalises AVG (CUDA builds only)");
+  m.def("select_kernel_family", &selectKernelFamily, py::arg("name"),
+        "Run the CPU kernels of family `name` from now on, in this process ('generic', or this "
+        "CPU's vector family: 'avx2' or 'neon'); False if this CPU cannot. For tests and "
+        "benchmarks: call it before kernels run on other threads");
 }
 
 }  // namespace ringdist
