@@ -21,6 +21,7 @@ if not sys.platform.startswith("linux"):  # before anything that may not import 
     raise SystemExit(f"torch_ringdist runs on Linux only (x86-64 and aarch64): its transports use "
                      f"futexes, /dev/shm and process_vm_readv, which {sys.platform} does not have.")
 
+import hashlib  # noqa: E402
 import os  # noqa: E402
 import shlex  # noqa: E402
 import shutil  # noqa: E402
@@ -65,7 +66,10 @@ class CMakeBuild(build_ext):
 
     def build_extension(self, ext):
         package_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
-        build_dir = os.path.join(os.path.abspath(self.build_temp), "cmake")
+        # One build folder per torch (CI builds against two torches in one checkout).
+        torch_id = hashlib.sha1(os.path.dirname(torch.__file__).encode()).hexdigest()[:8]
+        build_dir = os.path.join(os.path.abspath(self.build_temp),
+                                 f"cmake-torch-{torch.__version__}-{torch_id}")
         cmake = cmake_executable()
         sanitize = bool(os.environ.get("RINGDIST_DEBUG_BUILD"))
         configure = [

@@ -17,7 +17,10 @@ if(NOT RINGDIST_PYTHON_TORCH_VERSION MATCHES "^${TORCH_VERSION_MINOR}\\.")
   message(FATAL_ERROR "torch_ringdist: ${Python3_EXECUTABLE} has torch ${RINGDIST_PYTHON_TORCH_VERSION}, "
                       "but the build found torch ${TORCH_VERSION} at ${TORCH_PREFIX}")
 endif()
-find_library(RINGDIST_TORCH_PYTHON torch_python PATHS "${TORCH_LIBRARY_DIR}" NO_DEFAULT_PATH REQUIRED)
+set(RINGDIST_TORCH_PYTHON "${TORCH_LIBRARY_DIR}/libtorch_python.so")
+if(NOT EXISTS "${RINGDIST_TORCH_PYTHON}")
+  message(FATAL_ERROR "torch_ringdist: ${RINGDIST_TORCH_PYTHON} not found")
+endif()
 
 function(ringdist_python_module name)
   Python3_add_library(${name} MODULE WITH_SOABI ${ARGN})
