@@ -16,11 +16,13 @@ register_backend()
 
 # Compressed allreduce and statistics (ringdist groups only); DDP hooks live
 # in torch_ringdist.hooks.
-from torch_ringdist._collectives import all_reduce, reset_stats, stats, trace  # noqa: E402
+from torch_ringdist._collectives import (  # noqa: E402
+    all_reduce, direct_all_gather, direct_all_reduce, reset_stats, stats, trace)
 # After a failure: which ranks to pass to dist.shrink_group.
 from torch_ringdist._recovery import lost_ranks  # noqa: E402
 
-__all__ = ["BACKEND_NAME", "register_backend", "reduce_kernel_family", "all_reduce", "stats",
+__all__ = ["BACKEND_NAME", "register_backend", "reduce_kernel_family", "all_reduce",
+           "direct_all_reduce", "direct_all_gather", "stats",
            "reset_stats", "lost_ranks", "trace", "hooks", "cmake_prefix_path"]
 __version__ = "0.1.0"
 

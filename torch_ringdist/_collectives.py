@@ -64,6 +64,47 @@ def all_reduce(tensor: torch.Tensor, codec: str | None = None, op=dist.ReduceOp.
     return None
 
 
+_REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
+               dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max", dist.ReduceOp.BAND: "band",
+               dist.ReduceOp.BOR: "bor", dist.ReduceOp.BXOR: "bxor"}
+
+
+def _group_name(group) -> str:
+    """torch's name of the group (the operator checks that it runs on ringdist)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    return pg.group_name
+
+
+def direct_all_reduce(tensor: torch.Tensor, group=None, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """Allreduce ``tensor`` in place through ``torch.ops.ringdist.all_reduce_`` and return it.
+
+    The same operation and result bits as ``dist.all_reduce`` on a ringdist group, without
+    c10d's dispatch, Work or Future: synchronous, on the calling thread when the group is idle.
+    ``torch.compile`` traces it without a graph break. A tensor that is not a contiguous CPU
+    tensor takes ``dist.all_reduce``.
+    """
+    if tensor.is_cpu and tensor.is_contiguous() and not tensor.is_sparse:
+        load()
+        torch.ops.ringdist.all_reduce_(tensor, _REDUCE_OPS[op], _group_name(group))
+    else:
+        dist.all_reduce(tensor, op=op, group=group)
+    return tensor
+
+
+def direct_all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank's ``tensor`` stacked along dimension 0 (as ``all_gather_into_tensor``),
+    through ``torch.ops.ringdist.all_gather``: synchronous, no Work or Future; traced by
+    ``torch.compile``. A tensor that is not a contiguous CPU tensor takes
+    ``dist.all_gather_into_tensor``."""
+    if tensor.is_cpu and tensor.is_contiguous() and not tensor.is_sparse:
+        load()
+        return torch.ops.ringdist.all_gather(tensor, _group_name(group))
+    size = dist.get_world_size(group)
+    out = tensor.new_empty((size * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (size,))
+    dist.all_gather_into_tensor(out, tensor, group=group)
+    return out
+
+
 def stats(group=None) -> dict:
     """Per-operation statistics of a ringdist group since creation or :func:`reset_stats`.
 

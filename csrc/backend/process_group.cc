@@ -415,6 +415,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
                  });
 }
 
+void ProcessGroupRingdist::directAllreduce(at::Tensor& tensor, const c10d::ReduceOp& op) {
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
+  opts.asyncOp = false;
+  allreduce(tensors, opts)->wait();
+}
+
+void ProcessGroupRingdist::directAllgather(at::Tensor& output, const at::Tensor& input) {
+  at::Tensor in = input;
+  c10d::AllgatherOptions opts;
+  opts.asyncOp = false;
+  _allgather_base(output, in, opts)->wait();
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceSparse(
     at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";

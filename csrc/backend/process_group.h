@@ -103,6 +103,11 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
                                                int tag) override;
 
+  // The direct operators (direct_ops.cc): the allreduce / all_gather_into_tensor
+  // of the backend itself, synchronous (the latency path), no Work returned.
+  void directAllreduce(at::Tensor& tensor, const c10d::ReduceOp& op);
+  void directAllgather(at::Tensor& output, const at::Tensor& input);
+
   // Tuning and introspection for tests and benchmarks.
   // Transport used to reach each rank ("tcp", "shm", "self").
   const std::vector<std::string>& transports() const { return transports_; }
