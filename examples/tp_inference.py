@@ -2,18 +2,19 @@
 from a fixed seed, nothing downloaded) split over the ranks of one host, generating tokens
 greedily.
 
-    torchrun --nproc-per-node 2 examples/tp_inference.py            # torch's tensor-parallel API
-    torchrun --nproc-per-node 2 examples/tp_inference.py --direct   # the direct operators
+    torchrun --nproc-per-node 2 examples/tp_inference.py                  # torch's tensor-parallel API
+    torchrun --nproc-per-node 2 examples/tp_inference.py --mode direct    # the direct operators
 
-Default: torch's tensor-parallel API (``parallelize_module`` with ``ColwiseParallel`` /
-``RowwiseParallel`` over a DeviceMesh of ringdist; DTensor runs the collectives). ``--direct``:
-every rank holds the same shards as plain tensors and the model calls
-``torch_ringdist.direct_all_reduce`` after each row-parallel projection and
-``direct_all_gather`` for the vocabulary-parallel logits. ``--no-comm``: the direct shards with
-the collectives skipped (wrong tokens; the time per token without communication, the bound L).
-Rank 0 also runs the whole model in this process and checks the tokens are equal
-(float64 by default, so summation order cannot flip an argmax). Prints ``tokens: ...`` and
-``ms/token``.
+--mode dtensor (default): torch's tensor-parallel API (``parallelize_module`` with
+``ColwiseParallel`` / ``RowwiseParallel`` over a DeviceMesh of --backend, ringdist by default;
+DTensor runs the collectives). --mode direct: every rank holds the same shards as plain tensors
+and the model calls ``torch_ringdist.direct_all_reduce`` after each row-parallel projection and
+``direct_all_gather`` for the vocabulary-parallel logits. --mode deepspeed: the same shards with
+DeepSpeed's ``torch.ops.deepspeed.inference_all_reduce_`` (if installed) for the allreduces.
+--mode no-comm: the same shards with the collectives skipped (wrong tokens; the time per token
+without communication, the bound L). Rank 0 also runs the whole model in this process and checks
+the tokens are equal (float64 by default, so summation order cannot flip an argmax). Prints
+``tokens: ...`` and ``ms/token``.
 """
 import argparse
 import os
@@ -78,18 +79,28 @@ class Decoder(nn.Module):
 
 # ---------------------------------------------------------------- the direct-operator model
 
+def all_reduce_with(mode):
+    """The allreduce a row-parallel layer ends with, in place."""
+    if mode == "direct":
+        return torch_ringdist.direct_all_reduce
+    if mode == "deepspeed":
+        return torch.ops.deepspeed.inference_all_reduce_
+    return lambda y: y  # no-comm
+
+
 class RowParallel(nn.Module):
     """This rank's input columns of a linear layer; the partial products summed over the
-    ranks with the direct operator."""
+    ranks."""
 
-    def __init__(self, linear, rank, size, comm):
+    def __init__(self, linear, rank, size, all_reduce):
         super().__init__()
         self.weight = nn.Parameter(linear.weight.detach().chunk(size, dim=1)[rank].clone())
-        self.comm = comm
+        self.all_reduce = all_reduce
 
     def forward(self, x):
         y = x @ self.weight.t()
-        return torch_ringdist.direct_all_reduce(y) if self.comm else y
+        self.all_reduce(y)
+        return y
 
 
 def column_shard(linear, rank, size, parts=1):
@@ -117,13 +128,14 @@ class GatheredHead(nn.Module):
         return parts.movedim(0, -1)
 
 
-def shard_directly(model, rank, size, comm=True):
+def shard_directly(model, rank, size, mode):
+    all_reduce = all_reduce_with(mode)
     for block in model.blocks:
         block.attn.qkv = column_shard(block.attn.qkv, rank, size, parts=3)
-        block.attn.out = RowParallel(block.attn.out, rank, size, comm)
+        block.attn.out = RowParallel(block.attn.out, rank, size, all_reduce)
         block.up = column_shard(block.up, rank, size)
-        block.down = RowParallel(block.down, rank, size, comm)
-    model.lm_head = GatheredHead(model.lm_head, rank, size, comm)
+        block.down = RowParallel(block.down, rank, size, all_reduce)
+    model.lm_head = GatheredHead(model.lm_head, rank, size, comm=mode != "no-comm")
     return model
 
 
@@ -168,8 +180,8 @@ def build(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--direct", action="store_true", help="the direct operators instead of DTensor")
-    p.add_argument("--no-comm", action="store_true", help="direct shards, collectives skipped (bound L)")
+    p.add_argument("--mode", default="dtensor", choices=["dtensor", "direct", "deepspeed", "no-comm"])
+    p.add_argument("--backend", default="ringdist", help="the process group's backend")
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--prompt", type=int, default=8)
     p.add_argument("--dim", type=int, default=256)
@@ -180,7 +192,12 @@ def main():
     p.add_argument("--repeat", type=int, default=3, help="timed generations after a warm-up")
     args = p.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("ringdist")
+    if args.mode == "deepspeed":
+        import deepspeed  # builds and initializes its shared-memory op (needs LOCAL_SIZE)
+        os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        deepspeed.init_distributed(dist_backend=args.backend)
+    else:
+        dist.init_process_group(args.backend)
     rank, size = dist.get_rank(), dist.get_world_size()
     for what, n in (("--heads", args.heads), ("--dim", args.dim), ("vocabulary", VOCAB)):
         if n % size:
@@ -188,14 +205,13 @@ def main():
 
     model, prompt = build(args)
     reference = generate(model, prompt, args.tokens) if rank == 0 else None
-    if args.direct or args.no_comm:
-        mode = "no-comm" if args.no_comm else "direct"
-        model = shard_directly(model, rank, size, comm=not args.no_comm)
-    else:
+    mode = args.mode
+    if mode == "dtensor":
         from torch.distributed.device_mesh import init_device_mesh
-        mode = "dtensor"
         dtensor_qkv_order(model, size)
         model = shard_with_dtensor(model, init_device_mesh("cpu", (size,)))
+    else:
+        model = shard_directly(model, rank, size, mode)
 
     tokens = generate(model, prompt, args.tokens)  # warm-up, and the tokens checked
     times = []
@@ -206,12 +222,12 @@ def main():
         times.append((time.perf_counter() - start) / args.tokens)
     if rank == 0:
         same = tokens == reference
-        print(f"mode {mode}, {size} ranks, {args.dtype}: tokens: {tokens}")
+        print(f"mode {mode}, {args.backend}, {size} ranks, {args.dtype}: tokens: {tokens}")
         print(f"ms/token: {' '.join(f'{t * 1e3:.3f}' for t in times)} (median "
               f"{sorted(times)[len(times) // 2] * 1e3:.3f})")
         print("tokens equal the one-process run" if same else
               f"TOKENS DIFFER from the one-process run: {reference}")
-        if not same and not args.no_comm:
+        if not same and mode != "no-comm":
             os._exit(1)
     dist.barrier()
     dist.destroy_process_group()

@@ -14,8 +14,8 @@ EXAMPLE = os.path.join(REPO, "examples", "tp_inference.py")
 
 @pytest.mark.parametrize("mode", ["dtensor", "direct"])
 def test_tensor_parallel_tokens_equal_one_process(mode):
-    args = ["--tokens", "12", "--layers", "2", "--repeat", "1"] + (["--direct"] if mode == "direct" else [])
+    args = ["--tokens", "12", "--layers", "2", "--repeat", "1", "--mode", mode]
     out = torchrun_output(EXAMPLE, *args, nproc=2, timeout=240, cwd=REPO)
     assert "tokens equal the one-process run" in out, out[-3000:]
-    tokens = re.search(rf"mode {mode}, 2 ranks, float64: tokens: \[([0-9, ]+)\]", out)
+    tokens = re.search(rf"mode {mode}, ringdist, 2 ranks, float64: tokens: \[([0-9, ]+)\]", out)
     assert tokens and len(tokens.group(1).split(",")) == 12, out[-3000:]
