@@ -178,10 +178,8 @@ def build(args):
     return model, prompt
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", default="dtensor", choices=["dtensor", "direct", "deepspeed", "no-comm"])
-    p.add_argument("--backend", default="ringdist", help="the process group's backend")
+def add_model_args(p):
+    """The model and the generation (build() and generate() read them)."""
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--prompt", type=int, default=8)
     p.add_argument("--dim", type=int, default=256)
@@ -189,6 +187,13 @@ def main():
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--dtype", default="float64")
     p.add_argument("--seed", type=int, default=0)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", default="dtensor", choices=["dtensor", "direct", "deepspeed", "no-comm"])
+    p.add_argument("--backend", default="ringdist", help="the process group's backend")
+    add_model_args(p)
     p.add_argument("--repeat", type=int, default=3, help="timed generations after a warm-up")
     args = p.parse_args()
     torch.set_num_threads(1)
