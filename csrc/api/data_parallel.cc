@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "csrc/codec/codec.h"
 #include "torch_ringdist/ringdist.h"
 
 namespace torch_ringdist {
@@ -71,7 +72,8 @@ DataParallel::DataParallel(c10::intrusive_ptr<c10d::ProcessGroup> group,
   ringdistBackend(group_);  // raises for a group of another backend
   TORCH_CHECK(options_.bucketBytes > 0, "torch_ringdist DataParallel: bucketBytes must be > 0");
   const std::string& codec = options_.codec;
-  TORCH_CHECK(codec.empty() || codec == "fp16" || codec == "bf16" || codec == "int8",
+  ringdist::Codec known;
+  TORCH_CHECK(codec.empty() || ringdist::codecFromName(codec, &known),
               "torch_ringdist DataParallel: unknown codec '", codec,
               "' (known: fp16, bf16, int8, or empty for exact averaging)");
   std::vector<size_t> trained;

@@ -49,8 +49,7 @@ std::string chooseAddress(const c10::intrusive_ptr<c10d::Store>& store) {
 }
 
 ringdist::ProcessGroupRingdist& asRingdist(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
-  auto backend = ringdistBackend(group);
-  return static_cast<ringdist::ProcessGroupRingdist&>(*backend);
+  return ringdist::ringdistOf(group, "torch_ringdist");
 }
 
 }  // namespace
@@ -102,12 +101,8 @@ void shutdown(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
 
 c10::intrusive_ptr<c10d::Backend> ringdistBackend(
     const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
-  TORCH_CHECK(group, "torch_ringdist: the group is null");
-  auto backend = group->getBackend(c10::DeviceType::CPU);
-  TORCH_CHECK(dynamic_cast<ringdist::ProcessGroupRingdist*>(backend.get()) != nullptr,
-              "torch_ringdist: the group's backend is '", backend->getBackendName(),
-              "', not ringdist");
-  return backend;
+  asRingdist(group);  // raises for a group of another backend
+  return group->getBackend(c10::DeviceType::CPU);
 }
 
 c10::intrusive_ptr<c10d::Work> allreduceCompressed(
@@ -136,13 +131,7 @@ void resetStats(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
   asRingdist(group).resetStats();
 }
 
-bool cudaCompiled() {
-#ifdef RINGDIST_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
+bool cudaCompiled() { return ringdist::kCudaCompiled; }
 
 std::string builtWithTorch() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +

@@ -12,6 +12,13 @@
 
 namespace ringdist {
 
+// Whether this build holds ringdist's CUDA code (csrc/cuda/, RINGDIST_CUDA).
+#ifdef RINGDIST_CUDA
+constexpr bool kCudaCompiled = true;
+#else
+constexpr bool kCudaCompiled = false;
+#endif
+
 // The CUDA side of one operation on CUDA tensors. The engine works on host
 // memory, so each CUDA tensor gets a pinned host twin, with NCCL's stream
 // semantics around it:

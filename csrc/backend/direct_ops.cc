@@ -30,17 +30,12 @@ c10d::ReduceOp reduceOpNamed(const std::string& name) {
 
 // The ringdist backend of the group registered under `groupName` (torch's
 // group_name); the registry keeps it alive during the call.
-ProcessGroupRingdist& ringdistGroup(const char* op, const std::string& groupName) {
-  auto group = c10d::resolve_process_group(groupName);
-  auto backend = group->getBackend(c10::DeviceType::CPU);
-  auto* ringdist = dynamic_cast<ProcessGroupRingdist*>(backend.get());
-  TORCH_CHECK(ringdist != nullptr, "ringdist ", op, ": group '", groupName, "' uses backend '",
-              backend->getBackendName(), "', not ringdist");
-  return *ringdist;
+ProcessGroupRingdist& ringdistGroup(const char* what, const std::string& groupName) {
+  return ringdistOf(c10d::resolve_process_group(groupName), what);
 }
 
 void allReduce(at::Tensor& tensor, const std::string& op, const std::string& groupName) {
-  ringdistGroup("direct all_reduce", groupName).directAllreduce(tensor, reduceOpNamed(op));
+  ringdistGroup("ringdist direct all_reduce", groupName).directAllreduce(tensor, reduceOpNamed(op));
 }
 
 // The ranks' inputs stacked along dimension 0, as all_gather_into_tensor.
@@ -55,7 +50,7 @@ std::vector<int64_t> gatheredShape(const at::Tensor& input, int64_t ranks) {
 }
 
 at::Tensor allGather(const at::Tensor& input, const std::string& groupName) {
-  auto& group = ringdistGroup("direct all_gather", groupName);
+  auto& group = ringdistGroup("ringdist direct all_gather", groupName);
   at::Tensor output = at::empty(gatheredShape(input, group.getSize()), input.options());
   group.directAllgather(output, input);
   return output;

@@ -908,6 +908,16 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   return backend;
 }
 
+ProcessGroupRingdist& ringdistOf(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                 const char* what) {
+  TORCH_CHECK(group, what, ": the group is null");
+  auto backend = group->getBackend(c10::DeviceType::CPU);
+  auto* ringdist = dynamic_cast<ProcessGroupRingdist*>(backend.get());
+  TORCH_CHECK(ringdist != nullptr, what, ": group '", group->getGroupName(), "' uses backend '",
+              backend->getBackendName(), "', not ringdist");
+  return *ringdist;
+}
+
 void shutdownAllBackends() {
   std::vector<c10::intrusive_ptr<ProcessGroupRingdist>> live;
   {

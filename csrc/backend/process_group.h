@@ -5,6 +5,7 @@
 #include <memory>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "csrc/backend/device_stage.h"
@@ -207,6 +208,11 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequenceNumber_{0};
 };
+
+// The ringdist backend behind `group` (its CPU device); for a group of
+// another backend an error naming `what`, the group and that backend.
+ProcessGroupRingdist& ringdistOf(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                 const char* what);
 
 // A group listening on bindIp, registered for shutdownAllBackends (the C++
 // API's torch_ringdist::createBackend chooses the address).

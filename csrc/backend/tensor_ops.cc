@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "csrc/backend/device_stage.h"
 #include "csrc/backend/dtypes.h"
 #include "csrc/codec/codec.h"
 #include "csrc/hooks/topk.h"
@@ -16,14 +17,6 @@
 namespace ringdist {
 
 namespace {
-
-constexpr bool cudaCompiled() {
-#ifdef RINGDIST_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
 
 #ifdef RINGDIST_CUDA
 // The GPU round trip, queued on the current stream: the same encode/decode
@@ -57,9 +50,9 @@ void checkTopkOperand(const char* what, const at::Tensor& t, const char* name,
 }
 
 at::Device topkDevice(const char* what, const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu() || (t.is_cuda() && cudaCompiled()), "ringdist ", what,
-              ": expected tensors on the CPU", cudaCompiled() ? " or a GPU" : "", ", got ",
-              t.device(), cudaCompiled() ? "" : " (this build of ringdist has no CUDA kernels)");
+  TORCH_CHECK(t.device().is_cpu() || (t.is_cuda() && kCudaCompiled), "ringdist ", what,
+              ": expected tensors on the CPU", kCudaCompiled ? " or a GPU" : "", ", got ",
+              t.device(), kCudaCompiled ? "" : " (this build of ringdist has no CUDA kernels)");
   return t.device();
 }
 
@@ -68,10 +61,10 @@ at::Device topkDevice(const char* what, const at::Tensor& t) {
 at::Tensor codecRoundTrip(const at::Tensor& tensor, const std::string& name,
                           std::optional<at::Tensor> out, bool residual) {
   Codec codec = parseCodec(name);
-  TORCH_CHECK((tensor.device().is_cpu() || (tensor.is_cuda() && cudaCompiled())) &&
+  TORCH_CHECK((tensor.device().is_cpu() || (tensor.is_cuda() && kCudaCompiled)) &&
                   tensor.layout() == at::kStrided && tensor.scalar_type() == at::kFloat,
               "ringdist codec_roundtrip: expected a dense float32 CPU",
-              cudaCompiled() ? " or CUDA" : "", " tensor, got ", tensor.scalar_type(), " on ",
+              kCudaCompiled ? " or CUDA" : "", " tensor, got ", tensor.scalar_type(), " on ",
               tensor.device());
   at::Tensor in = tensor.contiguous();
   at::Tensor result = out.has_value() ? *out : at::empty_like(in);

@@ -138,6 +138,15 @@ size_t scanVector(const float* x, size_t begin, size_t end, uint32_t threshold, 
 void addAndSampleVector(const float* g, float* r, size_t n, uint32_t* sample) {
   addAndSample(g, r, n, sample);
 }
+#else
+// No vector family on this architecture (useVectorKernels() is false).
+size_t scanVector(const float* x, size_t begin, size_t end, uint32_t threshold, uint64_t* out) {
+  return scanGeneric(x, begin, end, threshold, out);
+}
+
+void addAndSampleVector(const float* g, float* r, size_t n, uint32_t* sample) {
+  addAndSample(g, r, n, sample);
+}
 #endif
 
 // Pass 2 over the whole bucket into cand (grown as needed, a block at a time
@@ -149,13 +158,8 @@ size_t scan(bool vector, const float* x, size_t n, uint32_t threshold,
   for (size_t b = 0; b < n; b += kScanBlock) {
     size_t e = std::min(n, b + kScanBlock);
     if (cand.size() < c + (e - b)) cand.resize(std::max(2 * cand.size(), c + (e - b)));
-#if defined(RINGDIST_X86) || defined(RINGDIST_ARM)
-    if (vector) {
-      c += scanVector(x, b, e, threshold, cand.data() + c);
-      continue;
-    }
-#endif
-    c += scanGeneric(x, b, e, threshold, cand.data() + c);
+    c += vector ? scanVector(x, b, e, threshold, cand.data() + c)
+                : scanGeneric(x, b, e, threshold, cand.data() + c);
   }
   return c;
 }
@@ -178,11 +182,7 @@ void topkSelect(const float* grad, float* residual, size_t n, size_t k, float* v
   thread_local std::vector<uint64_t> cand;
   sample.resize(samples);
   if (residual != nullptr) {
-#if defined(RINGDIST_X86) || defined(RINGDIST_ARM)
     (vector ? addAndSampleVector : addAndSampleGeneric)(grad, residual, n, sample.data());
-#else
-    addAndSampleGeneric(grad, residual, n, sample.data());
-#endif
   } else {
     onlySample(x, n, sample.data());
   }
