@@ -4,10 +4,14 @@ batch (A B C D A B C D ...), float32 SUM in place on one host.
 
     torchrun --nproc-per-node 2 benchmarks/deepspeed_peer.py --bytes 8 1K 64K 1M 4M --json out.json
 
-Labels: `deepspeed` (`torch.ops.deepspeed.inference_all_reduce_`, the op behind
-`deepspeed.comm.inference_all_reduce`; DeepSpeed is a benchmark-only requirement:
+Labels, operators and the functions users call on them in pairs: `deepspeed`
+(`torch.ops.deepspeed.inference_all_reduce_`; DeepSpeed is a benchmark-only requirement:
 `DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed==0.19.8`, its op is compiled on first
-use), `direct` (`torch.ops.ringdist.all_reduce_`), `ringdist` (`dist.all_reduce` on the ringdist
+use) and `deepspeed-comm` (`deepspeed.comm.inference_all_reduce`, its Python entry point);
+`direct-op` (`torch.ops.ringdist.all_reduce_.default` with the group's name) and `direct`
+(`torch_ringdist.direct_all_reduce`, its Python entry point); `direct-op-single-copy-0` / `-1`
+(only when asked for: the op on a group created with RINGDIST_SINGLE_COPY=0 or 1, the host's
+copy choice forced to the rings or to single copy); `ringdist` (`dist.all_reduce` on the ringdist
 group) and `fake` (torch's dispatch floor: `dist.all_reduce` of one element on a `fake` group).
 Per size and label: the median over --rounds of a batch's per-call time (slowest rank). Every
 label's result is checked once (rank-valued inputs sum exactly) outside the timed batches; the
@@ -26,33 +30,46 @@ import torch.distributed as dist
 from bench_common import machine_info, write_json
 from sweep import parse_bytes
 
-LABELS = ["deepspeed", "direct", "ringdist", "fake"]
+LABELS = ["deepspeed", "deepspeed-comm", "direct-op", "direct", "ringdist", "fake"]
+# Not run by default: the direct op on groups whose host copy choice is forced (rings, single copy).
+EXTRA_LABELS = ["direct-op-single-copy-0", "direct-op-single-copy-1"]
 
 
 def setup(labels):
     """The default ringdist group (through DeepSpeed when it runs), and what each label calls
     on a tensor."""
     import torch_ringdist  # noqa: F401  registers "ringdist"
-    if "deepspeed" in labels:
+    if "deepspeed" in labels or "deepspeed-comm" in labels:
         os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
         try:
             import deepspeed
         except ImportError:
             raise SystemExit("deepspeed_peer: DeepSpeed is not installed (a benchmark-only "
                              "requirement: DS_BUILD_OPS=0 pip install --no-build-isolation "
-                             "deepspeed==0.19.8); or leave out the label `deepspeed`")
+                             "deepspeed==0.19.8); or leave out the labels `deepspeed` and `deepspeed-comm`")
         deepspeed.init_distributed(dist_backend="ringdist")  # builds and initializes its shm op
     else:
         dist.init_process_group("ringdist")
-    name = dist.distributed_c10d._get_default_group().group_name
     fake = None
     if "fake" in labels:
         warnings.simplefilter("ignore")
         from torch.testing._internal.distributed import fake_pg  # noqa: F401  registers "fake"
         fake = dist.new_group(backend="fake")
+    name = dist.distributed_c10d._get_default_group().group_name
+    direct_op = torch.ops.ringdist.all_reduce_.default
+    copy_names = {}
+    for mode in ("0", "1"):
+        if f"direct-op-single-copy-{mode}" in labels:  # the host's copy choice, forced
+            os.environ["RINGDIST_SINGLE_COPY"] = mode  # read when the group connects
+            copy_names[mode] = dist.new_group(backend="ringdist").group_name
+            del os.environ["RINGDIST_SINGLE_COPY"]
     return {
         "deepspeed": lambda x: torch.ops.deepspeed.inference_all_reduce_(x),
-        "direct": lambda x: torch.ops.ringdist.all_reduce_(x, "sum", name),
+        "deepspeed-comm": lambda x: deepspeed.comm.inference_all_reduce(x),
+        "direct-op": lambda x: direct_op(x, "sum", name),
+        "direct-op-single-copy-0": lambda x: direct_op(x, "sum", copy_names["0"]),
+        "direct-op-single-copy-1": lambda x: direct_op(x, "sum", copy_names["1"]),
+        "direct": lambda x: torch_ringdist.direct_all_reduce(x),
         "ringdist": lambda x: dist.all_reduce(x),
         "fake": lambda x: dist.all_reduce(x, group=fake),
     }
@@ -62,7 +79,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bytes", nargs="+", type=parse_bytes,
                    default=[parse_bytes(b) for b in ("8", "1K", "16K", "64K", "256K", "1M", "4M", "16M")])
-    p.add_argument("--labels", nargs="+", default=LABELS, choices=LABELS)
+    p.add_argument("--labels", nargs="+", default=LABELS, choices=LABELS + EXTRA_LABELS)
     p.add_argument("--rounds", type=int, default=20, help="batches per label and size")
     p.add_argument("--batch-us", type=float, default=5000, help="a batch lasts about this long")
     p.add_argument("--json", help="write the results here")

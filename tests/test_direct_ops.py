@@ -42,12 +42,23 @@ def _case_fallback_and_errors(rank, ws):
 
     import torch_ringdist
 
+    torch_ringdist.reset_stats()
     strided = torch.arange(12, dtype=torch.float32).view(3, 4).t() + rank
-    torch_ringdist.direct_all_reduce(strided)  # not contiguous: dist.all_reduce
+    torch_ringdist.direct_all_reduce(strided)  # not contiguous: copied in and back by the op
     expected = (torch.arange(12, dtype=torch.float32).view(3, 4).t() * ws + ws * (ws - 1) / 2)
     assert torch.equal(strided, expected)
+    gathered = torch_ringdist.direct_all_gather(torch.arange(6.0).view(2, 3).t() + 10 * rank)
+    assert torch.equal(gathered, torch.cat([torch.arange(6.0).view(2, 3).t() + 10 * r
+                                            for r in range(ws)]))
     scalar = torch_ringdist.direct_all_gather(torch.tensor(float(rank)))
     assert torch.equal(scalar, torch.arange(ws, dtype=torch.float32))
+    stats = torch_ringdist.stats()
+    assert stats["allreduce"]["calls"] == 1 and stats["allgather"]["calls"] == 2, stats
+    # Sparse tensors take dist.all_reduce (ringdist's sparse allreduce).
+    sparse = torch.sparse_coo_tensor([[rank]], [1.0], (ws,))
+    summed = torch_ringdist.direct_all_reduce(sparse).to_dense()
+    assert torch.equal(summed, torch.ones(ws)), summed
+    assert torch_ringdist.stats()["allreduce_sparse"]["calls"] == 1
     name = dist.distributed_c10d._get_default_group().group_name
     errors = {}
     for key, call in {
@@ -67,6 +78,45 @@ def _case_fallback_and_errors(rank, ws):
         errors["gloo"] = str(exc).splitlines()[0]
     dist.barrier()
     return errors
+
+
+def _case_failures(rank, ws):
+    """A direct call that fails (counts that differ; a rank that never calls) raises
+    DistBackendError on every rank that called, naming what went wrong, within the group's
+    timeout; the default group is unharmed."""
+    import datetime
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import torch_ringdist
+
+    def attempt(tensor, group):
+        start = time.monotonic()
+        try:
+            torch_ringdist.direct_all_reduce(tensor, group=group)
+            return None
+        except Exception as exc:  # noqa: BLE001
+            return ([c.__name__ for c in type(exc).__mro__], str(exc).splitlines()[0],
+                    time.monotonic() - start)
+
+    out = {}
+    sub = dist.new_group(list(range(ws)), timeout=datetime.timedelta(seconds=5))
+    dist.barrier(group=sub)
+    x = torch.ones(5 if rank == 0 else 7)
+    out["mismatch"] = attempt(x, sub)
+    out["unchanged"] = bool((x == 1).all())
+    dist.destroy_process_group(sub)
+    sub = dist.new_group(list(range(ws)), timeout=datetime.timedelta(seconds=2))
+    dist.barrier(group=sub)
+    out["skipped"] = attempt(torch.ones(3), sub) if rank != 1 else None
+    dist.barrier()
+    dist.destroy_process_group(sub)
+    y = torch.full((4,), float(rank))
+    torch_ringdist.direct_all_reduce(y)
+    out["after"] = torch.equal(y, torch.full((4,), float(sum(range(ws)))))
+    return out
 
 
 def _case_compile(rank, ws):
@@ -102,6 +152,19 @@ def test_direct_ops_fallback_and_errors(world_factory, ws):
         assert f"ringdist allreduce: rank {rank}" in errors["dtype"] and "ComplexFloat" in errors["dtype"]
         assert "no-such-group" in errors["group"], errors
         assert "uses backend 'gloo', not ringdist" in errors["gloo"], errors
+
+
+@pytest.mark.parametrize("ws", WORLD_SIZES)
+def test_direct_op_failures_raise_on_every_rank(world_factory, ws):
+    for rank, out in enumerate(world_factory(ws).run(_case_failures, timeout=120)):
+        mro, message, elapsed = out["mismatch"]
+        assert "DistBackendError" in mro and f"rank {rank}" in message, out
+        assert "count=5" in message or "count=7" in message, out
+        assert elapsed < 5 and out["unchanged"] and out["after"], out
+        if rank != 1:
+            mro, message, elapsed = out["skipped"]
+            assert "DistBackendError" in mro and "Timed out" in message and "rank(s) 1" in message, out
+            assert elapsed < 2 + 3, out
 
 
 def test_torch_compile_traces_the_direct_op_without_a_graph_break(world_factory):

@@ -2,7 +2,7 @@
 // operators (torch_ringdist.direct_all_reduce / direct_all_gather in Python).
 // They skip c10d's ProcessGroup dispatch and hand the caller no Work or
 // Future: the backend's own call runs on the caller's thread when the group is
-// idle (the latency path, Worker::tryRunInline) and returns when done. Same
+// idle (the latency path, Worker::runNow) and returns when done. Same
 // engine and result bits as dist.all_reduce. Meta kernels let torch.compile
 // trace them (all_reduce_ declares its mutation).
 #include <ATen/ATen.h>

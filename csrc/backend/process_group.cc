@@ -266,6 +266,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
   // The latency path: a caller that waits for the result anyway (async_op=False), or any
   // caller of a one-rank group, runs the op itself when the worker is idle. CPU tensors
   // only: a CUDA op's host side must not wait for the GPU on the caller's thread.
+  if (call.direct && stage == nullptr) {
+    worker_->runNow(type, engineType, statsKey.empty() ? opTypeName(engineType) : statsKey,
+                    outputs, call.timeout, traceId, std::move(body));
+    return nullptr;
+  }
   const bool inlineIfIdle = stage == nullptr && (!call.async || getSize() == 1);
   return worker_->enqueue(type, engineType, statsKey.empty() ? opTypeName(engineType) : statsKey,
                           std::move(outputs), call.timeout, traceId, std::move(body),
@@ -387,6 +392,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::broadcast(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  return allreduceAs(tensors, opts, callOf(opts));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceAs(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts, Call call) {
   const char* op = "allreduce";
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) {
     return allreduceSparse(tensors[0], opts);
@@ -401,7 +411,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
     // GPU to GPU, on this host
     at::Tensor tensor = tensors[0];
     return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
-                   callOf(opts), stage,
+                   call, stage,
                    [stage, tensor, dtype, reduceOp](Communicator& comm) {
                      stage->allreduce(comm, tensor, dtype, reduceOp);
                    });
@@ -409,7 +419,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduce(
   Flat flat(tensors[0], stage.get());
   size_t count = static_cast<size_t>(flat.flat.numel());
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
-                 callOf(opts), stage, [flat, count, dtype, reduceOp](Communicator& comm) {
+                 call, stage, [flat, count, dtype, reduceOp](Communicator& comm) {
                    ringdist::allreduce(comm, flat.data(), count, dtype, reduceOp);
                    flat.writeBack();
                  });
@@ -420,14 +430,25 @@ void ProcessGroupRingdist::directAllreduce(at::Tensor& tensor, const c10d::Reduc
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
   opts.asyncOp = false;
-  allreduce(tensors, opts)->wait();
+  Call call = callOf(opts);
+  call.direct = true;
+  // CUDA and sparse tensors still come back with a Work.
+  if (auto work = allreduceAs(tensors, opts, call)) {
+    work->wait();
+  }
 }
 
 void ProcessGroupRingdist::directAllgather(at::Tensor& output, const at::Tensor& input) {
-  at::Tensor in = input;
+  std::vector<at::Tensor> outputs{output};
+  std::vector<at::Tensor> inputs{input};
   c10d::AllgatherOptions opts;
   opts.asyncOp = false;
-  _allgather_base(output, in, opts)->wait();
+  Call call = callOf(opts);
+  call.direct = true;
+  if (auto work = allgatherIntoTensors("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE,
+                                       outputs, inputs, call)) {
+    work->wait();
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceSparse(
@@ -521,7 +542,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::_allgather_base(
   std::vector<at::Tensor> outputs{output};
   std::vector<at::Tensor> inputs{input};
   return allgatherIntoTensors("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, outputs,
-                              inputs, opts);
+                              inputs, callOf(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_coalesced(
@@ -575,13 +596,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather_into_tensor_coale
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   return allgatherIntoTensors("allgather_into_tensor_coalesced", c10d::OpType::COALESCED, outputs,
-                              inputs, opts);
+                              inputs, callOf(opts));
 }
 
 // Output i holds every rank's input i, rank by rank.
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgatherIntoTensors(
     const char* op, c10d::OpType type, std::vector<at::Tensor>& outputs,
-    std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+    std::vector<at::Tensor>& inputs, Call call) {
   RD_CHECK_INPUT(outputs.size() == inputs.size(), op, "got ", outputs.size(), " outputs for ",
                  inputs.size(), " inputs");
   std::vector<DataType> dtypes;
@@ -595,7 +616,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgatherIntoTensors(
   auto ins = flatten(inputs, stage.get());
   auto outs = flatten(outputs, stage.get(), /*read=*/false);
   const int size = getSize();
-  return enqueue(type, OpType::kAllgather, outputs, callOf(opts), stage,
+  return enqueue(type, OpType::kAllgather, outputs, call, stage,
                  [ins, outs, dtypes, size](Communicator& comm) {
                    for (size_t i = 0; i < ins.size(); ++i) {
                      const size_t count = static_cast<size_t>(ins[i].flat.numel());

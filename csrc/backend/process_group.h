@@ -160,10 +160,6 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // Every tensor of `list` (each a `what`) has the numel and dtype of `reference`.
   void checkAllMatch(const char* op, const std::vector<at::Tensor>& list, const char* what,
                      const at::Tensor& reference, const char* referenceName);
-  c10::intrusive_ptr<c10d::Work> allgatherIntoTensors(const char* op, c10d::OpType type,
-                                                      std::vector<at::Tensor>& outputs,
-                                                      std::vector<at::Tensor>& inputs,
-                                                      const c10d::AllgatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> reduceScatterTensors(const char* op, c10d::OpType type,
                                                       std::vector<at::Tensor>& outputs,
                                                       std::vector<at::Tensor>& inputs,
@@ -177,13 +173,23 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   struct Call {
     std::chrono::milliseconds timeout;
     bool async = true;
+    // The direct operators: the caller waits and takes no Work, so a host
+    // op runs at once (Worker::runNow) and enqueue returns null.
+    bool direct = false;
   };
   template <class Opts>
   Call callOf(const Opts& opts) const {
     return {effectiveTimeout(opts.timeout), opts.asyncOp};
   }
-  // Queues `body` on the worker and returns its Work; statsKey defaults to
-  // the operation's name.
+  // The allreduce and all_gather_into_tensor behind the public calls and the
+  // direct operators.
+  c10::intrusive_ptr<c10d::Work> allreduceAs(std::vector<at::Tensor>& tensors,
+                                             const c10d::AllreduceOptions& opts, Call call);
+  c10::intrusive_ptr<c10d::Work> allgatherIntoTensors(const char* op, c10d::OpType type,
+                                                      std::vector<at::Tensor>& outputs,
+                                                      std::vector<at::Tensor>& inputs, Call call);
+  // Queues `body` on the worker and returns its Work (null for a direct
+  // call that ran on the host); statsKey defaults to the operation's name.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, OpType engineType,
                                          std::vector<at::Tensor> outputs, Call call,
                                          std::shared_ptr<DeviceStage> stage, Worker::Body body,

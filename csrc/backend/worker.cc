@@ -27,6 +27,14 @@ std::exception_ptr asDistError(const std::string& message) {
       c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
 }
 
+uint64_t payloadOf(const std::vector<at::Tensor>& outputs) {
+  uint64_t bytes = 0;
+  for (const auto& t : outputs) {
+    bytes += t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
+  }
+  return bytes;
+}
+
 }  // namespace
 
 Worker::Worker(int rank, std::unique_ptr<Communicator> comm,
@@ -53,10 +61,29 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueue(c10d::OpType type, OpType engin
   auto work = c10::make_intrusive<RingdistWork>(rank_, type, opTypeName(engineType),
                                                 std::move(outputs), std::move(stage));
   Task task{work, true, engineType, std::move(statsKey), timeout, std::move(body), traceId};
+  task.payloadBytes = payloadOf(work->result());
   if (!(inlineIfIdle && tryRunInline(task))) {
     push(std::move(task));
   }
   return work;
+}
+
+void Worker::runNow(c10d::OpType type, OpType engineType, std::string statsKey,
+                    const std::vector<at::Tensor>& outputs, std::chrono::milliseconds timeout,
+                    uint64_t traceId, Body body) {
+  Task task{nullptr, true, engineType, std::move(statsKey), timeout, std::move(body), traceId};
+  task.payloadBytes = payloadOf(outputs);
+  if (tryRunInline(task)) {
+    if (task.error) {
+      std::rethrow_exception(task.error);
+    }
+    return;
+  }
+  auto work = c10::make_intrusive<RingdistWork>(rank_, type, opTypeName(engineType),
+                                                std::vector<at::Tensor>{});
+  task.work = work;
+  push(std::move(task));
+  work->wait();
 }
 
 bool Worker::tryRunInline(Task& task) {
@@ -270,7 +297,7 @@ void Worker::run(Task& task) {
   recorder_->started(task.traceId);
   try {
     comm_->beginOp(task.type, task.timeout);
-    DeviceStage* stage = task.work->stage();
+    DeviceStage* stage = task.work ? task.work->stage() : nullptr;
     if (stage == nullptr) {
       task.body(*comm_);
     } else {
@@ -288,6 +315,9 @@ void Worker::run(Task& task) {
     task.body = nullptr;
     recordStats(task, started, before);
     fail(task.work, message);
+    if (!task.work) {
+      task.error = asDistError(message);
+    }
     return;
   }
   // The body's tensors go before the Work completes: once the caller's wait()
@@ -297,7 +327,9 @@ void Worker::run(Task& task) {
   recordStats(task, started, before);
   if (task.completesOnReturn) {
     recorder_->completed(task.traceId);
-    task.work->markSuccess();
+    if (task.work) {
+      task.work->markSuccess();
+    }
   }
 }
 
@@ -390,12 +422,7 @@ Worker::Counters Worker::counters() const {
 
 void Worker::recordStats(const Task& task, std::chrono::steady_clock::time_point started,
                          const Counters& before) {
-  uint64_t payload = 0;
-  if (task.completesOnReturn) {
-    for (const auto& t : task.work->result()) {
-      payload += t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0;
-    }
-  }
+  const uint64_t payload = task.completesOnReturn ? task.payloadBytes : 0;
   std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - started;
   const Counters now = counters();
   std::lock_guard<std::mutex> lock(statsMutex_);

@@ -66,6 +66,14 @@ class Worker {
                                            std::chrono::milliseconds timeout, uint64_t traceId,
                                            Body body, std::shared_ptr<DeviceStage> stage,
                                            bool inlineIfIdle);
+  // Runs `body` as one operation for a caller that waits for it anyway (the
+  // direct operators): on the calling thread when the worker is idle, as
+  // enqueue's latency path, but with no Work made; otherwise queued behind
+  // what is in flight and waited for. Throws the operation's error (which
+  // aborted the group, as enqueue's would) to the caller.
+  void runNow(c10d::OpType type, OpType engineType, std::string statsKey,
+              const std::vector<at::Tensor>& outputs, std::chrono::milliseconds timeout,
+              uint64_t traceId, Body body);
   // Queues a send or receive of `flat` (user's contiguous view, copy or host
   // twin); the Work completes between operations once the bytes moved, after
   // `flat` was copied back into `user`. CPU tensors with the worker idle: the
@@ -104,6 +112,8 @@ class Worker {
     Body body;
     uint64_t traceId = 0;
     bool inlined = false;  // run by the caller (tryRunInline)
+    uint64_t payloadBytes = 0;  // the outputs' bytes (stats)
+    std::exception_ptr error;   // the failure of a task without Work (runNow)
   };
   // A queued send or receive; `moved` is set by the transport callback and
   // the Work is completed by reapTransfers() between operations, never inside

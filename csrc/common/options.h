@@ -36,9 +36,11 @@ bool singleCopyModeFromName(const std::string& name, SingleCopyMode* out);
 // The connect-time copy probe (kAuto): every rank of a host times a kernel
 // copy (process_vm_readv) of this many bytes from a peer's memory against
 // what the rings do with them, a memcpy into shared memory and one out of it;
-// best of kCopyProbeRounds (the first pays page faults). 256 KiB stays in L2;
-// the probe takes under a millisecond.
-constexpr size_t kCopyProbeBytes = 256 << 10;
+// best of kCopyProbeRounds (the first pays page faults). 1 MiB, the band
+// where the choice matters: a 256 KiB probe stays in L2, where the kernel copy
+// wins, and picked single copy (x0.78) on a day the rings were x1.2-1.5
+// faster for allreduce at 64 KiB-16 MiB (at 1 MiB: x1.75, rings). About 2 ms.
+constexpr size_t kCopyProbeBytes = 1 << 20;
 constexpr int kCopyProbeRounds = 8;
 // The rings are chosen when the kernel copy takes more than this times their
 // two memcpys. On an AMD EPYC VM the probe gave 1.4-2.9 (the machine's
