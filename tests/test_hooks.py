@@ -178,7 +178,7 @@ def _register(ddp, hook, options, opt=None):
 
     if hook == "none":
         return None
-    extra = {"optimizer": opt} if hook == "local_sgd" else {}
+    extra = {"optimizer": opt} if hook in ("local_sgd", "diloco") else {}
     return hooks.register(ddp, hook, **dict(options), **extra)
 
 
@@ -309,6 +309,9 @@ RESUME_CASES = {
     "powersgd": ("powersgd", {"matrix_approximation_rank": 2, "start_powerSGD_iter": 3}),
     # 12 steps end on an averaging step (3 global + 3 x 3 local): replicas agree.
     "local_sgd": ("local_sgd", {"start_step": 3, "period": 3, "codec": "int8"}),
+    # Saved mid-period (replicas apart, outer momentum and residuals held); 12 steps end on
+    # a round (2 global + 2 x 5 local).
+    "diloco": ("diloco", {"start_step": 2, "period": 5, "codec": "int8"}),
     "accumulate": ("accumulate", {"steps": 2, "hook": "int8", "error_feedback": True}),
     # Saved with two exchanges in flight per bucket: drained into the checkpoint.
     "delayed": ("delayed", {"staleness": 2, "correction": "average", "hook": "int8",
@@ -355,7 +358,7 @@ def _w_resume(rank, world_size, names, steps_before, steps_after):
         _train_steps(ddp, opt, batches[:steps_before], k)
         buf = io.BytesIO()
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "hook": state}, buf)
-        if hook == "local_sgd":
+        if hook in ("local_sgd", "diloco"):
             state._hook_handle.remove()  # the old run is over
         del model, ddp, opt, state
 
@@ -364,10 +367,10 @@ def _w_resume(rank, world_size, names, steps_before, steps_after):
         model, ddp, opt = fresh()
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
-        extra = {"optimizer": opt} if hook == "local_sgd" else {}
+        extra = {"optimizer": opt} if hook in ("local_sgd", "diloco") else {}
         resumed_state = hooks.register(ddp, hook, state=ckpt["hook"], **extra)
         _train_steps(ddp, opt, batches[steps_before:], k)
-        if hook == "local_sgd":
+        if hook in ("local_sgd", "diloco"):
             resumed_state._hook_handle.remove()
         pickled_has_group = b"ProcessGroup" in pickle.dumps(ckpt["hook"].__getstate__())
         out[name] = (straight == _digest(model), pickled_has_group, _digest(model))

@@ -38,7 +38,7 @@ bool singleCopyModeFromName(const std::string& name, SingleCopyMode* out);
 // what the rings do with them, a memcpy into shared memory and one out of it;
 // best of kCopyProbeRounds (the first pays page faults). 1 MiB, the band
 // where the choice matters: a 256 KiB probe stays in L2, where the kernel copy
-// wins, and picked single copy (x0.78) on a day the rings were x1.2-1.5
+// wins, and picked single copy (x0.78) on a day the rings were x1.4-1.7
 // faster for allreduce at 64 KiB-16 MiB (at 1 MiB: x1.75, rings). About 2 ms.
 constexpr size_t kCopyProbeBytes = 1 << 20;
 constexpr int kCopyProbeRounds = 8;

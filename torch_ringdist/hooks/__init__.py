@@ -2,8 +2,8 @@
 
     import torch_ringdist.hooks as hooks
     state = hooks.register(ddp_model, "int8", error_feedback=True)
-    hooks.available()   # ['accumulate', 'allreduce', 'bf16', 'delayed', 'fp16', 'int8', 'local_sgd',
-                        #  'powersgd', 'topk']
+    hooks.available()   # ['accumulate', 'allreduce', 'bf16', 'delayed', 'diloco', 'fp16', 'int8',
+                        #  'local_sgd', 'powersgd', 'topk']
 
 Every hook has torch's signature ``hook(state, bucket) -> Future[Tensor]`` and
 averages over the group (DDP does not divide when a hook is registered). Each
@@ -22,6 +22,7 @@ from torch_ringdist.hooks.accumulate import AccumulateState, accumulate_hook
 from torch_ringdist.hooks.compress import (AllreduceState, CodecState, allreduce_hook, bf16_hook,
                                            fp16_hook, int8_hook)
 from torch_ringdist.hooks.delayed import DelayedState, delayed_hook
+from torch_ringdist.hooks.diloco import DiLoCoOptimizer, DiLoCoState, diloco_hook
 from torch_ringdist.hooks.local_sgd import LocalSGDState, local_sgd_hook
 from torch_ringdist.hooks.powersgd import PowerSGDState, powersgd_hook
 from torch_ringdist.hooks.topk import TopKState, topk_hook
@@ -36,8 +37,8 @@ def register(model, name: str, state: HookState | None = None, optimizer=None, *
         model: a ``torch.nn.parallel.DistributedDataParallel`` model.
         name: one of :func:`available`.
         state: a state to resume (e.g. from ``torch.load``); options must then be empty.
-        optimizer: for ``local_sgd``: average right after this optimizer's steps
-            (default: after any optimizer step over this model's parameters).
+        optimizer: for ``diloco`` and ``local_sgd``: the rounds run right after this
+            optimizer's steps (default: after any optimizer step over this model's parameters).
         **options: the hook's options (see each state class).
 
     Returns:
@@ -60,9 +61,9 @@ def register(model, name: str, state: HookState | None = None, optimizer=None, *
         if not isinstance(state, entry.state_type):
             raise TypeError(f"torch_ringdist.hooks.register: hook {name!r} needs a "
                             f"{entry.state_type.__name__}, got {type(state).__name__}")
-    if optimizer is not None and not isinstance(state, LocalSGDState):
-        raise ValueError("torch_ringdist.hooks.register: optimizer= is for local_sgd only")
-    if isinstance(state, LocalSGDState):
+    if optimizer is not None and not isinstance(state, DiLoCoState):
+        raise ValueError("torch_ringdist.hooks.register: optimizer= is for diloco and local_sgd only")
+    if isinstance(state, DiLoCoState):
         state.bind(model, optimizer)
     else:
         state.bind(model)
@@ -73,7 +74,8 @@ def register(model, name: str, state: HookState | None = None, optimizer=None, *
 
 __all__ = [
     "available", "register", "make_state", "HookState", "VirtualBucket",
-    "AllreduceState", "CodecState", "TopKState", "PowerSGDState", "LocalSGDState",
+    "AllreduceState", "CodecState", "TopKState", "PowerSGDState", "LocalSGDState", "DiLoCoState",
+    "DiLoCoOptimizer",
     "AccumulateState", "DelayedState", "allreduce_hook", "fp16_hook", "bf16_hook", "int8_hook",
-    "topk_hook", "powersgd_hook", "local_sgd_hook", "accumulate_hook", "delayed_hook",
+    "topk_hook", "powersgd_hook", "local_sgd_hook", "diloco_hook", "accumulate_hook", "delayed_hook",
 ]

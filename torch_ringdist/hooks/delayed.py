@@ -64,7 +64,7 @@ class DelayedState(HookState):
                              f"{CORRECTIONS}, got {correction!r}")
         self.staleness = int(staleness)
         self.correction = correction
-        self.inner = inner_state("delayed", hook, ("delayed", "local_sgd", "accumulate"),
+        self.inner = inner_state("delayed", hook, ("delayed", "local_sgd", "diloco", "accumulate"),
                                  process_group, options)
         # bucket index -> exchanges in flight, oldest first: (future or result, own gradient)
         self.pending: dict[int, collections.deque] = {}

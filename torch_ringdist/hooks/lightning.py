@@ -39,7 +39,7 @@ class RingdistHook(Callback):
             raise TypeError(f"RingdistHook({self.name!r}) needs Lightning's DDPStrategy; the "
                             f"strategy {type(trainer.strategy).__name__} wraps the model in "
                             f"{type(model).__name__}")
-        optimizer = trainer.optimizers[0] if self.name == "local_sgd" else None
+        optimizer = trainer.optimizers[0] if self.name in ("local_sgd", "diloco") else None
         if self.state is None:
             self.state = hooks.register(model, self.name, optimizer=optimizer, **self.options)
         else:  # restored from a checkpoint

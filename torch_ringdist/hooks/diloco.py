@@ -1,0 +1,455 @@
+"""DiLoCo (Douillard et al., arXiv 2311.08105) and plain local SGD, one implementation.
+
+Every replica runs its inner optimizer alone; every ``period`` steps a *round* averages the
+pseudo-gradient (how far each replica moved from the common model theta_global) and an outer
+SGD step, with Nesterov momentum in DiLoCo, moves theta_global; every replica then restarts from
+it and keeps its inner optimizer state. ``local_sgd`` (post-local SGD) is the same round with
+outer learning rate 1 and no momentum: theta_global becomes the replicas' average.
+"""
+
+import logging
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from torch_ringdist._collectives import CODECS, ringdist_backend
+from torch_ringdist._extension import load
+from torch_ringdist.hooks._base import HookState, check_float32, completed_future
+from torch_ringdist.hooks._registry import add_hook
+from torch_ringdist.hooks.compress import allreduce_bucket, compressed_bucket
+
+logger = logging.getLogger(__name__)
+
+
+class DiLoCoState(HookState):
+    """State of the ``diloco`` hook: DiLoCo on a DDP model.
+
+    Steps ``0 .. start_step-1`` average gradients over the group (plain, or with ``codec``).
+    From then on the inner steps do not communicate: DDP's hook hands each rank its own
+    gradient back. Right after every ``period``-th inner step (``optimizer.step()``) a round runs,
+    for each of the ``fragments`` parts of the model in turn (part ``p`` after inner steps
+    ``(p + 1) * period // fragments + j * period``, the same on every rank):
+
+    1. ``d = theta_local - theta_global`` in float32, plus the residual with error feedback;
+    2. ``avg(d)`` over the group, sent in ``codec`` (sums in float32);
+    3. an outer SGD step on theta_global with gradient ``-avg(d)``, learning rate ``outer_lr``,
+       momentum ``outer_momentum`` (Nesterov's if ``nesterov``): the arithmetic of
+       ``torch.optim.SGD(foreach=False)``, so theta_global and the momentum are identical on
+       every rank;
+    4. every replica's parameters become theta_global (its inner optimizer state is kept).
+
+    ``overlap="streaming"`` (Streaming DiLoCo, arXiv 2501.18512): step 2 runs on the backend's
+    own thread while ``tau`` further inner steps compute; then steps 3-4 apply, with the
+    fragment's parameters mixed as ``alpha * theta_local + (1 - alpha) * theta_global``.
+
+    With ``outer_lr=1``, no momentum and no codec the round averages the parameters themselves
+    (the same update without the rounding of ``theta_global + avg(d)``; ``local_sgd``).
+
+    The round runs from an optimizer step post-hook: the optimizer passed to ``register``
+    (``optimizer=``), or else any optimizer that steps this model's parameters. The state
+    checkpoints (``torch.save``) the step counter, theta_global (the model to export:
+    :meth:`global_model`), the outer momentum and the residuals; a resumed run is bitwise
+    identical to an uninterrupted one. The inner optimizer's state differs between ranks: save
+    it per rank.
+
+    Args:
+        period: inner steps between two rounds of each fragment (H; default 500).
+        outer_lr: outer learning rate (default 0.7, the paper's).
+        outer_momentum: outer momentum (default 0.9).
+        nesterov: Nesterov momentum (default True; needs ``outer_momentum > 0``).
+        codec: None (exact) or ``"fp16"``/``"bf16"``/``"int8"`` for the pseudo-gradients (and
+            the gradients before ``start_step``); ringdist groups only.
+        error_feedback: carry what the codec lost into the next round's pseudo-gradient
+            (default True; with a codec).
+        fragments: parts the parameters are split into, round robin in ``named_parameters()``
+            order, each exchanged once per period at its own offset (Streaming DiLoCo's
+            schedule; default 1). At most ``period``.
+        start_step: optimizer steps with averaged gradients before the local phase (default 0).
+        overlap: ``"none"`` (the round completes within the step that starts it) or
+            ``"streaming"``.
+        tau: with streaming, inner steps between a fragment's exchange starting and its
+            outer step (1 <= tau < period // fragments: one fragment in flight at a time).
+        alpha: with streaming, the weight of the replica's own parameters in the mix.
+        process_group: group (None: the DDP model's group).
+
+    Example::
+
+        >>> inner = torch.optim.AdamW(ddp.parameters(), lr=4e-4)
+        >>> state = torch_ringdist.hooks.register(ddp, "diloco", optimizer=inner, period=50,
+        ...                                       codec="int8")
+    """
+
+    __slots__ = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
+                 "fragments", "start_step", "overlap", "tau", "alpha", "anchor",
+                 "momentum_buffers", "residuals", "averaged_at", "rounds", "in_flight",
+                 "_model", "_hook_handle")
+    _saved = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
+              "fragments", "start_step", "overlap", "tau", "alpha", "anchor", "momentum_buffers",
+              "residuals", "averaged_at", "rounds", "in_flight")
+    _name = "diloco"
+
+    def __init__(self, period: int = 500, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 nesterov: bool = True, codec: str | None = None, error_feedback: bool = True,
+                 fragments: int = 1, start_step: int = 0, overlap: str = "none", tau: int = 1,
+                 alpha: float = 0.5, process_group=None):
+        super().__init__(process_group)
+        what = f"torch_ringdist.hooks.{self._name}"
+        if not isinstance(period, int) or period < 1:
+            raise ValueError(f"{what}: period must be an integer >= 1, got {period!r}")
+        if not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"{what}: start_step must be an integer >= 0, got {start_step!r}")
+        if not outer_lr > 0:
+            raise ValueError(f"{what}: outer_lr must be > 0, got {outer_lr!r}")
+        if not 0 <= outer_momentum < 1:
+            raise ValueError(f"{what}: outer_momentum must be in [0, 1), got {outer_momentum!r}")
+        if nesterov and outer_momentum == 0:
+            raise ValueError(f"{what}: nesterov needs outer_momentum > 0")
+        if codec is not None and codec not in CODECS:
+            raise ValueError(f"{what}: unknown codec {codec!r} (known: {CODECS})")
+        if not isinstance(fragments, int) or not 1 <= fragments <= period:
+            raise ValueError(f"{what}: fragments must be an integer in [1, period={period}], "
+                             f"got {fragments!r}")
+        if overlap not in ("none", "streaming"):
+            raise ValueError(f"{what}: overlap must be 'none' or 'streaming', got {overlap!r}")
+        if overlap == "streaming" and not (isinstance(tau, int) and 1 <= tau < period // fragments):
+            raise ValueError(f"{what}: tau must be an integer in [1, period // fragments = "
+                             f"{period // fragments}), got {tau!r}")
+        if not 0 <= alpha <= 1:
+            raise ValueError(f"{what}: alpha must be in [0, 1], got {alpha!r}")
+        if overlap == "streaming" and self._plain_average_for(codec, outer_lr, outer_momentum):
+            raise ValueError(f"{what}: overlap='streaming' needs a theta_global to mix with: "
+                             "a codec, outer_lr != 1 or outer_momentum > 0")
+        self.period = period
+        self.outer_lr = float(outer_lr)
+        self.outer_momentum = float(outer_momentum)
+        self.nesterov = bool(nesterov)
+        self.codec = codec
+        self.error_feedback = bool(error_feedback) and codec is not None
+        self.fragments = fragments
+        self.start_step = start_step
+        self.overlap = overlap
+        self.tau = tau
+        self.alpha = float(alpha)
+        self.anchor = None           # name -> float32 theta_global (None: plain averaging)
+        self.momentum_buffers = {}   # fragment -> float32 outer momentum
+        self.residuals = {}          # fragment -> float32 error-feedback residual
+        self.averaged_at = -1        # iteration of the last round decision
+        self.rounds = 0              # fragment exchanges so far
+        # fragment -> [local step to apply at, flat average (in place), its Work or None]
+        self.in_flight = {}
+        self._model = None
+        self._hook_handle = None
+
+    # ------------------------------------------------------------ binding
+
+    def _bind_clear(self):
+        super()._bind_clear()
+        self._model = None
+        self._hook_handle = None
+
+    def bind(self, ddp_model, optimizer=None) -> None:
+        super().bind(ddp_model)
+        self.bind_module(ddp_model.module)
+        self._run_after_steps(ddp_model.module, optimizer)
+
+    def bind_module(self, module) -> None:
+        """The model whose parameters the rounds average (DiLoCoOptimizer: no DDP)."""
+        self._model = weakref.ref(module)
+        if self.iteration == self.start_step and self.anchor is None:
+            self._set_anchor()  # start_step 0: the replicas start from the same weights
+
+    def _run_after_steps(self, module, optimizer) -> None:
+        """Rounds after the steps of `optimizer` (None: any optimizer stepping `module`)."""
+        if self._hook_handle is not None:
+            self._hook_handle.remove()
+        if optimizer is not None:
+            self._hook_handle = optimizer.register_step_post_hook(lambda opt, a, kw: self.after_step())
+        else:
+            owned = {id(p) for p in module.parameters()}
+
+            def after_any_step(opt, args, kwargs):
+                if any(id(p) in owned for group in opt.param_groups for p in group["params"]):
+                    self.after_step()
+
+            self._hook_handle = register_optimizer_step_post_hook(after_any_step)
+
+    def detach(self) -> None:
+        """Stop running rounds after optimizer steps (the run is over)."""
+        if self._hook_handle is not None:
+            self._hook_handle.remove()
+            self._hook_handle = None
+
+    def _named_params(self):
+        model = self._model() if self._model is not None else None
+        if model is None:
+            raise RuntimeError(f"torch_ringdist.hooks.{self._name}: the state is not bound to a "
+                               "model (use torch_ringdist.hooks.register)")
+        return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    @staticmethod
+    def _plain_average_for(codec, outer_lr, outer_momentum) -> bool:
+        return codec is None and outer_lr == 1.0 and outer_momentum == 0.0
+
+    def _plain_average(self) -> bool:
+        return self._plain_average_for(self.codec, self.outer_lr, self.outer_momentum)
+
+    def __getstate__(self):
+        # An exchange in flight is waited for: the checkpoint holds its result.
+        for entry in self.in_flight.values():
+            if entry[2] is not None:
+                entry[2].wait()
+                entry[2] = None
+        return super().__getstate__()
+
+    def _set_anchor(self):
+        if not self._plain_average():
+            self.anchor = {n: p.detach().to(torch.float32, copy=True) for n, p in self._named_params()}
+
+    def global_model(self) -> dict:
+        """theta_global by parameter name (float32; the model to export). With plain averaging
+        (no anchor kept) the parameters themselves, equal on every rank right after a round."""
+        if self.anchor is not None:
+            return {n: t.clone() for n, t in self.anchor.items()}
+        return {n: p.detach().to(torch.float32, copy=True) for n, p in self._named_params()}
+
+    # ------------------------------------------------------------ the DDP hook
+
+    def _run(self, bucket, provisional):
+        step = self.iteration
+        if bucket.is_last():
+            self.iteration += 1
+        if step >= self.start_step:
+            return completed_future(bucket.buffer())  # an inner step: the rank's own gradient
+        if self.codec is None:
+            return allreduce_bucket(self.process_group, bucket.buffer())
+        return compressed_bucket(self.process_group, bucket.buffer(), self.codec, self._name)
+
+    # ------------------------------------------------------------ rounds
+
+    def due_fragments(self, local_step: int) -> list:
+        """Fragments whose round follows inner step `local_step` (counted from start_step)."""
+        due = []
+        for p in range(self.fragments):
+            offset = (p + 1) * self.period // self.fragments
+            if local_step >= offset and (local_step - offset) % self.period == 0:
+                due.append(p)
+        return due
+
+    def after_step(self) -> None:
+        """Called after each optimizer step: runs the rounds that are due."""
+        t = self.iteration  # completed backward passes
+        if t == self.averaged_at:
+            return
+        self.averaged_at = t
+        if t == self.start_step and self.anchor is None:
+            self._set_anchor()  # last global step done: the replicas are identical here
+        local = t - self.start_step
+        for fragment in [f for f, entry in self.in_flight.items() if entry[0] == local]:
+            self._finish_round(fragment)
+        for fragment in self.due_fragments(local):
+            if self.overlap == "streaming":
+                self._start_round(fragment, local + self.tau)
+            else:
+                self.run_round(fragment)
+
+    @torch.no_grad()
+    def run_round(self, fragment: int = 0) -> None:
+        """One round of `fragment` now (collective: every rank of the group together)."""
+        params = self._fragment(fragment)
+        group = self.process_group
+        flat = torch.cat([p.detach().reshape(-1).to(torch.float32) for _, p in params])
+        if self._plain_average():
+            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)
+            theta = flat
+        else:
+            if self.anchor is None:
+                raise RuntimeError(f"torch_ringdist.hooks.{self._name}: no theta_global to "
+                                   "measure the replicas against (state restored from an "
+                                   "incomplete checkpoint?)")
+            theta = torch.cat([self.anchor[n].reshape(-1) for n, _ in params])
+            flat.sub_(theta)  # d = theta_local - theta_global
+            self._exchange(fragment, flat)
+            self._outer_step(fragment, theta, flat)
+        offset = 0
+        for name, p in params:
+            numel = p.numel()
+            p.copy_(theta[offset:offset + numel].view_as(p))
+            if self.anchor is not None:
+                self.anchor[name].copy_(theta[offset:offset + numel].view_as(p))
+            offset += numel
+        self.rounds += 1
+        logger.debug("%s: round %s (fragment %s) after step %s", self._name, self.rounds,
+                     fragment, self.iteration)
+
+    def _fragment(self, fragment: int):
+        return self._named_params()[fragment::self.fragments]
+
+    @torch.no_grad()
+    def _start_round(self, fragment: int, apply_at: int) -> None:
+        """Starts the exchange of `fragment`'s d on the backend's thread (streaming)."""
+        params = self._fragment(fragment)
+        flat = torch.cat([p.detach().reshape(-1).to(torch.float32) for _, p in params])
+        flat.sub_(torch.cat([self.anchor[n].reshape(-1) for n, _ in params]))
+        self.in_flight[fragment] = [apply_at, flat, self._exchange(fragment, flat, async_op=True)]
+
+    @torch.no_grad()
+    def _finish_round(self, fragment: int) -> None:
+        """The outer step with the exchange started tau steps ago; mixes the parameters."""
+        _, avg_d, work = self.in_flight.pop(fragment)
+        if work is not None:
+            work.wait()
+        params = self._fragment(fragment)
+        theta = torch.cat([self.anchor[n].reshape(-1) for n, _ in params])
+        self._outer_step(fragment, theta, avg_d)
+        mixed = torch.cat([p.detach().reshape(-1).to(torch.float32) for _, p in params])
+        mixed.mul_(self.alpha).add_(theta, alpha=1.0 - self.alpha)
+        offset = 0
+        for name, p in params:
+            numel = p.numel()
+            p.copy_(mixed[offset:offset + numel].view_as(p))
+            self.anchor[name].copy_(theta[offset:offset + numel].view_as(p))
+            offset += numel
+        self.rounds += 1
+
+    def _exchange(self, fragment: int, flat: torch.Tensor, async_op: bool = False):
+        """flat <- its average over the group, in the codec (error feedback: with the residual).
+        async_op: returns the Work instead of waiting."""
+        if self.codec is None:
+            work = dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.process_group,
+                                   async_op=True)
+        else:
+            if self.error_feedback:
+                check_float32(self._name, flat)
+                residual = self.residuals.get(fragment)
+                if residual is None or residual.numel() != flat.numel():
+                    residual = self.residuals[fragment] = torch.zeros_like(flat)
+                flat.add_(residual)
+                load().codec_roundtrip(flat, self.codec, out=residual, residual=True)
+            work = ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}") \
+                .allreduce_compressed(flat, self.codec, True)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def _outer_step(self, fragment: int, theta: torch.Tensor, avg_d: torch.Tensor) -> None:
+        """theta <- an SGD step with gradient -avg_d, as torch.optim.SGD(foreach=False) does."""
+        grad = avg_d.neg_()
+        if self.outer_momentum != 0:
+            buf = self.momentum_buffers.get(fragment)
+            if buf is None:
+                buf = self.momentum_buffers[fragment] = grad.clone()
+            else:
+                buf.mul_(self.outer_momentum).add_(grad)
+            grad = grad.add(buf, alpha=self.outer_momentum) if self.nesterov else buf
+        theta.add_(grad, alpha=-self.outer_lr)
+
+
+class DiLoCoOptimizer:
+    """DiLoCo on a plain module, without DDP (no gradient buckets, no hook): wraps the inner
+    optimizer, and ``step()`` runs the inner step and then, when due, the round of
+    :class:`DiLoCoState` (same options, same arithmetic). The training loop stays
+    ``opt.zero_grad(); loss.backward(); opt.step()``.
+
+    A fresh run (no ``state``) starts every rank from the parameters of the group's first rank,
+    as DDP's constructor does. Before ``start_step`` each step first averages the gradients
+    over the group (plain, or in ``codec``). ``state_dict()`` holds the inner optimizer's state
+    and the DiLoCo state (pickled by ``torch.save``); ``load_state_dict`` resumes both.
+
+    Args:
+        module: the model (its parameters that require gradients take part).
+        optimizer: the inner optimizer over them (e.g. AdamW).
+        process_group: group (None: the default group).
+        state: a :class:`DiLoCoState` to resume (then no options).
+        **options: :class:`DiLoCoState`'s options.
+
+    Example::
+
+        >>> opt = torch_ringdist.hooks.DiLoCoOptimizer(model, torch.optim.AdamW(model.parameters()),
+        ...                                            period=50, codec="int8")
+    """
+
+    def __init__(self, module, optimizer, process_group=None, state=None, **options):
+        if state is not None and options:
+            raise ValueError("torch_ringdist.hooks.DiLoCoOptimizer: pass either a state or options")
+        self.module = module
+        self.optimizer = optimizer
+        self.process_group = process_group
+        if state is None:
+            state = DiLoCoState(process_group=process_group, **options)
+            self._broadcast_parameters()
+        state.process_group = process_group
+        self.state = state
+        state.bind_module(module)
+
+    @torch.no_grad()
+    def _broadcast_parameters(self) -> None:
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if not params:
+            return
+        group = self.process_group
+        source = dist.get_global_rank(group, 0) if group is not None else 0
+        flat = torch.cat([p.detach().reshape(-1).to(torch.float64) for p in params])
+        dist.broadcast(flat, src=source, group=group)
+        offset = 0
+        for p in params:
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None):
+        state = self.state
+        if state.iteration < state.start_step:
+            self._average_gradients()
+        loss = self.optimizer.step(closure)
+        state.iteration += 1
+        state.after_step()
+        return loss
+
+    @torch.no_grad()
+    def _average_gradients(self) -> None:
+        grads = [p.grad for _, p in self.state._named_params() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads])
+        if self.state.codec is None:
+            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.process_group)
+        else:
+            compressed_bucket(self.process_group, flat, self.state.codec, "diloco").wait()
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def state_dict(self) -> dict:
+        return {"inner": self.optimizer.state_dict(), "diloco": self.state}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict["inner"])
+        self.state.__setstate__(state_dict["diloco"].__getstate__())
+        self.state.process_group = self.process_group
+        self.state.bind_module(self.module)
+
+
+def diloco_hook(state: DiLoCoState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DiLoCo. See :class:`DiLoCoState`.
+
+    Args:
+        state: a :class:`DiLoCoState`, bound with ``torch_ringdist.hooks.register``.
+        bucket: the ``dist.GradBucket`` DDP hands over.
+
+    Returns:
+        Future of the averaged bucket (before start_step) or of the bucket unchanged.
+    """
+    return state(bucket)
+
+
+add_hook("diloco", diloco_hook, DiLoCoState)
