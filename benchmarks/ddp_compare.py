@@ -14,6 +14,12 @@ rounds (each step: the slowest rank); speedup = gloo median / config median.
 Configs are LABEL=BACKEND:HOOK[:KEY=VAL,KEY=VAL]; the default set is gloo (plain DDP),
 ringdist without a hook, and the bf16, int8 and top-k 1% (error feedback) hooks. Ends by
 checking that no network namespace of the run is left (`ip netns list`).
+
+--algo diloco: the default set becomes gloo, the int8 hook, DiLoCo with int8 pseudo-gradients
+every --period steps, and `nocomm` (DiLoCo whose first round lies beyond the run: the step with
+no communication, L); the statistic becomes the mean step (the amortised cost of a round every
+--period steps), and --steps must be a multiple of --period, so every run holds the same number
+of rounds.
 """
 
 import argparse
@@ -41,6 +47,12 @@ DEFAULT_CONFIGS = (
     "int8=ringdist:int8",
     "topk1%=ringdist:topk:ratio=0.01,error_feedback=true",
 )
+
+
+def diloco_configs(period):
+    return ("gloo=gloo:none", "int8=ringdist:int8",
+            f"diloco=ringdist:diloco:period={period},codec=int8",
+            "nocomm=ringdist:diloco:period=1000000000")
 
 
 def parse_config(spec):
@@ -83,17 +95,17 @@ def step_cmd(args, cfg, json_path):
     return cmd + args.step_arg
 
 
-def summarise(configs, runs, baseline):
-    base = statistics.median(t for r in runs[baseline] for t in r["step_times_s"])
+def summarise(configs, runs, baseline, stat):
+    base = stat([t for r in runs[baseline] for t in r["step_times_s"]])
     rows = []
     for cfg in configs:
         rs = runs[cfg["label"]]
-        med = statistics.median(t for r in rs for t in r["step_times_s"])
+        med = stat([t for r in rs for t in r["step_times_s"]])
         finals = [r["final_loss"] for r in rs]
         rows.append({
             "label": cfg["label"], "backend": cfg["backend"], "hook": cfg["hook"],
-            "options": cfg["options"], "step_time_median_s": med,
-            "round_medians_s": [r["step_time_median_s"] for r in rs],
+            "options": cfg["options"], "step_time_s": med,  # the --statistic of all steps
+            "round_step_times_s": [stat(r["step_times_s"]) for r in rs],
             "speedup_vs_" + baseline: base / med,
             "wire_bytes_per_step": statistics.fmean(r["wire_bytes_per_step"] for r in rs),
             "straggle_ms": rs[0].get("straggle_ms", 0),
@@ -107,18 +119,18 @@ def summarise(configs, runs, baseline):
     return rows
 
 
-def table(rows, baseline, hosts, rate):
+def table(rows, baseline, hosts, rate, stat_name):
     straggle = any(r.get("straggle_ms") for r in rows)
-    out = [f"| config | median step (ms) | speedup vs {baseline} | bytes/step/rank | final loss |"
+    out = [f"| config | {stat_name} step (ms) | speedup vs {baseline} | bytes/step/rank | final loss |"
            + (" other ranks' step (ms) |" if straggle else ""),
            "|---|---:|---:|---:|---:|" + ("---:|" if straggle else "")]
     for r in rows:
         est = " (est.)" if r["backend"] != "ringdist" else ""
-        spread = "/".join(f"{t * 1e3:.0f}" for t in r["round_medians_s"])
+        spread = "/".join(f"{t * 1e3:.0f}" for t in r["round_step_times_s"])
         loss = f"{r['final_loss']:.5f}"
         if len(set(r["final_loss_rounds"])) > 1:  # should be deterministic: show if not
             loss += " (" + "/".join(f"{x:.5f}" for x in r["final_loss_rounds"]) + ")"
-        out.append(f"| {r['label']} | {r['step_time_median_s'] * 1e3:.0f} (rounds {spread}) | "
+        out.append(f"| {r['label']} | {r['step_time_s'] * 1e3:.0f} (rounds {spread}) | "
                    f"x{r['speedup_vs_' + baseline]:.2f} | "
                    f"{r['wire_bytes_per_step'] / 1e6:.2f} MB{est} | {loss} |"
                    + (f" {r['others_step_time_median_s'] * 1e3:.0f} |" if straggle else ""))
@@ -145,7 +157,21 @@ def main():
                         "67 MB weight gradient)")
     p.add_argument("--out", default="ddp_compare.json")
     p.add_argument("--md", help="also write the table (markdown) here")
+    p.add_argument("--algo", choices=("ddp", "diloco"), default="ddp",
+                   help="diloco: the DiLoCo config set, mean step times (see above)")
+    p.add_argument("--period", type=int, default=50, help="--algo diloco: inner steps per round")
+    p.add_argument("--statistic", choices=("median", "mean"),
+                   help="of all measured steps (default: median; mean with --algo diloco)")
     args = p.parse_args()
+    if args.algo == "diloco":
+        if args.configs == list(DEFAULT_CONFIGS):
+            args.configs = list(diloco_configs(args.period))
+        args.statistic = args.statistic or "mean"
+        if args.steps % args.period:
+            sys.exit(f"--algo diloco: --steps {args.steps} must be a multiple of --period "
+                     f"{args.period} (the same number of rounds in every run)")
+    stat_name = args.statistic or "median"
+    stat = statistics.fmean if stat_name == "mean" else statistics.median
 
     configs = [parse_config(c) for c in args.configs]
     labels = [c["label"] for c in configs]
@@ -198,16 +224,16 @@ def main():
             left = our_namespaces()
         print(f"ip netns list after the run: {left or 'no rdbench-* namespaces'}")
 
-    rows = summarise(configs, runs, args.baseline)
+    rows = summarise(configs, runs, args.baseline, stat)
     first = runs[labels[0]][0]
-    md = table(rows, args.baseline, args.hosts, args.rate)
+    md = table(rows, args.baseline, args.hosts, args.rate, stat_name)
     combined = {
         "machine": first["machine"], "hosts": args.hosts, "ranks_per_host": args.nproc,
         "world_size": first["world_size"], "rate": args.rate, "rounds": args.rounds,
         "steps": args.steps, "warmup": args.warmup, "model": first["model"],
         "link_verified_gbitps": gbits, "verify": verify_lines, "thp_mem_alloc": args.thp,
         "torch_ringdist": getattr(importlib.util.find_spec("torch_ringdist"), "origin", None),
-        "command": sys.argv,
+        "command": sys.argv, "statistic": stat_name,
         "wall_s": time.monotonic() - t_start, "baseline": args.baseline,
         "summary": rows, "runs": runs,
     }
@@ -218,8 +244,8 @@ def main():
             f.write(md + "\n")
     print(f"\n== DDP step, {first['model']['params'] / 1e6:.1f}M params fp32, N="
           f"{first['world_size']} ({args.hosts} emulated hosts x {args.nproc}), {args.rate}, "
-          f"{args.rounds} rounds x {args.steps} steps (+{args.warmup} warm-up); median of all "
-          f"measured steps (slowest rank); per-round medians in parentheses; "
+          f"{args.rounds} rounds x {args.steps} steps (+{args.warmup} warm-up); {stat_name} of all "
+          f"measured steps (slowest rank); per-round {stat_name}s in parentheses; "
           f"THP_MEM_ALLOC_ENABLE={args.thp}")
     print(md)
     print(f"\nwrote {args.out} (runs in {workdir}); {combined['wall_s'] / 60:.1f} min")

@@ -299,6 +299,33 @@ def _case_streaming(rank, ws, steps):
             "rounds": opt.state.rounds, "in_flight_seen": in_flight_seen, "anchor": anchors}
 
 
+def _case_local_sgd_legacy_checkpoint(rank, ws):
+    """A local_sgd state pickled before it became a DiLoCo round (anchor by parameter name, no
+    outer fields) resumes: its anchor becomes the flat theta_global of the same values."""
+    from torch_ringdist.hooks import LocalSGDState
+    from torch_ringdist.hooks.local_sgd import _BEFORE_DILOCO
+    import torch_ringdist.hooks as hooks
+
+    model = _model(5)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    state = hooks.register(ddp, "local_sgd", start_step=0, period=2, codec="int8", optimizer=opt)
+    for x, y in _batches(rank, 3):
+        opt.zero_grad()
+        F.mse_loss(ddp(x), y).backward()
+        opt.step()
+    state.detach()
+    legacy = {k: v for k, v in state.__getstate__().items()
+              if k not in _BEFORE_DILOCO and k != "anchor"}
+    legacy["anchor"] = state.global_model()
+    loaded = LocalSGDState.__new__(LocalSGDState)
+    loaded.__setstate__(legacy)
+    fresh = DDP(_model(5))  # a new run: DDP takes one comm hook per model
+    hooks.register(fresh, "local_sgd", state=loaded, optimizer=opt)
+    loaded.detach()
+    return bool(torch.equal(loaded.anchor[0], state.anchor[0])) and loaded.outer_lr == 1.0
+
+
 def _case_bad_options(rank, ws):
     import torch_ringdist.hooks as hooks
 
@@ -380,6 +407,10 @@ def test_streaming_overlap_is_the_schedule_written_out(world_factory):
         # Rounds started after local steps 3, 6, ..., 18, each finished 2 steps later.
         assert r["rounds"] == 6 and r["in_flight_seen"] == 12, r
     assert results[0]["anchor"] == results[1]["anchor"], "theta_global differs between ranks"
+
+
+def test_local_sgd_resumes_a_checkpoint_of_before(world_factory):
+    assert world_factory(2).run(_case_local_sgd_legacy_checkpoint) == [True, True]
 
 
 def test_bad_options_are_named(world_factory):

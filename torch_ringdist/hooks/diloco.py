@@ -23,6 +23,10 @@ from torch_ringdist.hooks.compress import allreduce_bucket, compressed_bucket
 logger = logging.getLogger(__name__)
 
 
+def _new_flat() -> torch.Tensor:
+    return torch.empty(0, dtype=torch.float32)
+
+
 class DiLoCoState(HookState):
     """State of the ``diloco`` hook: DiLoCo on a DDP model.
 
@@ -84,7 +88,7 @@ class DiLoCoState(HookState):
     __slots__ = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
                  "fragments", "start_step", "overlap", "tau", "alpha", "anchor",
                  "momentum_buffers", "residuals", "averaged_at", "rounds", "in_flight",
-                 "_model", "_hook_handle")
+                 "_model", "_hook_handle", "_scratch")
     _saved = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
               "fragments", "start_step", "overlap", "tau", "alpha", "anchor", "momentum_buffers",
               "residuals", "averaged_at", "rounds", "in_flight")
@@ -132,7 +136,7 @@ class DiLoCoState(HookState):
         self.overlap = overlap
         self.tau = tau
         self.alpha = float(alpha)
-        self.anchor = None           # name -> float32 theta_global (None: plain averaging)
+        self.anchor = None           # fragment -> flat float32 theta_global (None: plain averaging)
         self.momentum_buffers = {}   # fragment -> float32 outer momentum
         self.residuals = {}          # fragment -> float32 error-feedback residual
         self.averaged_at = -1        # iteration of the last round decision
@@ -148,6 +152,7 @@ class DiLoCoState(HookState):
         super()._bind_clear()
         self._model = None
         self._hook_handle = None
+        self._scratch = {}  # fragment -> flat float32 work buffer, kept between rounds
 
     def bind(self, ddp_model, optimizer=None) -> None:
         super().bind(ddp_model)
@@ -205,14 +210,45 @@ class DiLoCoState(HookState):
 
     def _set_anchor(self):
         if not self._plain_average():
-            self.anchor = {n: p.detach().to(torch.float32, copy=True) for n, p in self._named_params()}
+            self.anchor = {f: self._gather(self._fragment(f), _new_flat())
+                           for f in range(self.fragments)}
 
     def global_model(self) -> dict:
         """theta_global by parameter name (float32; the model to export). With plain averaging
         (no anchor kept) the parameters themselves, equal on every rank right after a round."""
-        if self.anchor is not None:
-            return {n: t.clone() for n, t in self.anchor.items()}
-        return {n: p.detach().to(torch.float32, copy=True) for n, p in self._named_params()}
+        out = {}
+        for f in range(self.fragments):
+            params = self._fragment(f)
+            theta = self.anchor[f] if self.anchor is not None else self._gather(params, _new_flat())
+            for (name, p), piece in zip(params, self._pieces(theta, params)):
+                out[name] = piece.view_as(p).clone()
+        return out
+
+    @staticmethod
+    def _pieces(flat, params):
+        """Views of `flat` cut as the parameters are."""
+        offset = 0
+        for _, p in params:
+            yield flat[offset:offset + p.numel()]
+            offset += p.numel()
+
+    def _gather(self, params, into):
+        """The parameters, flat in float32, in `into` (resized; one pass, no new memory when
+        it already has the size)."""
+        into.resize_(sum(p.numel() for _, p in params))
+        for (_, p), piece in zip(params, self._pieces(into, params)):
+            piece.copy_(p.detach().reshape(-1))
+        return into
+
+    def _scatter(self, flat, params) -> None:
+        for (_, p), piece in zip(params, self._pieces(flat, params)):
+            p.copy_(piece.view_as(p))
+
+    def _work_buffer(self, fragment):
+        buf = self._scratch.get(fragment)
+        if buf is None:
+            buf = self._scratch[fragment] = _new_flat()
+        return buf
 
     # ------------------------------------------------------------ the DDP hook
 
@@ -258,27 +294,16 @@ class DiLoCoState(HookState):
     def run_round(self, fragment: int = 0) -> None:
         """One round of `fragment` now (collective: every rank of the group together)."""
         params = self._fragment(fragment)
-        group = self.process_group
-        flat = torch.cat([p.detach().reshape(-1).to(torch.float32) for _, p in params])
+        flat = self._gather(params, self._work_buffer(fragment))
         if self._plain_average():
-            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)
+            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.process_group)
             theta = flat
         else:
-            if self.anchor is None:
-                raise RuntimeError(f"torch_ringdist.hooks.{self._name}: no theta_global to "
-                                   "measure the replicas against (state restored from an "
-                                   "incomplete checkpoint?)")
-            theta = torch.cat([self.anchor[n].reshape(-1) for n, _ in params])
+            theta = self._theta(fragment)
             flat.sub_(theta)  # d = theta_local - theta_global
             self._exchange(fragment, flat)
             self._outer_step(fragment, theta, flat)
-        offset = 0
-        for name, p in params:
-            numel = p.numel()
-            p.copy_(theta[offset:offset + numel].view_as(p))
-            if self.anchor is not None:
-                self.anchor[name].copy_(theta[offset:offset + numel].view_as(p))
-            offset += numel
+        self._scatter(theta, params)
         self.rounds += 1
         logger.debug("%s: round %s (fragment %s) after step %s", self._name, self.rounds,
                      fragment, self.iteration)
@@ -286,12 +311,18 @@ class DiLoCoState(HookState):
     def _fragment(self, fragment: int):
         return self._named_params()[fragment::self.fragments]
 
+    def _theta(self, fragment: int) -> torch.Tensor:
+        if self.anchor is None:
+            raise RuntimeError(f"torch_ringdist.hooks.{self._name}: no theta_global to measure "
+                               "the replicas against (state restored from an incomplete "
+                               "checkpoint?)")
+        return self.anchor[fragment]
+
     @torch.no_grad()
     def _start_round(self, fragment: int, apply_at: int) -> None:
         """Starts the exchange of `fragment`'s d on the backend's thread (streaming)."""
-        params = self._fragment(fragment)
-        flat = torch.cat([p.detach().reshape(-1).to(torch.float32) for _, p in params])
-        flat.sub_(torch.cat([self.anchor[n].reshape(-1) for n, _ in params]))
+        flat = self._gather(self._fragment(fragment), self._work_buffer(fragment))
+        flat.sub_(self._theta(fragment))
         self.in_flight[fragment] = [apply_at, flat, self._exchange(fragment, flat, async_op=True)]
 
     @torch.no_grad()
@@ -301,16 +332,11 @@ class DiLoCoState(HookState):
         if work is not None:
             work.wait()
         params = self._fragment(fragment)
-        theta = torch.cat([self.anchor[n].reshape(-1) for n, _ in params])
+        theta = self._theta(fragment)
         self._outer_step(fragment, theta, avg_d)
-        mixed = torch.cat([p.detach().reshape(-1).to(torch.float32) for _, p in params])
+        mixed = self._gather(params, avg_d)  # avg_d is spent: its memory takes the mix
         mixed.mul_(self.alpha).add_(theta, alpha=1.0 - self.alpha)
-        offset = 0
-        for name, p in params:
-            numel = p.numel()
-            p.copy_(mixed[offset:offset + numel].view_as(p))
-            self.anchor[name].copy_(theta[offset:offset + numel].view_as(p))
-            offset += numel
+        self._scatter(mixed, params)
         self.rounds += 1
 
     def _exchange(self, fragment: int, flat: torch.Tensor, async_op: bool = False):
@@ -343,7 +369,8 @@ class DiLoCoState(HookState):
                 buf = self.momentum_buffers[fragment] = grad.clone()
             else:
                 buf.mul_(self.outer_momentum).add_(grad)
-            grad = grad.add(buf, alpha=self.outer_momentum) if self.nesterov else buf
+            # In place of torch's grad.add(buf, alpha=momentum): the same bits, no new memory.
+            grad = grad.add_(buf, alpha=self.outer_momentum) if self.nesterov else buf
         theta.add_(grad, alpha=-self.outer_lr)
 
 

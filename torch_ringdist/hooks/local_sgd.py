@@ -61,6 +61,14 @@ class LocalSGDState(DiLoCoState):
     def __setstate__(self, state):
         super().__setstate__({**_BEFORE_DILOCO, **state})
 
+    def bind_module(self, module) -> None:
+        super().bind_module(module)
+        if self.anchor and isinstance(next(iter(self.anchor)), str):
+            # Saved before local SGD became a DiLoCo round: the anchor by parameter name.
+            named = self.anchor
+            self.anchor = {0: torch.cat([named[n].reshape(-1).to(torch.float32)
+                                         for n, _ in self._fragment(0)])}
+
     @torch.no_grad()
     def average_parameters(self) -> None:
         """Average the bound model's parameters over the group now (collective)."""
