@@ -1,9 +1,12 @@
-"""Helpers shared by the benchmark scripts: machine description and JSON output."""
+"""Helpers shared by the benchmark scripts: machine description, JSON output, and the
+alternating batch timing of same_process.py and deepspeed_peer.py."""
 import datetime
 import json
 import os
 import platform
 import socket
+import statistics
+import time
 
 
 def machine_info():
@@ -35,3 +38,30 @@ def write_json(path, obj):
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
     os.replace(tmp, path)
+
+
+def time_batches(calls, rounds, batch, barrier, slowest):
+    """Per label of `calls` ({label: call()}), `rounds` batches of `batch` calls, the labels
+    alternating (A B C A B C ...), each batch after `barrier()`: {label: [us per call]}, each the
+    slowest rank's (`slowest(seconds)` gives the maximum over the ranks)."""
+    times = {label: [] for label in calls}
+    for _ in range(rounds):
+        for label, call in calls.items():
+            barrier()
+            start = time.perf_counter()
+            for _ in range(batch):
+                call()
+            times[label].append(slowest((time.perf_counter() - start) / batch) * 1e6)
+    return times
+
+
+def batch_row(what, nbytes, world, batch, times, wrong, show):
+    """One size's result (medians over the rounds); printed as one line when `show`."""
+    row = {"bytes": nbytes, "batch": batch,
+           "us": {label: statistics.median(t) for label, t in times.items()},
+           "rounds_us": times, "wrong": wrong}
+    if show:
+        print(f"{what} {nbytes} B N={world} (batches of {batch}): " +
+              "  ".join(f"{label} {row['us'][label]:.1f} us" + (" WRONG" if wrong[label] else "")
+                        for label in times), flush=True)
+    return row

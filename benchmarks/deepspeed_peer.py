@@ -27,7 +27,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from bench_common import machine_info, write_json
+from bench_common import batch_row, machine_info, time_batches, write_json
 from sweep import parse_bytes
 
 LABELS = ["deepspeed", "deepspeed-comm", "direct-op", "direct", "ringdist", "fake"]
@@ -117,22 +117,8 @@ def main():
                 warm.append(time.perf_counter() - start)
             typical = max(typical, statistics.median(warm))
         batch = max(10, min(2000, int(args.batch_us * 1e-6 / max(slowest(typical), 1e-7))))
-        times = {label: [] for label in args.labels}
-        for _ in range(args.rounds):
-            for label, call in calls.items():
-                dist.barrier(group=book)
-                start = time.perf_counter()
-                for _ in range(batch):
-                    call()
-                times[label].append(slowest((time.perf_counter() - start) / batch) * 1e6)
-        row = {"bytes": nbytes, "batch": batch,
-               "us": {label: statistics.median(t) for label, t in times.items()},
-               "rounds_us": times, "wrong": wrong}
-        results.append(row)
-        if rank == 0:
-            print(f"allreduce {nbytes} B N={world} (batches of {batch}): " +
-                  "  ".join(f"{label} {row['us'][label]:.1f} us" + (" WRONG" if wrong[label] else "")
-                            for label in args.labels), flush=True)
+        times = time_batches(calls, args.rounds, batch, lambda: dist.barrier(group=book), slowest)
+        results.append(batch_row("allreduce", nbytes, world, batch, times, wrong, rank == 0))
     if rank == 0 and args.json:
         write_json(args.json, {"machine": machine_info(), "world_size": world, "labels": args.labels,
                                "rounds": args.rounds, "command": sys.argv, "results": results})

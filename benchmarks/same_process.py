@@ -16,7 +16,6 @@ outside the timed batches (sums, gathers and broadcasts of rank-valued floats ar
 import argparse
 import datetime
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -24,7 +23,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from bench_common import machine_info, write_json
+from bench_common import batch_row, machine_info, time_batches, write_json
 from op_loop import make_op
 from sweep import parse_bytes
 
@@ -117,22 +116,9 @@ def main():
                 call()
                 slowest = max(slowest, time.perf_counter() - start)
         batch = book.allreduce(max(10, min(500, int(args.batch_us * 1e-6 / max(slowest, 1e-7)))), op=MPI.MIN)
-        times = {label: [] for label in args.labels}
-        for _ in range(args.rounds):
-            for label, call in calls.items():
-                book.Barrier()
-                start = time.perf_counter()
-                for _ in range(batch):
-                    call()
-                times[label].append(book.allreduce((time.perf_counter() - start) / batch, op=MPI.MAX) * 1e6)
-        row = {"bytes": nbytes, "batch": batch,
-               "us": {label: statistics.median(t) for label, t in times.items()},
-               "rounds_us": times, "wrong": wrong}
-        results.append(row)
-        if rank == 0:
-            print(f"{args.op} {nbytes} B N={world} (batches of {batch}): " +
-                  "  ".join(f"{label} {row['us'][label]:.1f} us" + (" WRONG" if wrong[label] else "")
-                            for label in args.labels), flush=True)
+        times = time_batches(calls, args.rounds, batch, book.Barrier,
+                             lambda seconds: book.allreduce(seconds, op=MPI.MAX))
+        results.append(batch_row(args.op, nbytes, world, batch, times, wrong, rank == 0))
     if rank == 0 and args.json:
         write_json(args.json, {"machine": machine_info(), "op": args.op, "world_size": world,
                                "labels": args.labels, "same_host_copy": copies,
