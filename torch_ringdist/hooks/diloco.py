@@ -23,8 +23,30 @@ from torch_ringdist.hooks.compress import allreduce_bucket, compressed_bucket
 logger = logging.getLogger(__name__)
 
 
-def _new_flat() -> torch.Tensor:
-    return torch.empty(0, dtype=torch.float32)
+def _new_flat(dtype=torch.float32) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype)
+
+
+def _pieces(flat, tensors):
+    """Views of `flat` cut as the tensors are."""
+    offset = 0
+    for t in tensors:
+        yield flat[offset:offset + t.numel()]
+        offset += t.numel()
+
+
+def _gather(tensors, into):
+    """The tensors, flat, in `into` (resized; one pass, no new memory when it already has the
+    size)."""
+    into.resize_(sum(t.numel() for t in tensors))
+    for t, piece in zip(tensors, _pieces(into, tensors)):
+        piece.copy_(t.detach().reshape(-1))
+    return into
+
+
+def _scatter(flat, tensors) -> None:
+    for t, piece in zip(tensors, _pieces(flat, tensors)):
+        t.copy_(piece.view_as(t))
 
 
 class DiLoCoState(HookState):
@@ -210,7 +232,7 @@ class DiLoCoState(HookState):
 
     def _set_anchor(self):
         if not self._plain_average():
-            self.anchor = {f: self._gather(self._fragment(f), _new_flat())
+            self.anchor = {f: _gather(self._fragment_tensors(f), _new_flat())
                            for f in range(self.fragments)}
 
     def global_model(self) -> dict:
@@ -219,30 +241,11 @@ class DiLoCoState(HookState):
         out = {}
         for f in range(self.fragments):
             params = self._fragment(f)
-            theta = self.anchor[f] if self.anchor is not None else self._gather(params, _new_flat())
-            for (name, p), piece in zip(params, self._pieces(theta, params)):
+            tensors = [p for _, p in params]
+            theta = self.anchor[f] if self.anchor is not None else _gather(tensors, _new_flat())
+            for (name, p), piece in zip(params, _pieces(theta, tensors)):
                 out[name] = piece.view_as(p).clone()
         return out
-
-    @staticmethod
-    def _pieces(flat, params):
-        """Views of `flat` cut as the parameters are."""
-        offset = 0
-        for _, p in params:
-            yield flat[offset:offset + p.numel()]
-            offset += p.numel()
-
-    def _gather(self, params, into):
-        """The parameters, flat in float32, in `into` (resized; one pass, no new memory when
-        it already has the size)."""
-        into.resize_(sum(p.numel() for _, p in params))
-        for (_, p), piece in zip(params, self._pieces(into, params)):
-            piece.copy_(p.detach().reshape(-1))
-        return into
-
-    def _scatter(self, flat, params) -> None:
-        for (_, p), piece in zip(params, self._pieces(flat, params)):
-            p.copy_(piece.view_as(p))
 
     def _work_buffer(self, fragment):
         buf = self._scratch.get(fragment)
@@ -293,8 +296,8 @@ class DiLoCoState(HookState):
     @torch.no_grad()
     def run_round(self, fragment: int = 0) -> None:
         """One round of `fragment` now (collective: every rank of the group together)."""
-        params = self._fragment(fragment)
-        flat = self._gather(params, self._work_buffer(fragment))
+        params = self._fragment_tensors(fragment)
+        flat = _gather(params, self._work_buffer(fragment))
         if self._plain_average():
             dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.process_group)
             theta = flat
@@ -303,13 +306,16 @@ class DiLoCoState(HookState):
             flat.sub_(theta)  # d = theta_local - theta_global
             self._exchange(fragment, flat)
             self._outer_step(fragment, theta, flat)
-        self._scatter(theta, params)
+        _scatter(theta, params)
         self.rounds += 1
         logger.debug("%s: round %s (fragment %s) after step %s", self._name, self.rounds,
                      fragment, self.iteration)
 
     def _fragment(self, fragment: int):
         return self._named_params()[fragment::self.fragments]
+
+    def _fragment_tensors(self, fragment: int):
+        return [p for _, p in self._fragment(fragment)]
 
     def _theta(self, fragment: int) -> torch.Tensor:
         if self.anchor is None:
@@ -321,7 +327,7 @@ class DiLoCoState(HookState):
     @torch.no_grad()
     def _start_round(self, fragment: int, apply_at: int) -> None:
         """Starts the exchange of `fragment`'s d on the backend's thread (streaming)."""
-        flat = self._gather(self._fragment(fragment), self._work_buffer(fragment))
+        flat = _gather(self._fragment_tensors(fragment), self._work_buffer(fragment))
         flat.sub_(self._theta(fragment))
         self.in_flight[fragment] = [apply_at, flat, self._exchange(fragment, flat, async_op=True)]
 
@@ -331,12 +337,12 @@ class DiLoCoState(HookState):
         _, avg_d, work = self.in_flight.pop(fragment)
         if work is not None:
             work.wait()
-        params = self._fragment(fragment)
+        params = self._fragment_tensors(fragment)
         theta = self._theta(fragment)
         self._outer_step(fragment, theta, avg_d)
-        mixed = self._gather(params, avg_d)  # avg_d is spent: its memory takes the mix
+        mixed = _gather(params, avg_d)  # avg_d is spent: its memory takes the mix
         mixed.mul_(self.alpha).add_(theta, alpha=1.0 - self.alpha)
-        self._scatter(mixed, params)
+        _scatter(mixed, params)
         self.rounds += 1
 
     def _exchange(self, fragment: int, flat: torch.Tensor, async_op: bool = False):
@@ -418,12 +424,9 @@ class DiLoCoOptimizer:
             return
         group = self.process_group
         source = dist.get_global_rank(group, 0) if group is not None else 0
-        flat = torch.cat([p.detach().reshape(-1).to(torch.float64) for p in params])
+        flat = _gather(params, _new_flat(torch.float64))
         dist.broadcast(flat, src=source, group=group)
-        offset = 0
-        for p in params:
-            p.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        _scatter(flat, params)
 
     @property
     def param_groups(self):
@@ -446,15 +449,12 @@ class DiLoCoOptimizer:
         grads = [p.grad for _, p in self.state._named_params() if p.grad is not None]
         if not grads:
             return
-        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads])
+        flat = _gather(grads, _new_flat())
         if self.state.codec is None:
             dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.process_group)
         else:
             compressed_bucket(self.process_group, flat, self.state.codec, "diloco").wait()
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        _scatter(flat, grads)
 
     def state_dict(self) -> dict:
         return {"inner": self.optimizer.state_dict(), "diloco": self.state}
