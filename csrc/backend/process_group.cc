@@ -263,18 +263,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::enqueue(c10d::OpType type,
   const uint64_t traceId =
       recorder_->add(traceName(type, engineType), seq, FlightRecorder::kCollective,
                      inputs.empty() ? outputs : inputs, outputs, call.timeout.count());
+  std::string key = statsKey.empty() ? opTypeName(engineType) : std::move(statsKey);
+  if (call.direct && stage == nullptr) {  // the direct operators: no Work at all
+    worker_->runNow(type, engineType, std::move(key), outputs, call.timeout, traceId,
+                    std::move(body));
+    return nullptr;
+  }
   // The latency path: a caller that waits for the result anyway (async_op=False), or any
   // caller of a one-rank group, runs the op itself when the worker is idle. CPU tensors
   // only: a CUDA op's host side must not wait for the GPU on the caller's thread.
-  if (call.direct && stage == nullptr) {
-    worker_->runNow(type, engineType, statsKey.empty() ? opTypeName(engineType) : statsKey,
-                    outputs, call.timeout, traceId, std::move(body));
-    return nullptr;
-  }
   const bool inlineIfIdle = stage == nullptr && (!call.async || getSize() == 1);
-  return worker_->enqueue(type, engineType, statsKey.empty() ? opTypeName(engineType) : statsKey,
-                          std::move(outputs), call.timeout, traceId, std::move(body),
-                          std::move(stage), inlineIfIdle);
+  return worker_->enqueue(type, engineType, std::move(key), std::move(outputs), call.timeout,
+                          traceId, std::move(body), std::move(stage), inlineIfIdle);
 }
 
 void ProcessGroupRingdist::dumpTrace() {

@@ -58,10 +58,11 @@ c10::intrusive_ptr<RingdistWork> Worker::enqueue(c10d::OpType type, OpType engin
                                                  uint64_t traceId, Body body,
                                                  std::shared_ptr<DeviceStage> stage,
                                                  bool inlineIfIdle) {
+  const uint64_t payload = payloadOf(outputs);
   auto work = c10::make_intrusive<RingdistWork>(rank_, type, opTypeName(engineType),
                                                 std::move(outputs), std::move(stage));
   Task task{work, true, engineType, std::move(statsKey), timeout, std::move(body), traceId};
-  task.payloadBytes = payloadOf(work->result());
+  task.payloadBytes = payload;
   if (!(inlineIfIdle && tryRunInline(task))) {
     push(std::move(task));
   }
