@@ -10,8 +10,8 @@ decoder-only transformer over bytes. Every algorithm starts from the same seed, 
 samples (each rank its own stream, --batch per rank per step) with AdamW as the (inner)
 optimizer, and ends with the held-out loss in nats per byte of the model every rank holds then
 (steps a multiple of --period: the last step ends with a round). Algorithms: `ddp` (DDP's own
-allreduce), `diloco` (outer Nesterov SGD, --outer-lr, momentum 0.9), `diloco-int8` (int8
-pseudo-gradients with error feedback), `local_sgd` (plain averaging every --period steps).
+allreduce), `diloco` (outer Nesterov SGD, --outer-lr, momentum 0.9), `diloco-int8` and
+`diloco-int4` (int8 or 4-bit pseudo-gradients with error feedback), `local_sgd` (plain averaging every --period steps).
 """
 import argparse
 import glob
@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-ALGOS = ("ddp", "diloco", "diloco-int8", "local_sgd")
+ALGOS = ("ddp", "diloco", "diloco-int8", "diloco-int4", "local_sgd")
 
 
 def stdlib_text(megabytes):
@@ -92,7 +92,7 @@ def train(algo, args, train_text, eval_text):
     inner = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.0)
     if algo.startswith("diloco"):
         hooks.register(ddp, "diloco", optimizer=inner, period=args.period, outer_lr=args.outer_lr,
-                       codec="int8" if algo == "diloco-int8" else None)
+                       codec=algo.split("-")[1] if "-" in algo else None)
     elif algo == "local_sgd":
         hooks.register(ddp, "local_sgd", optimizer=inner, start_step=0, period=args.period)
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)

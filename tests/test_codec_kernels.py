@@ -1,4 +1,4 @@
-"""The int8 and fp16 codec kernels (AVX2 or portable, whichever this CPU runs) against a
+"""The int8, int4 and fp16 codec kernels (AVX2 or portable, whichever this CPU runs) against a
 float32 reference written with torch ops, bit for bit. Single process, no backend."""
 import pytest
 import torch
@@ -6,6 +6,7 @@ import torch
 from torch_ringdist._extension import load
 
 BLOCK = 256
+LEVELS = {"int8": 127.0, "int4": 7.0}
 
 
 def _reference(x, codec):
@@ -14,10 +15,11 @@ def _reference(x, codec):
     pad = (-n) % BLOCK
     b = torch.nn.functional.pad(x, (0, pad)).view(-1, BLOCK)
     m = b.abs().amax(1, keepdim=True)
-    if codec == "int8":
-        inv = torch.full_like(m, 127.0) / m  # not 127.0 / m: torch computes that as 127 * (1/m)
-        q = torch.clamp(torch.round(b * inv), -127, 127)
-        out = torch.where(m < 1e-30, 0.0, q * (m / 127.0))  # tiny blocks encode as zeros
+    if codec in LEVELS:
+        levels = LEVELS[codec]
+        inv = torch.full_like(m, levels) / m  # not levels / m: torch computes that as levels * (1/m)
+        q = torch.clamp(torch.round(b * inv), -levels, levels)
+        out = torch.where(m < 1e-30, 0.0, q * (m / levels))  # tiny blocks encode as zeros
     else:
         s = torch.clamp(15 - torch.frexp(m).exponent, max=126).float()
         one = torch.ones_like(s)
@@ -25,7 +27,7 @@ def _reference(x, codec):
     return out.view(-1)[:n]
 
 
-@pytest.mark.parametrize("codec", ["int8", "fp16"])
+@pytest.mark.parametrize("codec", ["int8", "int4", "fp16"])
 @pytest.mark.parametrize("n", [1, 255, 256, 257, 256 * 40 + 13])
 def test_roundtrip_bitwise(codec, n):
     g = torch.Generator().manual_seed(n)
@@ -35,7 +37,7 @@ def test_roundtrip_bitwise(codec, n):
         assert torch.equal(load().codec_roundtrip(x, codec), _reference(x, codec)), exponent
 
 
-@pytest.mark.parametrize("codec", ["int8", "fp16"])
+@pytest.mark.parametrize("codec", ["int8", "int4", "fp16"])
 def test_nonfinite_block_decodes_to_nan(codec):
     x = torch.randn(3 * BLOCK)
     x[BLOCK + 5] = float("inf")

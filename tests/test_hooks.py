@@ -22,7 +22,7 @@ from world import default_backend
 pytestmark = pytest.mark.skipif(default_backend() != "ringdist",
                                 reason="hooks and codecs need the ringdist backend")
 
-CODECS = ("fp16", "bf16", "int8")
+CODECS = ("fp16", "bf16", "int8", "int4")
 SIZES = (0, 1, 3, 255, 256, 257, 1000, 4099, 70001)
 BLOCK = 256
 # Unit roundoff (half an ulp, relative) of the wire formats.
@@ -52,8 +52,9 @@ def _blockmax(x):
 
 def _bound(codec, xs, ref):
     """Per-element error bound for two quantisations (each contribution, then the sum)."""
-    if codec == "int8":  # half a step of each block's scale, twice
-        return (sum(_blockmax(x) for x in xs) + _blockmax(ref)) / 254 * 1.02 + 1e-30
+    if codec in ("int8", "int4"):  # half a step of each block's scale, twice
+        steps = 254 if codec == "int8" else 14
+        return (sum(_blockmax(x) for x in xs) + _blockmax(ref)) / steps * 1.02 + 1e-30
     u = ROUNDOFF[codec]
     return u * (sum(x.abs() for x in xs) + ref.abs()) * 1.02 + 1e-30
 
@@ -115,8 +116,8 @@ def _w_codecs(rank, world_size):
                                 ((h.double() - ref).abs() / (ref.abs() + 1)).max().item())
     # Bad input raises in the caller, naming the operation and this rank.
     for bad in (lambda: torch_ringdist.all_reduce(torch.zeros(4, dtype=torch.int32), codec="int8"),
-                lambda: torch_ringdist.all_reduce(torch.zeros(4), codec="int4"),
-                lambda: _backend().allreduce_compressed(torch.zeros(4), "int4"),
+                lambda: torch_ringdist.all_reduce(torch.zeros(4), codec="int2"),
+                lambda: _backend().allreduce_compressed(torch.zeros(4), "int2"),
                 lambda: torch_ringdist.all_reduce(torch.zeros(4), codec="int8",
                                                   op=dist.ReduceOp.MAX)):
         try:
@@ -443,6 +444,7 @@ def test_codec_roundtrip(world_factory):
         residual_exact, within, nbytes = res[codec]
         assert residual_exact and within, (codec, res[codec])
     assert res["fp16"][2] == 20 * 4 + 5000 * 2 and res["int8"][2] == 20 * 4 + 5000
+    assert res["int4"][2] == 20 * 4 + 5000 // 2
     assert res["bf16"][2] == 10000
     assert all(res["nan"].values()), res["nan"]  # NaN is never silently dropped
 
@@ -551,6 +553,6 @@ def test_registry_and_example_hooks():
     table = example.available_hooks()
     assert set(names) <= set(table), (names, sorted(table))
     with pytest.raises(ValueError, match="unknown hook"):
-        hooks.make_state("int4")
+        hooks.make_state("int3")
     with pytest.raises(ValueError, match="bad options"):
         hooks.make_state("int8", ratio=0.1)

@@ -129,7 +129,7 @@ def test_reduce_shared_against_closed_forms():
     assert s.tolist() == (h.float() + k.float()).half().tolist()
 
 
-CODECS = ["fp16", "bf16", "int8"]
+CODECS = ["fp16", "bf16", "int8", "int4"]
 BLOCK = 256
 
 
@@ -166,8 +166,7 @@ def assert_same_encoding(codec, x, got, expected):
     if codec == "bf16":
         assert torch.equal(got, expected)
         return
-    payload = 1 if codec == "int8" else 2
-    full = 4 + BLOCK * payload
+    full = 4 + {"int8": BLOCK, "int4": BLOCK // 2, "fp16": 2 * BLOCK}[codec]
     for b, bad in enumerate(nonfinite_blocks(x).tolist()):
         lo, hi = b * full, min((b + 1) * full, len(expected))
         if bad:

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from torch_ringdist._extension import load
 
-CODECS = ("fp16", "bf16", "int8")
+CODECS = ("fp16", "bf16", "int8", "int4")
 
 
 def ringdist_backend(group=None, what: str = "torch_ringdist"):
@@ -34,8 +34,8 @@ def all_reduce(tensor: torch.Tensor, codec: str | None = None, op=dist.ReduceOp.
     Args:
         tensor: dense CPU tensor. With a codec: float32, bfloat16 or float16
             (half types are summed in float32 and rounded once at the end).
-        codec: ``None`` (plain ``dist.all_reduce``), ``"fp16"``, ``"bf16"`` or
-            ``"int8"``. Compressed results are bitwise identical on all ranks;
+        codec: ``None`` (plain ``dist.all_reduce``), ``"fp16"``, ``"bf16"``,
+            ``"int8"`` or ``"int4"``. Compressed results are bitwise identical on all ranks;
             each element is quantised twice whatever the world size.
         op: ``ReduceOp.SUM`` or ``ReduceOp.AVG`` (with a codec; any op without).
         group: process group (default group if None); must be ringdist for a codec.

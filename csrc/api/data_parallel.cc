@@ -75,7 +75,7 @@ DataParallel::DataParallel(c10::intrusive_ptr<c10d::ProcessGroup> group,
   ringdist::Codec known;
   TORCH_CHECK(codec.empty() || ringdist::codecFromName(codec, &known),
               "torch_ringdist DataParallel: unknown codec '", codec,
-              "' (known: fp16, bf16, int8, or empty for exact averaging)");
+              "' (known: fp16, bf16, int8, int4, or empty for exact averaging)");
   std::vector<size_t> trained;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& p = parameters_[i];

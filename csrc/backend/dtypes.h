@@ -28,11 +28,11 @@ inline bool toDataType(at::ScalarType type, DataType* out) {
   }
 }
 
-// The wire codec named by Python ("fp16", "bf16", "int8"); raises for others.
+// The wire codec named by Python ("fp16", "bf16", "int8", "int4"); raises for others.
 inline Codec parseCodec(const std::string& name) {
   Codec codec = Codec::kInt8;
   TORCH_CHECK(codecFromName(name, &codec), "ringdist codec: unknown codec '", name,
-              "' (known: fp16, bf16, int8)");
+              "' (known: fp16, bf16, int8, int4)");
   return codec;
 }
 

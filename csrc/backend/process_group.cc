@@ -361,7 +361,7 @@ std::shared_ptr<DeviceStage> ProcessGroupRingdist::stageFor(const char* op,
 Codec ProcessGroupRingdist::checkCodec(const char* op, const std::string& name) {
   Codec codec = Codec::kInt8;
   RD_CHECK_INPUT(codecFromName(name, &codec), op, "unknown codec '", name,
-                 "' (known: fp16, bf16, int8)");
+                 "' (known: fp16, bf16, int8, int4)");
   return codec;
 }
 

@@ -122,7 +122,7 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   size_t segmentBytes() const;
   void setSegmentBytes(size_t bytes);
 
-  // Allreduce with a lossy wire codec ("fp16", "bf16", "int8"; see
+  // Allreduce with a lossy wire codec ("fp16", "bf16", "int8", "int4"; see
   // csrc/codec/codec.h), summed in float32. One dense CPU tensor: float32, or
   // bfloat16/float16 (widened to float32 for the op). average: divide by the
   // world size (AVG) instead of SUM.

@@ -8,8 +8,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 
+#include "csrc/codec/block_math.h"
 #include "csrc/codec/vector_blocks.h"
 #include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
@@ -24,9 +24,6 @@ constexpr size_t kLanes = 8;
 // x + kRound - kRound rounds |x| < 2^22 to the nearest integer (ties to even)
 // in the default rounding mode, in one vectorisable add/sub pair.
 constexpr float kRound = 12582912.0f;
-// Blocks whose largest magnitude is below this encode as zeros: 127 / max
-// would overflow float32, and such values are far below any gradient scale.
-constexpr float kTinyBlock = 1e-30f;
 
 RD_INLINE BlockStats blockStats(const float* x, size_t n) {
   float m[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -66,32 +63,19 @@ RD_INLINE BlockStats statsOf(const float* x, size_t n) {
   return blockStats(x, n);
 }
 
-// ------------------------------------------------------------------ int8
+// ------------------------------------------------------------ int8, int4
 
+// q[i] = clamp(round(x[i] * inverse), +-127). The integer codecs' products
+// stay within +-levels (|x| <= max), so int4 shares int8's clamp.
 template <bool kVector>
-RD_INLINE void int8EncodeBlock(const float* x, size_t n, char* out) {
-  const BlockStats st = statsOf<kVector>(x, n);
-  float scale;
-  float inv;
-  if (!st.finite) {
-    scale = std::numeric_limits<float>::quiet_NaN();
-    inv = 0;
-  } else if (st.maxAbs < kTinyBlock) {
-    scale = 0;
-    inv = 0;
-  } else {
-    scale = st.maxAbs / 127.0f;
-    inv = 127.0f / st.maxAbs;
-  }
-  std::memcpy(out, &scale, kScaleBytes);
-  auto* q = reinterpret_cast<int8_t*>(out + kScaleBytes);
+RD_INLINE void quantise(const float* x, size_t n, float inverse, int8_t* q) {
 #if defined(RD_VECTOR_TARGET)
   if constexpr (kVector) {
-    if (n == kCodecBlock) return vec::int8Quantise(x, inv, q);
+    if (n == kCodecBlock) return vec::int8Quantise(x, inverse, q);
   }
 #endif
   for (size_t i = 0; i < n; ++i) {
-    float v = x[i] * inv;
+    float v = x[i] * inverse;
     v = (v + kRound) - kRound;
     // |x| <= max, but x * (127 / max) may round a hair above 127.
     v = v > 127.0f ? 127.0f : v;
@@ -101,10 +85,7 @@ RD_INLINE void int8EncodeBlock(const float* x, size_t n, char* out) {
 }
 
 template <bool kAdd, bool kVector>
-RD_INLINE void int8DecodeBlock(const char* in, size_t n, float* out) {
-  float scale;
-  std::memcpy(&scale, in, kScaleBytes);
-  const auto* q = reinterpret_cast<const int8_t*>(in + kScaleBytes);
+RD_INLINE void dequantise(const int8_t* q, size_t n, float scale, float* out) {
 #if defined(RD_VECTOR_TARGET)
   if constexpr (kVector) {
     if (n == kCodecBlock) return vec::int8Decode<kAdd>(q, scale, out);
@@ -116,24 +97,55 @@ RD_INLINE void int8DecodeBlock(const char* in, size_t n, float* out) {
   }
 }
 
+template <bool kVector>
+RD_INLINE void int8EncodeBlock(const float* x, size_t n, char* out) {
+  const BlockStats st = statsOf<kVector>(x, n);
+  const auto s = blockmath::intScales(st.maxAbs, st.finite, blockmath::kInt8Levels);
+  std::memcpy(out, &s.scale, kScaleBytes);
+  quantise<kVector>(x, n, s.inverse, reinterpret_cast<int8_t*>(out + kScaleBytes));
+}
+
+template <bool kAdd, bool kVector>
+RD_INLINE void int8DecodeBlock(const char* in, size_t n, float* out) {
+  float scale;
+  std::memcpy(&scale, in, kScaleBytes);
+  dequantise<kAdd, kVector>(reinterpret_cast<const int8_t*>(in + kScaleBytes), n, scale, out);
+}
+
+// int4 quantises like int8 into a stack block, then packs two per byte.
+template <bool kVector>
+RD_INLINE void int4EncodeBlock(const float* x, size_t n, char* out) {
+  const BlockStats st = statsOf<kVector>(x, n);
+  const auto s = blockmath::intScales(st.maxAbs, st.finite, blockmath::kInt4Levels);
+  std::memcpy(out, &s.scale, kScaleBytes);
+  alignas(64) int8_t q[kCodecBlock];
+  quantise<kVector>(x, n, s.inverse, q);
+  auto* packed = reinterpret_cast<uint8_t*>(out + kScaleBytes);
+  for (size_t k = 0; k < n / 2; ++k) packed[k] = blockmath::int4Pack(q[2 * k], q[2 * k + 1]);
+  if (n % 2) packed[n / 2] = blockmath::int4Pack(q[n - 1], 0);
+}
+
+template <bool kAdd, bool kVector>
+RD_INLINE void int4DecodeBlock(const char* in, size_t n, float* out) {
+  float scale;
+  std::memcpy(&scale, in, kScaleBytes);
+  const auto* packed = reinterpret_cast<const uint8_t*>(in + kScaleBytes);
+  alignas(64) int8_t q[kCodecBlock];
+  for (size_t k = 0; k < (n + 1) / 2; ++k) {
+    q[2 * k] = blockmath::int4Unpack(packed[k], false);
+    q[2 * k + 1] = blockmath::int4Unpack(packed[k], true);
+  }
+  dequantise<kAdd, kVector>(q, n, scale, out);
+}
+
 // ------------------------------------------------------------------ fp16
 
 template <bool kVector>
 RD_INLINE void fp16EncodeBlock(const float* x, size_t n, char* out) {
   const BlockStats st = statsOf<kVector>(x, n);
-  float scale = 1.0f;  // decode multiplier
-  float up = 1.0f;     // encode multiplier, 1 / scale (exact: powers of two)
-  if (!st.finite) {
-    scale = std::numeric_limits<float>::quiet_NaN();
-    up = 0;
-  } else if (st.maxAbs > 0) {
-    int e = 0;
-    std::frexp(st.maxAbs, &e);  // maxAbs = m * 2^e, m in [0.5, 1)
-    int s = 15 - e;             // maxAbs * 2^s in [2^14, 2^15)
-    s = s > 126 ? 126 : s;      // 2^s must stay a normal float32
-    up = std::ldexp(1.0f, s);
-    scale = std::ldexp(1.0f, -s);
-  }
+  const auto s = blockmath::fp16Scales(st.maxAbs, st.finite);
+  const float scale = s.scale;  // decode multiplier
+  const float up = s.up;        // encode multiplier, 1 / scale (exact: powers of two)
   std::memcpy(out, &scale, kScaleBytes);
 #if defined(RD_VECTOR_TARGET)
   if constexpr (kVector) {
@@ -177,11 +189,7 @@ RD_INLINE void bf16Decode(const char* in, size_t n, float* out) {
 
 // ------------------------------------------------------------------ drivers
 
-RD_INLINE size_t payloadBytes(Codec codec) { return codec == Codec::kInt8 ? 1 : 2; }
-
-RD_INLINE size_t blockBytes(Codec codec, size_t n) {
-  return (codec == Codec::kBf16 ? 0 : kScaleBytes) + n * payloadBytes(codec);
-}
+using blockmath::blockBytes;
 
 template <bool kVector>
 RD_INLINE void encodeImpl(Codec codec, const float* in, size_t count, char* out) {
@@ -190,10 +198,10 @@ RD_INLINE void encodeImpl(Codec codec, const float* in, size_t count, char* out)
   }
   for (size_t off = 0; off < count; off += kCodecBlock) {
     size_t n = count - off < kCodecBlock ? count - off : kCodecBlock;
-    if (codec == Codec::kInt8) {
-      int8EncodeBlock<kVector>(in + off, n, out);
-    } else {
-      fp16EncodeBlock<kVector>(in + off, n, out);
+    switch (codec) {
+      case Codec::kInt8: int8EncodeBlock<kVector>(in + off, n, out); break;
+      case Codec::kInt4: int4EncodeBlock<kVector>(in + off, n, out); break;
+      default: fp16EncodeBlock<kVector>(in + off, n, out); break;
     }
     out += blockBytes(codec, n);
   }
@@ -206,10 +214,10 @@ RD_INLINE void decodeImpl(Codec codec, const char* in, size_t count, float* out)
   }
   for (size_t off = 0; off < count; off += kCodecBlock) {
     size_t n = count - off < kCodecBlock ? count - off : kCodecBlock;
-    if (codec == Codec::kInt8) {
-      int8DecodeBlock<kAdd, kVector>(in, n, out + off);
-    } else {
-      fp16DecodeBlock<kAdd, kVector>(in, n, out + off);
+    switch (codec) {
+      case Codec::kInt8: int8DecodeBlock<kAdd, kVector>(in, n, out + off); break;
+      case Codec::kInt4: int4DecodeBlock<kAdd, kVector>(in, n, out + off); break;
+      default: fp16DecodeBlock<kAdd, kVector>(in, n, out + off); break;
     }
     in += blockBytes(codec, n);
   }
@@ -266,12 +274,13 @@ const char* codecName(Codec codec) {
     case Codec::kFp16: return "fp16";
     case Codec::kBf16: return "bf16";
     case Codec::kInt8: return "int8";
+    case Codec::kInt4: return "int4";
   }
   return "unknown";
 }
 
 bool codecFromName(const std::string& name, Codec* out) {
-  for (Codec c : {Codec::kFp16, Codec::kBf16, Codec::kInt8}) {
+  for (Codec c : {Codec::kFp16, Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
     if (name == codecName(c)) {
       *out = c;
       return true;
@@ -280,15 +289,12 @@ bool codecFromName(const std::string& name, Codec* out) {
   return false;
 }
 
-bool isKnownCodec(uint8_t value) { return value >= 1 && value <= 3; }
+bool isKnownCodec(uint8_t value) { return value >= 1 && value <= 4; }
 
 size_t encodedBytes(Codec codec, size_t count) {
   checkCodec(codec);
-  if (codec == Codec::kBf16) {
-    return 2 * count;
-  }
-  size_t blocks = (count + kCodecBlock - 1) / kCodecBlock;
-  return blocks * kScaleBytes + count * payloadBytes(codec);
+  const size_t rest = count % kCodecBlock;
+  return count / kCodecBlock * blockBytes(codec, kCodecBlock) + (rest ? blockBytes(codec, rest) : 0);
 }
 
 void encode(Codec codec, const float* in, size_t count, void* out) {

@@ -29,10 +29,23 @@ void encodeElementwise(Codec codec, const float* x, size_t count, char* out) {
     }
     char* block = out + encodedBytes(codec, first);
     if (codec == Codec::kInt8) {
-      const auto s = blockmath::int8Scales(maxAbs, finite);
+      const auto s = blockmath::intScales(maxAbs, finite, blockmath::kInt8Levels);
       std::memcpy(block, &s.scale, sizeof(float));
       auto* q = reinterpret_cast<int8_t*>(block + sizeof(float));
-      for (size_t i = 0; i < n; ++i) q[i] = blockmath::int8Encode(x[first + i], s.inverse);
+      for (size_t i = 0; i < n; ++i) {
+        q[i] = blockmath::intEncode(x[first + i], s.inverse, blockmath::kInt8Levels);
+      }
+    } else if (codec == Codec::kInt4) {
+      const auto s = blockmath::intScales(maxAbs, finite, blockmath::kInt4Levels);
+      std::memcpy(block, &s.scale, sizeof(float));
+      auto* packed = reinterpret_cast<uint8_t*>(block + sizeof(float));
+      for (size_t i = 0; i < n; i += 2) {
+        const int8_t low = blockmath::intEncode(x[first + i], s.inverse, blockmath::kInt4Levels);
+        const int8_t high = i + 1 < n
+            ? blockmath::intEncode(x[first + i + 1], s.inverse, blockmath::kInt4Levels)
+            : 0;
+        packed[i / 2] = blockmath::int4Pack(low, high);
+      }
     } else {
       const auto s = blockmath::fp16Scales(maxAbs, finite);
       std::memcpy(block, &s.scale, sizeof(float));
@@ -52,9 +65,15 @@ void decodeElementwise(Codec codec, const char* in, size_t count, float* out, bo
       float scale;
       std::memcpy(&scale, block, sizeof(float));
       const size_t j = i % kCodecBlock;
-      v = codec == Codec::kInt8
-          ? blockmath::int8Decode(reinterpret_cast<const int8_t*>(block + sizeof(float))[j], scale)
-          : blockmath::fp16Decode(reinterpret_cast<const uint16_t*>(block + sizeof(float))[j], scale);
+      const char* payload = block + sizeof(float);
+      if (codec == Codec::kInt8) {
+        v = blockmath::intDecode(reinterpret_cast<const int8_t*>(payload)[j], scale);
+      } else if (codec == Codec::kInt4) {
+        const uint8_t byte = reinterpret_cast<const uint8_t*>(payload)[j / 2];
+        v = blockmath::intDecode(blockmath::int4Unpack(byte, j % 2 == 1), scale);
+      } else {
+        v = blockmath::fp16Decode(reinterpret_cast<const uint16_t*>(payload)[j], scale);
+      }
     }
     out[i] = add ? out[i] + v : v;
   }

@@ -1,8 +1,9 @@
-// Codec kernels. Block-scaled codecs (int8, fp16) run one thread block of
+// Codec kernels. Block-scaled codecs (int8, int4, fp16) run one thread block of
 // kCodecBlock threads per codec block: each thread loads one element, the
 // block finds the largest magnitude (an exact max, so order does not matter)
 // and whether everything is finite, thread 0 writes the scale, and every
-// thread writes its element's encoding. bf16 is element-wise. All arithmetic
+// thread writes its element's encoding (int4: even threads write a byte
+// holding their odd neighbour's nibble too). bf16 is element-wise. All arithmetic
 // is csrc/codec/block_math.h, compiled with -fmad=false.
 #include "csrc/cuda/codec.h"
 
@@ -23,11 +24,8 @@ constexpr int kThreads = static_cast<int>(kCodecBlock);
 constexpr int kWarps = kThreads / 32;
 constexpr size_t kScaleBytes = sizeof(float);
 
-__host__ __device__ size_t payloadBytes(Codec codec) { return codec == Codec::kInt8 ? 1 : 2; }
 // Encoded bytes of one full block; block b starts at b * fullBlockBytes.
-__host__ __device__ size_t fullBlockBytes(Codec codec) {
-  return kScaleBytes + kCodecBlock * payloadBytes(codec);
-}
+__host__ __device__ size_t fullBlockBytes(Codec codec) { return bm::blockBytes(codec, kCodecBlock); }
 
 struct Stats {
   float maxAbs;
@@ -57,14 +55,25 @@ __global__ void encodeBlocks(const float* in, size_t count, char* out) {
   const float x = present ? in[i] : 0.0f;
   const Stats st = blockStats(x, present);
   char* block = out + blockIdx.x * fullBlockBytes(kCodec);
-  if (kCodec == Codec::kInt8) {
-    const bm::Int8Scales s = bm::int8Scales(st.maxAbs, st.finite);
-    if (threadIdx.x == 0) *reinterpret_cast<float*>(block) = s.scale;
-    if (present) reinterpret_cast<int8_t*>(block + kScaleBytes)[threadIdx.x] = bm::int8Encode(x, s.inverse);
-  } else {
+  char* payload = block + kScaleBytes;
+  if (kCodec == Codec::kFp16) {
     const bm::Fp16Scales s = bm::fp16Scales(st.maxAbs, st.finite);
     if (threadIdx.x == 0) *reinterpret_cast<float*>(block) = s.scale;
-    if (present) reinterpret_cast<uint16_t*>(block + kScaleBytes)[threadIdx.x] = bm::fp16Encode(x, s.up);
+    if (present) reinterpret_cast<uint16_t*>(payload)[threadIdx.x] = bm::fp16Encode(x, s.up);
+    return;
+  }
+  const float levels = kCodec == Codec::kInt8 ? bm::kInt8Levels : bm::kInt4Levels;
+  const bm::IntScales s = bm::intScales(st.maxAbs, st.finite, levels);
+  if (threadIdx.x == 0) *reinterpret_cast<float*>(block) = s.scale;
+  const int8_t q = present ? bm::intEncode(x, s.inverse, levels) : 0;
+  if (kCodec == Codec::kInt8) {
+    if (present) reinterpret_cast<int8_t*>(payload)[threadIdx.x] = q;
+    return;
+  }
+  // int4: each even thread packs its element with its odd neighbour's (0 past the end).
+  const int8_t next = static_cast<int8_t>(__shfl_down_sync(0xffffffffu, static_cast<int>(q), 1));
+  if (present && threadIdx.x % 2 == 0) {
+    reinterpret_cast<uint8_t*>(payload)[threadIdx.x / 2] = bm::int4Pack(q, next);
   }
 }
 
@@ -74,9 +83,16 @@ __global__ void decodeBlocks(const char* in, size_t count, float* out) {
   if (i >= count) return;
   const char* block = in + blockIdx.x * fullBlockBytes(kCodec);
   const float scale = *reinterpret_cast<const float*>(block);
-  const float v = kCodec == Codec::kInt8
-      ? bm::int8Decode(reinterpret_cast<const int8_t*>(block + kScaleBytes)[threadIdx.x], scale)
-      : bm::fp16Decode(reinterpret_cast<const uint16_t*>(block + kScaleBytes)[threadIdx.x], scale);
+  const char* payload = block + kScaleBytes;
+  float v;
+  if (kCodec == Codec::kInt8) {
+    v = bm::intDecode(reinterpret_cast<const int8_t*>(payload)[threadIdx.x], scale);
+  } else if (kCodec == Codec::kInt4) {
+    const uint8_t byte = reinterpret_cast<const uint8_t*>(payload)[threadIdx.x / 2];
+    v = bm::intDecode(bm::int4Unpack(byte, threadIdx.x % 2 == 1), scale);
+  } else {
+    v = bm::fp16Decode(reinterpret_cast<const uint16_t*>(payload)[threadIdx.x], scale);
+  }
   out[i] = kAdd ? out[i] + v : v;
 }
 
@@ -119,6 +135,9 @@ void decodeAny(Codec codec, const void* in, size_t count, float* out, cudaStream
     case Codec::kInt8:
       decodeBlocks<Codec::kInt8, kAdd><<<codecBlocks(count), kThreads, 0, stream>>>(bytes, count, out);
       break;
+    case Codec::kInt4:
+      decodeBlocks<Codec::kInt4, kAdd><<<codecBlocks(count), kThreads, 0, stream>>>(bytes, count, out);
+      break;
     case Codec::kFp16:
       decodeBlocks<Codec::kFp16, kAdd><<<codecBlocks(count), kThreads, 0, stream>>>(bytes, count, out);
       break;
@@ -139,6 +158,9 @@ void encode(Codec codec, const float* in, size_t count, void* out, cudaStream_t 
   switch (codec) {
     case Codec::kInt8:
       encodeBlocks<Codec::kInt8><<<codecBlocks(count), kThreads, 0, stream>>>(in, count, bytes);
+      break;
+    case Codec::kInt4:
+      encodeBlocks<Codec::kInt4><<<codecBlocks(count), kThreads, 0, stream>>>(in, count, bytes);
       break;
     case Codec::kFp16:
       encodeBlocks<Codec::kFp16><<<codecBlocks(count), kThreads, 0, stream>>>(in, count, bytes);

@@ -36,7 +36,7 @@ struct DataParallelOptions {
   // Gradients travel in flat buckets of at most this many bytes (one
   // allreduce each, all in flight together); DDP's default bucket_cap_mb.
   size_t bucketBytes = 25u << 20;
-  // "" for exact averaging; "fp16", "bf16" or "int8": ringdist's compressed
+  // "" for exact averaging; "fp16", "bf16", "int8" or "int4": ringdist's compressed
   // allreduce (float32 gradients, summed in float32), as the Python hooks.
   std::string codec;
 };

@@ -90,7 +90,7 @@ TORCH_RINGDIST_API c10::intrusive_ptr<c10d::ProcessGroup> init(
 
 // ---------------------------------------------------------------- ringdist's own calls
 
-// Allreduce with a lossy wire codec ("fp16", "bf16" or "int8"), summed in
+// Allreduce with a lossy wire codec ("fp16", "bf16", "int8" or "int4"), summed in
 // float32, SUM or (average) AVG; bitwise identical on every rank. One dense
 // float32, bfloat16 or float16 tensor, in place. As torch_ringdist.all_reduce.
 TORCH_RINGDIST_API c10::intrusive_ptr<c10d::Work> allreduceCompressed(

@@ -253,7 +253,7 @@ void codecs() {
   for (size_t i = 0; i < kCodecBlock; ++i) x[2 * kCodecBlock + i] = (static_cast<float>(i) - 127.5f) / 127.0f;
   x[3 * kCodecBlock + 17] = NAN;
   x[4 * kCodecBlock + 200] = -INFINITY;
-  for (Codec codec : {Codec::kFp16, Codec::kBf16, Codec::kInt8}) {
+  for (Codec codec : {Codec::kFp16, Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
     const std::string name = std::string("codec ") + codecName(codec);
     std::vector<char> kernel(encodedBytes(codec, count)), shared(kernel.size());
     encode(codec, x.data(), count, kernel.data());

@@ -2,8 +2,8 @@
 
     import torch_ringdist.hooks as hooks
     state = hooks.register(ddp_model, "int8", error_feedback=True)
-    hooks.available()   # ['accumulate', 'allreduce', 'bf16', 'delayed', 'diloco', 'fp16', 'int8',
-                        #  'local_sgd', 'powersgd', 'topk']
+    hooks.available()   # ['accumulate', 'allreduce', 'bf16', 'delayed', 'diloco', 'fp16', 'int4',
+                        #  'int8', 'local_sgd', 'powersgd', 'topk']
 
 Every hook has torch's signature ``hook(state, bucket) -> Future[Tensor]`` and
 averages over the group (DDP does not divide when a hook is registered). Each
@@ -20,7 +20,7 @@ from torch_ringdist.hooks._registry import lookup as _lookup
 # Each hook module adds its hooks to the registry when imported.
 from torch_ringdist.hooks.accumulate import AccumulateState, accumulate_hook
 from torch_ringdist.hooks.compress import (AllreduceState, CodecState, allreduce_hook, bf16_hook,
-                                           fp16_hook, int8_hook)
+                                           fp16_hook, int4_hook, int8_hook)
 from torch_ringdist.hooks.delayed import DelayedState, delayed_hook
 from torch_ringdist.hooks.diloco import DiLoCoOptimizer, DiLoCoState, diloco_hook
 from torch_ringdist.hooks.local_sgd import LocalSGDState, local_sgd_hook
@@ -77,5 +77,5 @@ __all__ = [
     "AllreduceState", "CodecState", "TopKState", "PowerSGDState", "LocalSGDState", "DiLoCoState",
     "DiLoCoOptimizer",
     "AccumulateState", "DelayedState", "allreduce_hook", "fp16_hook", "bf16_hook", "int8_hook",
-    "topk_hook", "powersgd_hook", "local_sgd_hook", "diloco_hook", "accumulate_hook", "delayed_hook",
+    "int4_hook", "topk_hook", "powersgd_hook", "local_sgd_hook", "diloco_hook", "accumulate_hook", "delayed_hook",
 ]

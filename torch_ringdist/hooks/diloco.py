@@ -85,8 +85,8 @@ class DiLoCoState(HookState):
         outer_lr: outer learning rate (default 0.7, the paper's).
         outer_momentum: outer momentum (default 0.9).
         nesterov: Nesterov momentum (default True; needs ``outer_momentum > 0``).
-        codec: None (exact) or ``"fp16"``/``"bf16"``/``"int8"`` for the pseudo-gradients (and
-            the gradients before ``start_step``); ringdist groups only.
+        codec: None (exact) or ``"fp16"``/``"bf16"``/``"int8"``/``"int4"`` for the
+            pseudo-gradients (and the gradients before ``start_step``); ringdist groups only.
         error_feedback: carry what the codec lost into the next round's pseudo-gradient
             (default True; with a codec).
         fragments: parts the parameters are split into, round robin in ``named_parameters()``

@@ -37,7 +37,7 @@ class LocalSGDState(DiLoCoState):
     Args:
         start_step: number of global-allreduce steps before local SGD (default 100).
         period: average the models every this many local steps (default 4).
-        codec: None (exact averaging) or ``"fp16"``/``"bf16"``/``"int8"``
+        codec: None (exact averaging) or ``"fp16"``/``"bf16"``/``"int8"``/``"int4"``
             (compressed gradient allreduce before ``start_step`` and compressed
             model-delta averaging after; ringdist groups only).
         process_group: group (None: the DDP model's group).
