@@ -9,9 +9,11 @@ Text: the CPython standard library's sources (every machine with Python has them
 decoder-only transformer over bytes. Every algorithm starts from the same seed, sees the same
 samples (each rank its own stream, --batch per rank per step) with AdamW as the (inner)
 optimizer, and ends with the held-out loss in nats per byte of the model every rank holds then
-(steps a multiple of --period: the last step ends with a round). Algorithms: `ddp` (DDP's own
-allreduce), `diloco` (outer Nesterov SGD, --outer-lr, momentum 0.9), `diloco-int8` and
-`diloco-int4` (int8 or 4-bit pseudo-gradients with error feedback), `local_sgd` (plain averaging every --period steps).
+(steps a multiple of --period: the last step ends with a round), averaged over the ranks.
+Algorithms: `ddp` (DDP's own allreduce), `diloco` (outer Nesterov SGD, --outer-lr, momentum
+0.9), `diloco-int8` and `diloco-int4` (int8 or 4-bit pseudo-gradients with error feedback),
+`diloco-eager` (each round's exchange overlapped with the next period, eager updates),
+`local_sgd` (plain averaging every --period steps).
 """
 import argparse
 import glob
@@ -27,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-ALGOS = ("ddp", "diloco", "diloco-int8", "diloco-int4", "local_sgd")
+ALGOS = ("ddp", "diloco", "diloco-int8", "diloco-int4", "diloco-eager", "local_sgd")
 
 
 def stdlib_text(megabytes):
@@ -92,7 +94,8 @@ def train(algo, args, train_text, eval_text):
     inner = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.0)
     if algo.startswith("diloco"):
         hooks.register(ddp, "diloco", optimizer=inner, period=args.period, outer_lr=args.outer_lr,
-                       codec=algo.split("-")[1] if "-" in algo else None)
+                       codec=algo[7:] if algo.startswith("diloco-int") else None,
+                       overlap="eager" if algo == "diloco-eager" else "none")
     elif algo == "local_sgd":
         hooks.register(ddp, "local_sgd", optimizer=inner, start_step=0, period=args.period)
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)
@@ -106,9 +109,13 @@ def train(algo, args, train_text, eval_text):
         F.cross_entropy(ddp(x).reshape(-1, 256), y.reshape(-1)).backward()
         inner.step()
     loss = held_out_loss(model, eval_text, args.context)
+    # Replicas agree after the last round (eager: up to the timing of their own shares).
     spread = torch.tensor([loss, -loss], dtype=torch.float64)
-    dist.all_reduce(spread, op=dist.ReduceOp.MAX)  # replicas agree after the last round
-    return {"held_out": loss, "rank_spread": spread[0].item() + spread[1].item()}
+    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    mean = torch.tensor([loss], dtype=torch.float64)
+    dist.all_reduce(mean)
+    return {"held_out": mean.item() / dist.get_world_size(),
+            "rank_spread": spread[0].item() + spread[1].item()}
 
 
 def add_args(p):

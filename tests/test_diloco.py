@@ -299,6 +299,54 @@ def _case_streaming(rank, ws, steps):
             "rounds": opt.state.rounds, "in_flight_seen": in_flight_seen, "anchor": anchors}
 
 
+def _case_eager(rank, ws, steps):
+    """overlap="eager", fragments=2, period=6: against the schedule written out (at fragment
+    f's rounds, after local steps 3(f+1) + 6j, the outer Nesterov step takes
+    avg(d_prev) - d_prev / M + d / M, or d / M the first time; the average of d is taken then
+    but used only at the next round), bitwise. The exchange is in flight across the period
+    (checked: its Work not yet waited)."""
+    import torch_ringdist.hooks as hooks
+
+    lr, mu, period = 0.7, 0.9, 6
+    model = _model(4)
+    opt = hooks.DiLoCoOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05),
+                                period=period, fragments=2, overlap="eager", outer_lr=lr,
+                                outer_momentum=mu)
+    ref_model = _model(4)
+    ref_inner = torch.optim.SGD(ref_model.parameters(), lr=0.05)
+    ref_params = list(ref_model.parameters())
+    frag = [ref_params[0::2], ref_params[1::2]]
+    theta = [_flat(frag[f]) for f in range(2)]
+    buf, sent, avg = [None, None], [None, None], [None, None]
+    in_flight_seen = 0
+    for t, (x, y) in enumerate(_batches(rank, steps), start=1):
+        for m, o in ((model, opt), (ref_model, ref_inner)):
+            o.zero_grad()
+            F.mse_loss(m(x), y).backward()
+            o.step()
+        in_flight_seen += sum(entry[2] is not None for entry in opt.state.in_flight.values())
+        with torch.no_grad():
+            for f in range(2):
+                offset = (f + 1) * period // 2
+                if t < offset or (t - offset) % period:
+                    continue
+                d = _flat(frag[f]) - theta[f]
+                grad = d * (1 / ws) if avg[f] is None else avg[f] - sent[f] / ws + d / ws
+                sent[f], avg[f] = d.clone(), d.clone()
+                dist.all_reduce(avg[f], op=dist.ReduceOp.AVG)
+                g = -grad
+                buf[f] = g.clone() if buf[f] is None else buf[f].mul_(mu).add_(g)
+                theta[f].add_(g.add(buf[f], alpha=mu), alpha=-lr)
+                offset = 0
+                for p in frag[f]:
+                    p.copy_(theta[f][offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
+    ours = _flat(model.parameters())
+    ref = _flat(ref_model.parameters())
+    return {"bitwise": bool(torch.equal(ours, ref)), "err": float((ours - ref).abs().max()),
+            "rounds": opt.state.rounds, "in_flight_seen": in_flight_seen}
+
+
 def _case_local_sgd_legacy_checkpoint(rank, ws):
     """A local_sgd state pickled before it became a DiLoCo round (anchor by parameter name, no
     outer fields) resumes: its anchor becomes the flat theta_global of the same values."""
@@ -337,7 +385,9 @@ def _case_convergence(rank, ws, steps, period):
 
     p = argparse.ArgumentParser()
     diloco_convergence.add_args(p)
-    return diloco_convergence.run(p.parse_args(["--steps", str(steps), "--period", str(period)]))
+    algos = ["ddp", "diloco", "diloco-int8", "diloco-int4", "local_sgd"]
+    return diloco_convergence.run(p.parse_args(["--steps", str(steps), "--period", str(period),
+                                                "--algos", *algos]))
 
 
 def _case_bad_options(rank, ws):
@@ -408,7 +458,8 @@ def test_ddp_hook_equals_the_plain_module_optimizer(world_factory, codec):
     assert all(r["hook"][2] == 3 and r["optimizer"][2] == 3 for r in results), results
 
 
-@pytest.mark.parametrize("codec,overlap", [(None, "none"), ("int8", "none"), ("int8", "streaming")])
+@pytest.mark.parametrize("codec,overlap", [(None, "none"), ("int8", "none"), ("int8", "streaming"),
+                                           ("int4", "eager")])
 def test_resume_is_bitwise(world_factory, codec, overlap):
     # Saved after step 6: fragment 0's round just ran (streaming: its exchange is in flight).
     assert world_factory(2).run(_case_resume, codec, overlap, 6, 7) == [True, True]
@@ -421,6 +472,15 @@ def test_streaming_overlap_is_the_schedule_written_out(world_factory):
         # Rounds started after local steps 3, 6, ..., 18, each finished 2 steps later.
         assert r["rounds"] == 6 and r["in_flight_seen"] == 12, r
     assert results[0]["anchor"] == results[1]["anchor"], "theta_global differs between ranks"
+
+
+def test_eager_overlap_is_the_schedule_written_out(world_factory):
+    results = world_factory(2).run(_case_eager, 20)
+    for rank, r in enumerate(results):
+        assert r["bitwise"], f"rank {rank}: eager != its schedule written out ({r['err']})"
+        # Rounds after local steps 3, 6, ..., 18; from the first, one exchange per fragment is
+        # in flight (fragment 0 from step 3 on, fragment 1 from step 6 on).
+        assert r["rounds"] == 6 and r["in_flight_seen"] == 18 + 15, r
 
 
 def test_local_sgd_resumes_a_checkpoint_of_before(world_factory):

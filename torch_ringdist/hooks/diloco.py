@@ -70,6 +70,14 @@ class DiLoCoState(HookState):
     own thread while ``tau`` further inner steps compute; then steps 3-4 apply, with the
     fragment's parameters mixed as ``alpha * theta_local + (1 - alpha) * theta_global``.
 
+    ``overlap="eager"`` (eager updates, arXiv 2502.12996): a fragment's exchange runs on the
+    backend's thread for its whole next period. Each round takes the outer step at once with
+    ``avg(d_prev) - d_prev_own / M + d_own / M``: this rank's fresh ``d`` in place of its own
+    share of the average still in flight, the other ranks' shares one round late. Every ``d``
+    is applied exactly once, but theta_global differs between ranks by the timing of their own
+    shares (the first round uses ``d_own / M`` alone; the last round's average stays in flight
+    and is kept by checkpoints).
+
     With ``outer_lr=1``, no momentum and no codec the round averages the parameters themselves
     (the same update without the rounding of ``theta_global + avg(d)``; ``local_sgd``).
 
@@ -109,11 +117,11 @@ class DiLoCoState(HookState):
 
     __slots__ = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
                  "fragments", "start_step", "overlap", "tau", "alpha", "anchor",
-                 "momentum_buffers", "residuals", "averaged_at", "rounds", "in_flight",
+                 "momentum_buffers", "residuals", "averaged_at", "rounds", "in_flight", "sent",
                  "_model", "_hook_handle", "_scratch")
     _saved = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
               "fragments", "start_step", "overlap", "tau", "alpha", "anchor", "momentum_buffers",
-              "residuals", "averaged_at", "rounds", "in_flight")
+              "residuals", "averaged_at", "rounds", "in_flight", "sent")
     _name = "diloco"
 
     def __init__(self, period: int = 500, outer_lr: float = 0.7, outer_momentum: float = 0.9,
@@ -137,15 +145,16 @@ class DiLoCoState(HookState):
         if not isinstance(fragments, int) or not 1 <= fragments <= period:
             raise ValueError(f"{what}: fragments must be an integer in [1, period={period}], "
                              f"got {fragments!r}")
-        if overlap not in ("none", "streaming"):
-            raise ValueError(f"{what}: overlap must be 'none' or 'streaming', got {overlap!r}")
+        if overlap not in ("none", "streaming", "eager"):
+            raise ValueError(f"{what}: overlap must be 'none', 'streaming' or 'eager', "
+                             f"got {overlap!r}")
         if overlap == "streaming" and not (isinstance(tau, int) and 1 <= tau < period // fragments):
             raise ValueError(f"{what}: tau must be an integer in [1, period // fragments = "
                              f"{period // fragments}), got {tau!r}")
         if not 0 <= alpha <= 1:
             raise ValueError(f"{what}: alpha must be in [0, 1], got {alpha!r}")
-        if overlap == "streaming" and self._plain_average_for(codec, outer_lr, outer_momentum):
-            raise ValueError(f"{what}: overlap='streaming' needs a theta_global to mix with: "
+        if overlap != "none" and self._plain_average_for(codec, outer_lr, outer_momentum):
+            raise ValueError(f"{what}: overlap={overlap!r} needs a theta_global to step: "
                              "a codec, outer_lr != 1 or outer_momentum > 0")
         self.period = period
         self.outer_lr = float(outer_lr)
@@ -165,6 +174,7 @@ class DiLoCoState(HookState):
         self.rounds = 0              # fragment exchanges so far
         # fragment -> [local step to apply at, flat average (in place), its Work or None]
         self.in_flight = {}
+        self.sent = {}               # fragment -> this rank's d in flight (eager)
         self._model = None
         self._hook_handle = None
 
@@ -221,6 +231,9 @@ class DiLoCoState(HookState):
 
     def _plain_average(self) -> bool:
         return self._plain_average_for(self.codec, self.outer_lr, self.outer_momentum)
+
+    def __setstate__(self, state):
+        super().__setstate__({"sent": {}, **state})  # "sent" is newer than the first states
 
     def __getstate__(self):
         # An exchange in flight is waited for: the checkpoint holds its result.
@@ -285,11 +298,14 @@ class DiLoCoState(HookState):
         if t == self.start_step and self.anchor is None:
             self._set_anchor()  # last global step done: the replicas are identical here
         local = t - self.start_step
-        for fragment in [f for f, entry in self.in_flight.items() if entry[0] == local]:
-            self._finish_round(fragment)
+        if self.overlap == "streaming":
+            for fragment in [f for f, entry in self.in_flight.items() if entry[0] == local]:
+                self._finish_round(fragment)
         for fragment in self.due_fragments(local):
             if self.overlap == "streaming":
                 self._start_round(fragment, local + self.tau)
+            elif self.overlap == "eager":
+                self._eager_round(fragment, local)
             else:
                 self.run_round(fragment)
 
@@ -345,26 +361,60 @@ class DiLoCoState(HookState):
         _scatter(mixed, params)
         self.rounds += 1
 
+    @torch.no_grad()
+    def _eager_round(self, fragment: int, local: int) -> None:
+        """Eager overlap: the outer step now, with this rank's fresh d in place of its share
+        of the last round's average (waited for here, a period after it started); then this
+        round's exchange starts and runs until the fragment's next round."""
+        params = self._fragment_tensors(fragment)
+        theta = self._theta(fragment)
+        fresh = _gather(params, self._work_buffer(fragment)).sub_(theta)
+        self._contribute(fragment, fresh)
+        share = 1.0 / dist.get_world_size(self.process_group)
+        previous = self.in_flight.pop(fragment, None)
+        if previous is None:  # the first round: no other shares yet
+            grad = torch.mul(fresh, share)
+        else:
+            _, grad, work = previous
+            if work is not None:
+                work.wait()
+            grad.sub_(self.sent[fragment], alpha=share).add_(fresh, alpha=share)
+        self.sent[fragment] = self.sent.get(fragment, _new_flat()).resize_as_(fresh).copy_(fresh)
+        self.in_flight[fragment] = [local + self.period, fresh, self._allreduce(fresh)]
+        self._scratch[fragment] = grad  # the next round's work buffer, once stepped with
+        self._outer_step(fragment, theta, grad)
+        _scatter(theta, params)
+        self.rounds += 1
+
     def _exchange(self, fragment: int, flat: torch.Tensor, async_op: bool = False):
         """flat <- its average over the group, in the codec (error feedback: with the residual).
         async_op: returns the Work instead of waiting."""
-        if self.codec is None:
-            work = dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.process_group,
-                                   async_op=True)
-        else:
-            if self.error_feedback:
-                check_float32(self._name, flat)
-                residual = self.residuals.get(fragment)
-                if residual is None or residual.numel() != flat.numel():
-                    residual = self.residuals[fragment] = torch.zeros_like(flat)
-                flat.add_(residual)
-                load().codec_roundtrip(flat, self.codec, out=residual, residual=True)
-            work = ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}") \
-                .allreduce_compressed(flat, self.codec, True)
+        self._contribute(fragment, flat)
+        work = self._allreduce(flat)
         if async_op:
             return work
         work.wait()
         return None
+
+    def _contribute(self, fragment: int, flat: torch.Tensor) -> None:
+        """With error feedback: flat += the residual, and the residual <- what the codec will
+        lose of flat."""
+        if not self.error_feedback:
+            return
+        check_float32(self._name, flat)
+        residual = self.residuals.get(fragment)
+        if residual is None or residual.numel() != flat.numel():
+            residual = self.residuals[fragment] = torch.zeros_like(flat)
+        flat.add_(residual)
+        load().codec_roundtrip(flat, self.codec, out=residual, residual=True)
+
+    def _allreduce(self, flat: torch.Tensor):
+        """Starts flat <- its average over the group, in the codec; returns the Work."""
+        if self.codec is None:
+            return dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.process_group,
+                                   async_op=True)
+        return ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}") \
+            .allreduce_compressed(flat, self.codec, True)
 
     def _outer_step(self, fragment: int, theta: torch.Tensor, avg_d: torch.Tensor) -> None:
         """theta <- an SGD step with gradient -avg_d, as torch.optim.SGD(foreach=False) does."""
