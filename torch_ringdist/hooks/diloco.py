@@ -8,6 +8,7 @@ outer learning rate 1 and no momentum: theta_global becomes the replicas' averag
 """
 
 import logging
+import time
 import weakref
 
 import torch
@@ -78,6 +79,16 @@ class DiLoCoState(HookState):
     shares (the first round uses ``d_own / M`` alone; the last round's average stays in flight
     and is kept by checkpoints).
 
+    ``on_failure="shrink"``: a rank lost between rounds (or during one) is noticed when the
+    round's exchange fails. The survivors agree on who is gone
+    (:func:`torch_ringdist.lost_ranks`, ``lost_wait`` seconds), shrink the group
+    (``dist.shrink_group``; the state's group becomes the new one) and redo the exchanges that
+    were in flight with their own contributions of those rounds, then carry on: nothing rolls
+    back, no round runs twice. Re-split the data over ``dist.get_world_size()`` after it. Each
+    rank keeps a copy of its contribution in flight for this (one more buffer per fragment).
+    With DDP, DDP keeps the old group: use :class:`DiLoCoOptimizer`, or a model without
+    buffers (the inner steps make no other collective).
+
     With ``outer_lr=1``, no momentum and no codec the round averages the parameters themselves
     (the same update without the rounding of ``theta_global + avg(d)``; ``local_sgd``).
 
@@ -117,17 +128,22 @@ class DiLoCoState(HookState):
 
     __slots__ = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
                  "fragments", "start_step", "overlap", "tau", "alpha", "anchor",
-                 "momentum_buffers", "residuals", "averaged_at", "rounds", "in_flight", "sent",
-                 "_model", "_hook_handle", "_scratch")
+                 "on_failure", "lost_wait", "momentum_buffers", "residuals", "averaged_at",
+                 "rounds", "in_flight", "sent", "shrinks", "recoveries", "_model", "_hook_handle",
+                 "_scratch")
     _saved = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
-              "fragments", "start_step", "overlap", "tau", "alpha", "anchor", "momentum_buffers",
-              "residuals", "averaged_at", "rounds", "in_flight", "sent")
+              "fragments", "start_step", "overlap", "tau", "alpha", "on_failure", "lost_wait",
+              "anchor", "momentum_buffers", "residuals", "averaged_at", "rounds", "in_flight",
+              "sent", "shrinks")
+    # Fields newer than the first saved states, with the values those states ran with.
+    _defaults = {"on_failure": "raise", "lost_wait": 1.0, "sent": {}, "shrinks": 0}
     _name = "diloco"
 
     def __init__(self, period: int = 500, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  nesterov: bool = True, codec: str | None = None, error_feedback: bool = True,
                  fragments: int = 1, start_step: int = 0, overlap: str = "none", tau: int = 1,
-                 alpha: float = 0.5, process_group=None):
+                 alpha: float = 0.5, on_failure: str = "raise", lost_wait: float = 1.0,
+                 process_group=None):
         super().__init__(process_group)
         what = f"torch_ringdist.hooks.{self._name}"
         if not isinstance(period, int) or period < 1:
@@ -153,6 +169,12 @@ class DiLoCoState(HookState):
                              f"{period // fragments}), got {tau!r}")
         if not 0 <= alpha <= 1:
             raise ValueError(f"{what}: alpha must be in [0, 1], got {alpha!r}")
+        if on_failure not in ("raise", "shrink"):
+            raise ValueError(f"{what}: on_failure must be 'raise' or 'shrink', got {on_failure!r}")
+        if on_failure == "shrink" and not hasattr(dist, "shrink_group"):
+            raise ValueError(f"{what}: on_failure='shrink' needs dist.shrink_group (torch >= 2.10)")
+        if not lost_wait > 0:
+            raise ValueError(f"{what}: lost_wait must be > 0 seconds, got {lost_wait!r}")
         if overlap != "none" and self._plain_average_for(codec, outer_lr, outer_momentum):
             raise ValueError(f"{what}: overlap={overlap!r} needs a theta_global to step: "
                              "a codec, outer_lr != 1 or outer_momentum > 0")
@@ -167,6 +189,8 @@ class DiLoCoState(HookState):
         self.overlap = overlap
         self.tau = tau
         self.alpha = float(alpha)
+        self.on_failure = on_failure
+        self.lost_wait = float(lost_wait)
         self.anchor = None           # fragment -> flat float32 theta_global (None: plain averaging)
         self.momentum_buffers = {}   # fragment -> float32 outer momentum
         self.residuals = {}          # fragment -> float32 error-feedback residual
@@ -174,7 +198,8 @@ class DiLoCoState(HookState):
         self.rounds = 0              # fragment exchanges so far
         # fragment -> [local step to apply at, flat average (in place), its Work or None]
         self.in_flight = {}
-        self.sent = {}               # fragment -> this rank's d in flight (eager)
+        self.sent = {}               # fragment -> this rank's d in flight (eager, shrink)
+        self.shrinks = 0             # groups shrunk after a lost rank
         self._model = None
         self._hook_handle = None
 
@@ -185,6 +210,8 @@ class DiLoCoState(HookState):
         self._model = None
         self._hook_handle = None
         self._scratch = {}  # fragment -> flat float32 work buffer, kept between rounds
+        # {"lost": ranks, "failed_at": time.time() of the failed wait, "seconds": to the redo}
+        self.recoveries = []
 
     def bind(self, ddp_model, optimizer=None) -> None:
         super().bind(ddp_model)
@@ -233,7 +260,7 @@ class DiLoCoState(HookState):
         return self._plain_average_for(self.codec, self.outer_lr, self.outer_momentum)
 
     def __setstate__(self, state):
-        super().__setstate__({"sent": {}, **state})  # "sent" is newer than the first states
+        super().__setstate__({**self._defaults, **state})
 
     def __getstate__(self):
         # An exchange in flight is waited for: the checkpoint holds its result.
@@ -320,7 +347,8 @@ class DiLoCoState(HookState):
         else:
             theta = self._theta(fragment)
             flat.sub_(theta)  # d = theta_local - theta_global
-            self._exchange(fragment, flat)
+            self._contribute(fragment, flat)
+            self._wait(fragment, flat, self._allreduce(flat))
             self._outer_step(fragment, theta, flat)
         _scatter(theta, params)
         self.rounds += 1
@@ -345,14 +373,14 @@ class DiLoCoState(HookState):
         """Starts the exchange of `fragment`'s d on the backend's thread (streaming)."""
         flat = _gather(self._fragment_tensors(fragment), self._work_buffer(fragment))
         flat.sub_(self._theta(fragment))
-        self.in_flight[fragment] = [apply_at, flat, self._exchange(fragment, flat, async_op=True)]
+        self._contribute(fragment, flat)
+        self.in_flight[fragment] = [apply_at, flat, self._allreduce(flat)]
 
     @torch.no_grad()
     def _finish_round(self, fragment: int) -> None:
         """The outer step with the exchange started tau steps ago; mixes the parameters."""
         _, avg_d, work = self.in_flight.pop(fragment)
-        if work is not None:
-            work.wait()
+        self._wait(fragment, avg_d, work)
         params = self._fragment_tensors(fragment)
         theta = self._theta(fragment)
         self._outer_step(fragment, theta, avg_d)
@@ -369,44 +397,82 @@ class DiLoCoState(HookState):
         params = self._fragment_tensors(fragment)
         theta = self._theta(fragment)
         fresh = _gather(params, self._work_buffer(fragment)).sub_(theta)
-        self._contribute(fragment, fresh)
-        share = 1.0 / dist.get_world_size(self.process_group)
         previous = self.in_flight.pop(fragment, None)
+        if previous is not None:  # waited first: a shrink redoes it with the last "sent"
+            self._wait(fragment, previous[1], previous[2])
+            share = 1.0 / dist.get_world_size(self.process_group)
+            grad = previous[1].sub_(self.sent[fragment], alpha=share)
+        self._contribute(fragment, fresh)  # "sent" becomes this round's
         if previous is None:  # the first round: no other shares yet
-            grad = torch.mul(fresh, share)
+            grad = torch.mul(fresh, 1.0 / dist.get_world_size(self.process_group))
         else:
-            _, grad, work = previous
-            if work is not None:
-                work.wait()
-            grad.sub_(self.sent[fragment], alpha=share).add_(fresh, alpha=share)
-        self.sent[fragment] = self.sent.get(fragment, _new_flat()).resize_as_(fresh).copy_(fresh)
+            grad.add_(fresh, alpha=share)
         self.in_flight[fragment] = [local + self.period, fresh, self._allreduce(fresh)]
         self._scratch[fragment] = grad  # the next round's work buffer, once stepped with
         self._outer_step(fragment, theta, grad)
         _scatter(theta, params)
         self.rounds += 1
 
-    def _exchange(self, fragment: int, flat: torch.Tensor, async_op: bool = False):
-        """flat <- its average over the group, in the codec (error feedback: with the residual).
-        async_op: returns the Work instead of waiting."""
-        self._contribute(fragment, flat)
-        work = self._allreduce(flat)
-        if async_op:
-            return work
-        work.wait()
-        return None
-
     def _contribute(self, fragment: int, flat: torch.Tensor) -> None:
-        """With error feedback: flat += the residual, and the residual <- what the codec will
-        lose of flat."""
-        if not self.error_feedback:
+        """Makes flat this rank's contribution to the exchange: with error feedback, flat +=
+        the residual and the residual <- what the codec will lose of flat. Kept in "sent"
+        where a redo (on_failure="shrink") or eager overlap needs it."""
+        if self.error_feedback:
+            check_float32(self._name, flat)
+            residual = self.residuals.get(fragment)
+            if residual is None or residual.numel() != flat.numel():
+                residual = self.residuals[fragment] = torch.zeros_like(flat)
+            flat.add_(residual)
+            load().codec_roundtrip(flat, self.codec, out=residual, residual=True)
+        if self.overlap == "eager" or self.on_failure == "shrink":
+            sent = self.sent.get(fragment)
+            if sent is None:
+                sent = self.sent[fragment] = _new_flat()
+            sent.resize_as_(flat).copy_(flat)
+
+    def _wait(self, fragment: int, flat: torch.Tensor, work) -> None:
+        """Waits for `fragment`'s exchange into `flat`; on_failure="shrink": a failed one
+        shrinks the group and is redone there."""
+        if work is None:
             return
-        check_float32(self._name, flat)
-        residual = self.residuals.get(fragment)
-        if residual is None or residual.numel() != flat.numel():
-            residual = self.residuals[fragment] = torch.zeros_like(flat)
-        flat.add_(residual)
-        load().codec_roundtrip(flat, self.codec, out=residual, residual=True)
+        try:
+            work.wait()
+        except dist.DistBackendError:
+            if self.on_failure != "shrink":
+                raise
+            failed_at, start = time.time(), time.monotonic()
+            lost = self._shrink_and_redo({fragment: flat})
+            self.recoveries.append({"lost": lost, "failed_at": failed_at,
+                                    "seconds": time.monotonic() - start})
+
+    def _shrink_and_redo(self, failed: dict) -> None:
+        """The survivors agree on the lost ranks, shrink the group, and redo every exchange
+        in flight (the same set on every rank, whichever of them failed here) with the
+        contributions they sent."""
+        from torch_ringdist._recovery import lost_ranks
+
+        redo = dict(failed)
+        for fragment, entry in self.in_flight.items():
+            if entry[2] is not None:
+                try:  # ends with the old group, failed or not: its buffer is free after
+                    entry[2].wait()
+                except dist.DistBackendError:
+                    pass
+                entry[2] = None
+                redo[fragment] = entry[1]
+        lost = lost_ranks(self.process_group, wait=self.lost_wait)
+        self.process_group = dist.shrink_group(lost, group=self.process_group)
+        self.shrinks += 1
+        logger.warning("%s: rank(s) %s lost; the group shrank to %s ranks, redoing %s "
+                       "exchange(s)", self._name, lost, dist.get_world_size(self.process_group),
+                       len(redo))
+        works = []
+        for fragment in sorted(redo):
+            redo[fragment].copy_(self.sent[fragment])
+            works.append(self._allreduce(redo[fragment]))
+        for work in works:
+            work.wait()
+        return lost
 
     def _allreduce(self, flat: torch.Tensor):
         """Starts flat <- its average over the group, in the codec; returns the Work."""
@@ -500,10 +566,11 @@ class DiLoCoOptimizer:
         if not grads:
             return
         flat = _gather(grads, _new_flat())
+        group = self.state.process_group  # a shrink replaces it
         if self.state.codec is None:
-            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.process_group)
+            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)
         else:
-            compressed_bucket(self.process_group, flat, self.state.codec, "diloco").wait()
+            compressed_bucket(group, flat, self.state.codec, "diloco").wait()
         _scatter(flat, grads)
 
     def state_dict(self) -> dict:
