@@ -400,7 +400,8 @@ def _case_bad_options(rank, ws):
                          "codec": {"codec": "int2"}, "fragments": {"period": 2, "fragments": 3},
                          "start_step": {"start_step": -1}, "overlap": {"overlap": "eventual"},
                          "tau": {"overlap": "streaming", "period": 4, "tau": 4},
-                         "alpha": {"alpha": 2.0}}.items():
+                         "alpha": {"alpha": 2.0}, "on_failure": {"on_failure": "retry"},
+                         "lost_wait": {"on_failure": "shrink", "lost_wait": 0}}.items():
         try:
             hooks.make_state("diloco", **options)
             errors[key] = "no error"
