@@ -64,7 +64,7 @@ def measure(ext, family, reps):
         grad = torch.randn(count) * 1e-3
         out = torch.empty(count)
         out.zero_()  # fault the pages in before timing
-        for codec in ("bf16", "fp16", "int8"):
+        for codec in ("bf16", "fp16", "int8", "int4"):
             for residual in (False, True):
                 s = median_time(lambda: ext.codec_roundtrip(grad, codec, out=out, residual=residual),
                                 reps)
