@@ -1,21 +1,25 @@
-"""DiLoCo that survives a lost rank: the round's exchange fails, the survivors shrink and go on.
+"""DiLoCo that survives a lost rank and admits a new one, without stopping.
 
     python examples/elastic_diloco.py --nproc 4 --kill 3@35 --join 75
+    # several machines: run on each, node 0 first (it hosts the store)
+    python examples/elastic_diloco.py --nnodes 2 --node-rank N --nproc 2 \
+        --master-addr HOST0 --master-port 29600 --kill 3@35 --join 75
 
-Starts --nproc ranks on this machine (this launcher hosts the store, so any rank may die) and
-trains the digits MLP with DiLoCo (``torch_ringdist.hooks.DiLoCoOptimizer``: AdamW inner steps,
-outer Nesterov SGD every --period steps, int8 pseudo-gradients, ``on_failure="shrink"``).
-``--kill RANK@STEP`` SIGKILLs the process of that (original) rank once training reaches STEP.
-The survivors' inner steps do not communicate, so they notice at the next round: its exchange
-fails, they agree on who is gone, shrink the group, redo that round's exchange among themselves
-with the pseudo-gradients they had sent, and train on from where they are: nothing rolls back,
-no round runs twice. ``--join STEP``: a process started with the others, idle until training
-reaches STEP (so its start-up is not in the figure), asks the job to be admitted
-(``DiLoCoOptimizer.join``); at the end of that period the ranks re-form
-the group with it, hand it theta_global, the outer momentum and the step counter, and all train
-on. Every step's global batch is the same 64 samples, split over the ranks alive. Prints each
-recovery (the kill, the failed exchange, the redo done), each join (the joiner's start, its
-admission) and the final loss and accuracy of the model every rank shares. Needs scikit-learn.
+Starts --nproc ranks on this machine (node 0's launcher hosts the store, so any rank may die)
+and trains the digits MLP with DiLoCo (``torch_ringdist.hooks.DiLoCoOptimizer``: AdamW inner
+steps, outer Nesterov SGD every --period steps, int8 pseudo-gradients, ``on_failure="shrink"``).
+``--kill RANK@STEP`` SIGKILLs the process of that (original, global) rank once this node's
+training reaches STEP (the node that runs it acts). The survivors' inner steps do not
+communicate, so they notice at the next round: its exchange fails, they agree on who is gone,
+shrink the group, redo that round's exchange among themselves with the pseudo-gradients they
+had sent, and train on from where they are: nothing rolls back, no round runs twice.
+``--join STEP`` (node 0): a process started with the others, idle until training reaches STEP
+(so its start-up is not in the figure), asks the job to be admitted
+(``DiLoCoOptimizer.join``); at the end of that period the ranks re-form the group with it, hand
+it theta_global, the outer momentum and the step counter, and all train on. Every step's global
+batch is the same 64 samples, split over the ranks alive. Rank 0 prints each recovery (the kill,
+the failed exchange, the redo done), each join (the joiner's request, its admission) and the
+final loss and accuracy of the model every rank shares. Needs scikit-learn.
 """
 
 import argparse
@@ -40,6 +44,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--nproc", type=int, default=4, help="ranks on this machine")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1", help="node 0's address (the store)")
+    p.add_argument("--master-port", type=int, default=0, help="the store's port (0: any, one node)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--period", type=int, default=10, help="inner steps per round")
     p.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")
@@ -48,14 +56,24 @@ def parse_args(argv=None):
     p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
                    help="SIGKILL original rank RANK when training reaches STEP (repeatable)")
     p.add_argument("--join", action="append", type=int, default=[], metavar="STEP",
-                   help="a new process joins when training reaches STEP (repeatable)")
+                   help="node 0: a new process joins when training reaches STEP (repeatable)")
     p.add_argument("--wait", type=float, default=1.0,
                    help="lost_ranks window: longer than a live rank needs to reach the round")
     p.add_argument("--timeout", type=float, default=300, help="the whole job's deadline (s)")
     args = p.parse_args(argv)
     args.kill = sorted((int(s), int(r)) for r, s in (k.split("@") for k in args.kill))
     args.join = sorted(args.join)
+    args.world = args.nnodes * args.nproc
+    if args.nnodes > 1 and not args.master_port:
+        p.error("--master-port is needed with --nnodes > 1")
+    if args.join and args.node_rank != 0:
+        p.error("--join is node 0's")
     return args
+
+
+def connect(args, port, is_master=False):
+    return dist.TCPStore(args.master_addr, port, args.world, is_master=is_master,
+                         wait_for_workers=False, timeout=timedelta(seconds=args.timeout))
 
 
 def batch(train_ds, step, seed):
@@ -72,8 +90,8 @@ def worker(rank, args, port, progress):
     """An original rank (rank >= 0) or a joiner (rank < 0)."""
     import torch_ringdist.hooks as hooks
 
-    store = dist.TCPStore("127.0.0.1", port, args.nproc, is_master=False,
-                          timeout=timedelta(seconds=args.timeout))
+    store = connect(args, port)
+    store.add("elastic/alive", 1)  # node 0's launcher keeps the store until this is back to 0
     torch.manual_seed(args.seed)
     train_ds, test_ds = make_data(args.seed)
     model = make_model()
@@ -84,7 +102,7 @@ def worker(rank, args, port, progress):
         opt = hooks.DiLoCoOptimizer.join(model, inner, store, timeout=args.timeout)
         store.set(f"elastic/joined/{-rank - 1}", json.dumps([started, time.time()]))
     else:
-        dist.init_process_group("ringdist", store=store, rank=rank, world_size=args.nproc,
+        dist.init_process_group("ringdist", store=store, rank=rank, world_size=args.world,
                                 timeout=timedelta(seconds=60))
         opt = hooks.DiLoCoOptimizer(model, inner, period=args.period, store=store,
                                     codec=None if args.codec == "none" else args.codec,
@@ -105,7 +123,8 @@ def worker(rank, args, port, progress):
     spread = torch.tensor([loss, -loss], dtype=torch.float64)
     dist.all_reduce(spread, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
-        killed_at = [float(store.get(f"elastic/killed_at/{n}")) for n in range(len(args.kill))]
+        kills = store.add("elastic/kills", 0)
+        killed_at = [float(store.get(f"elastic/killed_at/{n}")) for n in range(kills)]
         for n, r in enumerate(opt.state.recoveries):
             print(f"recovery {n + 1}: lost ranks {r['lost']}; the round's exchange failed "
                   f"{(r['failed_at'] - killed_at[n]) * 1000:.0f} ms after the kill; back to "
@@ -119,43 +138,50 @@ def worker(rank, args, port, progress):
               f"joins={opt.state.admitted} "
               f"replica_spread={spread[0].item() + spread[1].item():.3g}", flush=True)
     dist.destroy_process_group()
+    store.add("elastic/alive", -1)
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.steps % args.period:
         sys.exit(f"--steps {args.steps} must be a multiple of --period {args.period}")
-    store = dist.TCPStore("127.0.0.1", 0, args.nproc, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=args.timeout))
+    # Node 0's launcher hosts the store: it outlives any rank.
+    store = connect(args, args.master_port, is_master=args.node_rank == 0)
     ctx = mp.get_context("spawn")
     progress = ctx.Value("i", 0)
-    procs = [ctx.Process(target=worker, args=(r, args, store.port, progress))
-             for r in list(range(args.nproc)) + [-(i + 1) for i in range(len(args.join))]]
+    first = args.node_rank * args.nproc  # global rank of this node's first rank
+    ranks = list(range(first, first + args.nproc)) + [-(i + 1) for i in range(len(args.join))]
+    procs = [ctx.Process(target=worker, args=(r, args, store.port, progress)) for r in ranks]
     for p in procs:
         p.start()
-    kills, joins = list(args.kill), list(args.join)
+    kills = [(step, rank - first) for step, rank in args.kill if first <= rank < first + args.nproc]
+    joins = list(args.join)
     killed = set()
     deadline = time.monotonic() + args.timeout
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
         if kills and progress.value >= kills[0][0]:
-            rank = kills.pop(0)[1]
-            store.set(f"elastic/killed_at/{len(killed)}", repr(time.time()))
-            os.kill(procs[rank].pid, signal.SIGKILL)
-            killed.add(rank)
+            local = kills.pop(0)[1]
+            store.set(f"elastic/killed_at/{store.add('elastic/kills', 1) - 1}", repr(time.time()))
+            os.kill(procs[local].pid, signal.SIGKILL)
+            store.add("elastic/alive", -1)
+            killed.add(local)
         if joins and progress.value >= joins[0]:
             joins.pop(0)
             store.set(f"elastic/join_go/{len(args.join) - len(joins) - 1}", "1")
-        if any(p.exitcode not in (None, 0) for r, p in enumerate(procs) if r not in killed):
+        if any(p.exitcode not in (None, 0) for i, p in enumerate(procs) if i not in killed):
             break
         time.sleep(0.002)
     for p in procs:
         if p.is_alive():
             p.kill()
         p.join()
-    bad = {r: p.exitcode for r, p in enumerate(procs) if r not in killed and p.exitcode != 0}
+    bad = {ranks[i]: p.exitcode for i, p in enumerate(procs) if i not in killed and p.exitcode != 0}
     if bad:
         print(f"elastic_diloco: ranks failed or timed out (exit codes {bad})", file=sys.stderr)
         return 1
+    if args.node_rank == 0:  # the other nodes' ranks may still be finishing
+        while store.add("elastic/alive", 0) > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
     return 0
 
 
