@@ -22,7 +22,6 @@ the failed exchange, the redo done), each join (the joiner's request, its admiss
 final loss and accuracy of the model every rank shares. Needs scikit-learn.
 """
 
-import argparse
 import json
 import os
 import signal
@@ -35,45 +34,25 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from elastic_shrink import connect, launch_parser, parse_launch_args, reap
 from train_ddp import make_data, make_model
 
 GLOBAL_BATCH = 64
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--nproc", type=int, default=4, help="ranks on this machine")
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
-    p.add_argument("--master-addr", default="127.0.0.1", help="node 0's address (the store)")
-    p.add_argument("--master-port", type=int, default=0, help="the store's port (0: any, one node)")
+    p = launch_parser(__doc__, wait=1.0)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--period", type=int, default=10, help="inner steps per round")
     p.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")
     p.add_argument("--codec", default="int8", help="pseudo-gradient codec ('none': exact)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
-                   help="SIGKILL original rank RANK when training reaches STEP (repeatable)")
     p.add_argument("--join", action="append", type=int, default=[], metavar="STEP",
                    help="node 0: a new process joins when training reaches STEP (repeatable)")
-    p.add_argument("--wait", type=float, default=1.0,
-                   help="lost_ranks window: longer than a live rank needs to reach the round")
-    p.add_argument("--timeout", type=float, default=300, help="the whole job's deadline (s)")
-    args = p.parse_args(argv)
-    args.kill = sorted((int(s), int(r)) for r, s in (k.split("@") for k in args.kill))
+    args = parse_launch_args(p, argv)
     args.join = sorted(args.join)
-    args.world = args.nnodes * args.nproc
-    if args.nnodes > 1 and not args.master_port:
-        p.error("--master-port is needed with --nnodes > 1")
     if args.join and args.node_rank != 0:
         p.error("--join is node 0's")
     return args
-
-
-def connect(args, port, is_master=False):
-    return dist.TCPStore(args.master_addr, port, args.world, is_master=is_master,
-                         wait_for_workers=False, timeout=timedelta(seconds=args.timeout))
 
 
 def batch(train_ds, step, seed):
@@ -171,13 +150,7 @@ def main(argv=None):
         if any(p.exitcode not in (None, 0) for i, p in enumerate(procs) if i not in killed):
             break
         time.sleep(0.002)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-        p.join()
-    bad = {ranks[i]: p.exitcode for i, p in enumerate(procs) if i not in killed and p.exitcode != 0}
-    if bad:
-        print(f"elastic_diloco: ranks failed or timed out (exit codes {bad})", file=sys.stderr)
+    if not reap(procs, ranks, killed, "elastic_diloco"):
         return 1
     if args.node_rank == 0:  # the other nodes' ranks may still be finishing
         while store.add("elastic/alive", 0) > 0 and time.monotonic() < deadline:

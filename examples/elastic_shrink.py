@@ -32,28 +32,39 @@ from train_ddp import make_data, make_model
 GLOBAL_BATCH = 64
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+def launch_parser(doc, wait):
+    """The options of a launcher of elastic ranks on one or several nodes (also
+    examples/elastic_diloco.py's); ``wait``: the default lost_ranks window."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--nproc", type=int, default=4, help="ranks on this machine")
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--master-addr", default="127.0.0.1", help="node 0's address (the store)")
     p.add_argument("--master-port", type=int, default=0, help="the store's port (0: any, one node)")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
                    help="SIGKILL original rank RANK when training reaches STEP (repeatable)")
-    p.add_argument("--wait", type=float, default=0.3,
+    p.add_argument("--wait", type=float, default=wait,
                    help="lost_ranks window: longer than a live rank needs to notice a failure")
     p.add_argument("--timeout", type=float, default=300, help="the whole job's deadline (s)")
+    return p
+
+
+def parse_launch_args(p, argv=None):
     args = p.parse_args(argv)
     args.kill = sorted((int(s), int(r)) for r, s in (k.split("@") for k in args.kill))
     args.world = args.nnodes * args.nproc
     if args.nnodes > 1 and not args.master_port:
         p.error("--master-port is needed with --nnodes > 1")
     return args
+
+
+def parse_args(argv=None):
+    p = launch_parser(__doc__, wait=0.3)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--lr", type=float, default=0.1)
+    return parse_launch_args(p, argv)
 
 
 class Trainer:
@@ -158,6 +169,19 @@ def worker(rank, args, port, progress):
     store.add("elastic/done", 1)  # node 0's launcher keeps the store up until all are done
 
 
+def reap(procs, ranks, killed, what) -> bool:
+    """Ends the processes still running (past the deadline, or after a failure); False, with
+    the exit codes printed, when one not SIGKILLed on purpose (index in ``killed``) failed."""
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join()
+    bad = {ranks[i]: p.exitcode for i, p in enumerate(procs) if i not in killed and p.exitcode != 0}
+    if bad:
+        print(f"{what}: ranks failed or timed out (exit codes {bad})", file=sys.stderr)
+    return not bad
+
+
 def main(argv=None):
     args = parse_args(argv)
     # Node 0's launcher hosts the store: it outlives any rank.
@@ -183,13 +207,7 @@ def main(argv=None):
         if failed:
             break
         time.sleep(0.002)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-        p.join()
-    bad = {first + r: p.exitcode for r, p in enumerate(procs) if r not in killed and p.exitcode != 0}
-    if bad:
-        print(f"elastic_shrink: ranks failed or timed out (exit codes {bad})", file=sys.stderr)
+    if not reap(procs, [first + r for r in range(len(procs))], killed, "elastic_shrink"):
         return 1
     if args.node_rank == 0:
         survivors = args.world - len(args.kill)

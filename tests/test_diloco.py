@@ -249,6 +249,23 @@ def _case_resume(rank, ws, codec, overlap, before, after):
     return straight == _flat(model.parameters()).numpy().tobytes()
 
 
+def _written_out_twin():
+    """The model of the overlap cases again, with plain SGD, cut into the 2 fragments by hand:
+    (model, its optimizer, fragments' parameters, each fragment's theta_global)."""
+    ref_model = _model(4)
+    ref_inner = torch.optim.SGD(ref_model.parameters(), lr=0.05)
+    params = list(ref_model.parameters())
+    frag = [params[0::2], params[1::2]]
+    return ref_model, ref_inner, frag, [_flat(frag[f]) for f in range(2)]
+
+
+def _step_both(pairs, x, y):
+    for m, o in pairs:
+        o.zero_grad()
+        F.mse_loss(m(x), y).backward()
+        o.step()
+
+
 def _case_streaming(rank, ws, steps):
     """overlap="streaming", fragments=2, period=6, tau=2: against the schedule written out
     (fragment f's d averaged after local steps 3(f+1) + 6j, the outer Nesterov step and the
@@ -261,19 +278,12 @@ def _case_streaming(rank, ws, steps):
     opt = hooks.DiLoCoOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05),
                                 period=period, fragments=2, overlap="streaming", tau=tau,
                                 alpha=alpha, outer_lr=lr, outer_momentum=mu)
-    ref_model = _model(4)
-    ref_inner = torch.optim.SGD(ref_model.parameters(), lr=0.05)
-    ref_params = list(ref_model.parameters())
-    frag = [ref_params[0::2], ref_params[1::2]]
-    theta = [_flat(frag[f]) for f in range(2)]
+    ref_model, ref_inner, frag, theta = _written_out_twin()
     buf = [None, None]
     pending = {}
     in_flight_seen = 0
     for t, (x, y) in enumerate(_batches(rank, steps), start=1):
-        for m, o in ((model, opt), (ref_model, ref_inner)):
-            o.zero_grad()
-            F.mse_loss(m(x), y).backward()
-            o.step()
+        _step_both(((model, opt), (ref_model, ref_inner)), x, y)
         in_flight_seen += len(opt.state.in_flight)
         with torch.no_grad():
             for f in [f for f, (at, _) in pending.items() if at == t]:
@@ -312,18 +322,11 @@ def _case_eager(rank, ws, steps):
     opt = hooks.DiLoCoOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05),
                                 period=period, fragments=2, overlap="eager", outer_lr=lr,
                                 outer_momentum=mu)
-    ref_model = _model(4)
-    ref_inner = torch.optim.SGD(ref_model.parameters(), lr=0.05)
-    ref_params = list(ref_model.parameters())
-    frag = [ref_params[0::2], ref_params[1::2]]
-    theta = [_flat(frag[f]) for f in range(2)]
+    ref_model, ref_inner, frag, theta = _written_out_twin()
     buf, sent, avg = [None, None], [None, None], [None, None]
     in_flight_seen = 0
     for t, (x, y) in enumerate(_batches(rank, steps), start=1):
-        for m, o in ((model, opt), (ref_model, ref_inner)):
-            o.zero_grad()
-            F.mse_loss(m(x), y).backward()
-            o.step()
+        _step_both(((model, opt), (ref_model, ref_inner)), x, y)
         in_flight_seen += sum(entry[2] is not None for entry in opt.state.in_flight.values())
         with torch.no_grad():
             for f in range(2):
