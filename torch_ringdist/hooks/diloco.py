@@ -349,14 +349,15 @@ class DiLoCoState(HookState):
         """One round of `fragment` now (collective: every rank of the group together)."""
         params = self._fragment_tensors(fragment)
         flat = _gather(params, self._work_buffer(fragment))
-        if self._plain_average():
-            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.process_group)
-            theta = flat
-        else:
+        plain = self._plain_average()  # flat: the parameters themselves, averaged
+        if not plain:
             theta = self._theta(fragment)
             flat.sub_(theta)  # d = theta_local - theta_global
-            self._contribute(fragment, flat)
-            self._wait(fragment, flat, self._allreduce(flat))
+        self._contribute(fragment, flat)
+        self._wait(fragment, flat, self._allreduce(flat))
+        if plain:
+            theta = flat
+        else:
             self._outer_step(fragment, theta, flat)
         _scatter(theta, params)
         self.rounds += 1
@@ -453,7 +454,7 @@ class DiLoCoState(HookState):
             self.recoveries.append({"lost": lost, "failed_at": failed_at,
                                     "seconds": time.monotonic() - start})
 
-    def _shrink_and_redo(self, failed: dict) -> None:
+    def _shrink_and_redo(self, failed: dict) -> list:
         """The survivors agree on the lost ranks, shrink the group, and redo every exchange
         in flight (the same set on every rank, whichever of them failed here) with the
         contributions they sent."""
