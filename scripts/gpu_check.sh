@@ -10,15 +10,18 @@
 #   compare   ringdist (GPU to GPU, and staged) vs gloo on CUDA tensors, 2 ranks on one
 #             GPU, alternating
 #   nccl      NCCL with 2 ranks on one GPU (its refusal is the record)
+#   handoff   benchmarks/gpu_handoff.py: the hand-off between two processes' streams on one
+#             GPU (host waits against stream memory operations; issue 31's H)
 # Pick stages as arguments (default: all). Results land in ${OUT:-gpu-check}/:
-# machine.txt, build.log, tests.log, cuda_kernels.json, compare_cuda.json, runs.log.
+# machine.txt, build.log, tests.log, cuda_kernels.json, compare_cuda.json, gpu_handoff.json,
+# runs.log.
 # Installs into a private folder; nothing of the machine's Python changes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-check}
 PY=${PYTHON:-python3}
 SITE=${RINGDIST_GPU_SITE:-/tmp/ringdist-site}
-STAGES=${*:-tests kernels example compare nccl}
+STAGES=${*:-tests kernels example compare nccl handoff}
 mkdir -p "$OUT"
 { nvidia-smi || true; "$PY" -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } \
   2>&1 | tee "$OUT/machine.txt"
@@ -67,6 +70,9 @@ for s in $STAGES; do
       stage nccl 60 "${TORCHRUN[@]}" benchmarks/sweep.py --backend nccl --device cuda \
         --max-bytes 1M --timeout 30
       failed=("${failed[@]/nccl}") ;;
+    handoff)
+      stage handoff 120 "$PY" -P benchmarks/gpu_handoff.py --iters 2000 --timeout 100 \
+        --json "$OUT/gpu_handoff.json" ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
 done
