@@ -409,13 +409,14 @@ class DiLoCoState(HookState):
         previous = self.in_flight.pop(fragment, None)
         if previous is not None:  # waited first: a shrink redoes it with the last "sent"
             self._wait(fragment, previous[1], previous[2])
-            share = 1.0 / dist.get_world_size(self.process_group)
-            grad = previous[1].sub_(self.sent[fragment], alpha=share)
+        share = 1.0 / dist.get_world_size(self.process_group)  # after any shrink
+        if previous is not None:  # the others' shares: the average less this rank's
+            previous[1].sub_(self.sent[fragment], alpha=share)
         self._contribute(fragment, fresh)  # "sent" becomes this round's
         if previous is None:  # the first round: no other shares yet
-            grad = torch.mul(fresh, 1.0 / dist.get_world_size(self.process_group))
+            grad = torch.mul(fresh, share)
         else:
-            grad.add_(fresh, alpha=share)
+            grad = previous[1].add_(fresh, alpha=share)
         self.in_flight[fragment] = [local + self.period, fresh, self._allreduce(fresh)]
         self._scratch[fragment] = grad  # the next round's work buffer, once stepped with
         self._outer_step(fragment, theta, grad)
