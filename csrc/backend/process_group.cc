@@ -451,6 +451,12 @@ void ProcessGroupRingdist::directAllgather(at::Tensor& output, const at::Tensor&
   }
 }
 
+void ProcessGroupRingdist::runOnWorker(std::chrono::milliseconds timeout, Worker::Body body) {
+  enqueue(c10d::OpType::UNKNOWN, OpType::kAllreduce, {}, Call{timeout}, nullptr, std::move(body),
+          "test")
+      ->wait();
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceSparse(
     at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";

@@ -109,6 +109,11 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   void directAllreduce(at::Tensor& tensor, const c10d::ReduceOp& op);
   void directAllgather(at::Tensor& output, const at::Tensor& input);
 
+  // Runs `body` on the worker as one allreduce-like operation bounded by
+  // `timeout`, and waits for it: for tests that drive the engine's parts
+  // directly (testing_same_gpu.cc).
+  void runOnWorker(std::chrono::milliseconds timeout, Worker::Body body);
+
   // Tuning and introspection for tests and benchmarks.
   // Transport used to reach each rank ("tcp", "shm", "self").
   const std::vector<std::string>& transports() const { return transports_; }

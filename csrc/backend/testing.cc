@@ -25,10 +25,6 @@
 
 namespace ringdist::testing {
 
-namespace {
-
-namespace ew = elementwise;
-
 ReduceOp opFromName(const std::string& name) {
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct, ReduceOp::kMin,
                       ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
@@ -36,6 +32,10 @@ ReduceOp opFromName(const std::string& name) {
   }
   TORCH_CHECK(false, "ringdist testing: unknown reduce op '", name, "'");
 }
+
+namespace {
+
+namespace ew = elementwise;
 
 void checkPair(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.device().is_cpu() && a.is_contiguous() && b.is_contiguous() &&

@@ -2,8 +2,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+
+#include "csrc/common/types.h"
 
 #include "torch_ringdist/export.h"
 
@@ -42,5 +46,20 @@ TORCH_RINGDIST_API void topkRadixSelect(const at::Tensor& grad, std::optional<at
 // The engine's large copy (copyBytes) within a uint8 tensor, regions may overlap.
 TORCH_RINGDIST_API void copyBytesWithin(at::Tensor& buffer, int64_t to, int64_t from,
                                         int64_t bytes);
+
+// A reduce op by its name ("sum", "avg", ...).
+ReduceOp opFromName(const std::string& name);
+
+// One allreduce of `tensor` (in place) on the group named groupName through
+// the same-GPU protocol run on the CPU (testing_same_gpu.cc): the tensor is
+// lent from `offset` bytes into this rank's shared arena (a fresh arena if
+// renew; not lent at all if !lend), `stall` drops this rank's signal writes,
+// `device` stands for its GPU. Returns fused (0: the staged path ran), seq,
+// and the leader's cache figures (opens, cached).
+TORCH_RINGDIST_API std::map<std::string, int64_t> sameGpuHostRun(
+    const std::string& groupName, at::Tensor& tensor, const std::string& op, int64_t offset,
+    bool lend, bool renew, bool stall, int64_t device, int64_t timeoutMs);
+// Drops that group's state (its streams, watch and mappings).
+TORCH_RINGDIST_API void sameGpuHostReset(const std::string& groupName);
 
 }  // namespace ringdist::testing

@@ -22,6 +22,7 @@ enum AllreduceVariant : uint8_t {
   kHierarchicalAllreduce = 2, // several hosts with several ranks each
   kDeviceAllreduce = 3,       // GPU memory of one host's ranks (device_allreduce.h)
   kSingleCopyAllreduce = 4,   // one host: copies straight between the ranks' buffers
+  kSameGpuAllreduce = 5,      // ranks sharing one GPU: one fused kernel (same_gpu_allreduce.h)
 };
 
 // Broadcast, allgather and reduce-scatter: how the bytes travel; in OpHeader::variant.

@@ -44,6 +44,44 @@ std::string randomName() {
 }
 }  // namespace
 
+void* createShared(size_t bytes, std::string* name) {
+  *name = randomName();
+  int fd = ::shm_open(name->c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  RINGDIST_CHECK(fd >= 0, "ringdist: shm_open(", *name, ") failed: ", std::strerror(errno));
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    ::close(fd);
+    ::shm_unlink(name->c_str());
+    RINGDIST_FAIL("ringdist: cannot size shared memory segment to ", bytes, " bytes: ",
+                  std::strerror(err));
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    ::shm_unlink(name->c_str());
+    RINGDIST_FAIL("ringdist: mmap of shared memory failed: ", std::strerror(err));
+  }
+  return base;
+}
+
+void* openShared(const std::string& name, size_t minBytes, size_t* bytes) {
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  RINGDIST_CHECK(fd >= 0, "ringdist: shm_open(", name, ") failed: ", std::strerror(errno),
+                 " (is /dev/shm shared between these ranks?)");
+  struct stat st{};
+  ::fstat(fd, &st);
+  *bytes = static_cast<size_t>(st.st_size);
+  void* base = *bytes >= minBytes
+      ? ::mmap(nullptr, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+      : MAP_FAILED;
+  int err = *bytes >= minBytes ? errno : EINVAL;
+  ::close(fd);
+  RINGDIST_CHECK(base != MAP_FAILED, "ringdist: mmap of shared memory ", name, " failed: ",
+                 std::strerror(err));
+  return base;
+}
+
 size_t Segment::totalBytes(int localRanks, size_t ringBytes) {
   return dataOffset(localRanks) + ringBytes * static_cast<size_t>(localRanks) * static_cast<size_t>(localRanks);
 }
@@ -82,25 +120,10 @@ uint64_t processStartTime(int pid) {
 
 Segment Segment::create(int localRanks, size_t ringBytes) {
   Segment seg;
-  seg.name_ = randomName();
-  int fd = ::shm_open(seg.name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  RINGDIST_CHECK(fd >= 0, "ringdist: shm_open(", seg.name_, ") failed: ", std::strerror(errno));
+  seg.bytes_ = totalBytes(localRanks, ringBytes);
+  seg.base_ = createShared(seg.bytes_, &seg.name_);
   seg.owner_ = true;
   seg.linked_ = true;
-  seg.bytes_ = totalBytes(localRanks, ringBytes);
-  if (::ftruncate(fd, static_cast<off_t>(seg.bytes_)) != 0) {
-    int err = errno;
-    ::close(fd);
-    RINGDIST_FAIL("ringdist: cannot size shared memory segment to ", seg.bytes_, " bytes: ",
-                  std::strerror(err));
-  }
-  seg.base_ = ::mmap(nullptr, seg.bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int err = errno;
-  ::close(fd);
-  if (seg.base_ == MAP_FAILED) {
-    seg.base_ = nullptr;
-    RINGDIST_FAIL("ringdist: mmap of shared memory failed: ", std::strerror(err));
-  }
   // ftruncate zero-fills; construct the atomics in place.
   auto* header = new (seg.base_) SegmentHeader{};
   header->localRanks = static_cast<uint32_t>(localRanks);
@@ -119,21 +142,7 @@ Segment Segment::create(int localRanks, size_t ringBytes) {
 Segment Segment::open(const std::string& name) {
   Segment seg;
   seg.name_ = name;
-  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-  RINGDIST_CHECK(fd >= 0, "ringdist: shm_open(", name, ") failed: ", std::strerror(errno),
-                 " (is /dev/shm shared between these ranks?)");
-  struct stat st{};
-  ::fstat(fd, &st);
-  seg.bytes_ = static_cast<size_t>(st.st_size);
-  seg.base_ = seg.bytes_ >= sizeof(SegmentHeader)
-      ? ::mmap(nullptr, seg.bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-      : MAP_FAILED;
-  int err = errno;
-  ::close(fd);
-  if (seg.base_ == MAP_FAILED) {
-    seg.base_ = nullptr;
-    RINGDIST_FAIL("ringdist: mmap of shared memory ", name, " failed: ", std::strerror(err));
-  }
+  seg.base_ = openShared(name, sizeof(SegmentHeader), &seg.bytes_);
   std::atomic_thread_fence(std::memory_order_acquire);
   RINGDIST_CHECK(seg.header()->magic == kSegmentMagic &&
                      seg.bytes_ >= totalBytes(seg.localRanks(), seg.ringBytes()),

@@ -60,6 +60,12 @@ enum SingleCopyState : uint32_t {
 // let go of, is not yet a zombie).
 uint64_t processStartTime(int pid);
 
+// A new shared-memory object of `bytes` (zero-filled, mode 0600) under a
+// fresh unguessable name, mapped; and one a peer created, mapped (at least
+// minBytes long). Both throw Error naming what failed.
+void* createShared(size_t bytes, std::string* name);
+void* openShared(const std::string& name, size_t minBytes, size_t* bytes);
+
 struct alignas(64) RingControl {
   alignas(64) std::atomic<uint64_t> head;  // bytes written (writer only)
   alignas(64) std::atomic<uint64_t> tail;  // bytes read (reader only)

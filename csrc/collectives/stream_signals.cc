@@ -1,0 +1,112 @@
+#include "csrc/collectives/stream_signals.h"
+
+#include <sys/mman.h>
+
+#include <new>
+#include <utility>
+
+#include "csrc/common/error.h"
+#include "csrc/transport/shm/segment.h"
+
+namespace ringdist {
+
+namespace {
+constexpr uint64_t kPageMagic = 0x5244534947303031ull;  // "RDSIG001"
+static_assert(sizeof(SignalPage) <= SharedPage::kBytes, "the signals fit one page");
+}  // namespace
+
+SharedPage SharedPage::create() {
+  SharedPage page;
+  page.base_ = shm::createShared(kBytes, &page.name_);
+  page.linked_ = true;
+  auto* signals = new (page.base_) SignalPage{};  // zero-filled: every counter at 0
+  std::atomic_thread_fence(std::memory_order_release);
+  signals->magic = kPageMagic;
+  return page;
+}
+
+SharedPage SharedPage::open(const std::string& name) {
+  SharedPage page;
+  size_t bytes = 0;
+  page.base_ = shm::openShared(name, kBytes, &bytes);
+  page.name_ = name;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  RINGDIST_CHECK(page.signals()->magic == kPageMagic, "ringdist: shared memory ", name,
+                 " is not a ringdist signal page");
+  return page;
+}
+
+SharedPage::SharedPage(SharedPage&& other) noexcept { *this = std::move(other); }
+
+SharedPage& SharedPage::operator=(SharedPage&& other) noexcept {
+  if (this != &other) {
+    this->~SharedPage();
+    name_ = std::move(other.name_);
+    base_ = other.base_;
+    linked_ = other.linked_;
+    other.base_ = nullptr;
+    other.linked_ = false;
+  }
+  return *this;
+}
+
+SharedPage::~SharedPage() {
+  unlinkName();
+  if (base_ != nullptr) {
+    ::munmap(base_, kBytes);
+    base_ = nullptr;
+  }
+}
+
+void SharedPage::unlinkName() {
+  if (linked_) {
+    ::shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+}
+
+StreamSignals::StreamSignals(SignalPage* page, int rank, int ranks, int leader)
+    : page_(page), rank_(rank), ranks_(ranks), leader_(leader) {
+  RINGDIST_CHECK(ranks >= 1 && ranks <= kMaxFusedRanks && rank >= 0 && rank < ranks &&
+                     leader >= 0 && leader < ranks,
+                 "ringdist: stream signals for rank ", rank, " of ", ranks, " (leader ", leader,
+                 "): at most ", kMaxFusedRanks, " ranks");
+}
+
+uint32_t StreamSignals::queueAllreduce(SignalQueue& queue, const FusedArgs& args, DataType dtype,
+                                       ReduceOp op) {
+  const uint32_t seq = ++seq_;
+  if (isLeader()) {
+    for (int r = 0; r < ranks_; ++r) {
+      if (r != rank_) queue.waitFor(&page_->ready[r], seq);
+    }
+    queue.combine(args, dtype, op);
+    queue.write(&page_->done, seq);
+  } else {
+    queue.write(&page_->ready[rank_], seq);
+    queue.waitFor(&page_->done, seq);
+  }
+  return seq;
+}
+
+bool StreamSignals::finished(uint32_t seq) const {
+  return reached(page_->done.value.load(std::memory_order_acquire), seq);
+}
+
+bool StreamSignals::aborted() const {
+  return page_->abort.value.load(std::memory_order_acquire) != 0;
+}
+
+void StreamSignals::abort(uint32_t seq) {
+  page_->abort.value.store(1, std::memory_order_release);
+  auto raise = [seq](SignalWord& word) {
+    uint32_t now = word.value.load(std::memory_order_acquire);
+    while (!reached(now, seq) &&
+           !word.value.compare_exchange_weak(now, seq, std::memory_order_acq_rel)) {
+    }
+  };
+  for (int r = 0; r < ranks_; ++r) raise(page_->ready[r]);
+  raise(page_->done);
+}
+
+}  // namespace ringdist

@@ -1,0 +1,113 @@
+#pragma once
+
+// Stream-ordered hand-offs among the ranks that share one GPU: counters in a
+// page of host shared memory that every rank maps (and, on a GPU, registers
+// with CUDA), written and awaited by the GPU's own stream memory operations,
+// so no host waits for the GPU and no call needs a handshake.
+//
+// Operation `seq` (1, 2, ... per group, the same on every rank):
+//   every other rank  writes ready[rank] = seq once its input is in place,
+//                     then waits for done >= seq before anything after the
+//                     op runs (the leader writes into its tensor);
+//   the leader        waits for ready[r] >= seq of every other rank, runs the
+//                     fused kernel (all inputs in, all outputs out), then
+//                     writes done = seq.
+// Counters only grow and compare cyclically (as cuStreamWaitValue32's GEQ
+// does), so they never need resetting. Because the page is host memory, the
+// host can see how far the GPU got (finished()) and can always release its
+// own stream's waits (abort()): a rank that misses its deadline sets the
+// group's abort word and writes the counters the others wait for; the kernel
+// skips its work when the word is set, and every rank's op fails.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "csrc/collectives/fused_allreduce.h"
+
+namespace ringdist {
+
+struct alignas(64) SignalWord {
+  std::atomic<uint32_t> value;
+};
+
+struct SignalPage {
+  uint64_t magic;
+  SignalWord abort;
+  SignalWord done;                     // written by the leader's stream
+  SignalWord ready[kMaxFusedRanks];    // ready[r] written by rank r's stream (not the leader's)
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "signals are plain 32-bit words");
+static_assert(sizeof(std::atomic<uint32_t>) == 4, "the GPU writes signals as 32-bit words");
+
+// a >= b in the cyclic order of 32-bit counters (what the GPU's GEQ wait uses).
+inline bool reached(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0; }
+
+// What one rank puts on its stream, in order: a GPU stream in production, the
+// calling thread in the CPU run of the protocol (tests).
+class SignalQueue {
+ public:
+  virtual ~SignalQueue() = default;
+  virtual void write(SignalWord* word, uint32_t value) = 0;
+  // Nothing queued after this runs before *word reaches value (cyclically).
+  virtual void waitFor(SignalWord* word, uint32_t value) = 0;
+  // The fused allreduce (fused_allreduce.h) of `args` on (dtype, op).
+  virtual void combine(const FusedArgs& args, DataType dtype, ReduceOp op) = 0;
+};
+
+// A page of host memory shared by the ranks of one group on one host.
+class SharedPage {
+ public:
+  static SharedPage create();                     // fresh, unguessable name
+  static SharedPage open(const std::string& name);  // one that a peer created
+  SharedPage() = default;
+  SharedPage(SharedPage&& other) noexcept;
+  SharedPage& operator=(SharedPage&& other) noexcept;
+  SharedPage(const SharedPage&) = delete;
+  SharedPage& operator=(const SharedPage&) = delete;
+  ~SharedPage();
+
+  SignalPage* signals() const { return static_cast<SignalPage*>(base_); }
+  size_t bytes() const { return kBytes; }
+  const std::string& name() const { return name_; }
+  void unlinkName();  // once every rank opened it; the mapping stays
+
+  static constexpr size_t kBytes = 4096;
+
+ private:
+  std::string name_;
+  void* base_ = nullptr;
+  bool linked_ = false;
+};
+
+// The protocol above, for one rank of one group. leader: the rank whose
+// stream runs the kernel (it maps the others' memory).
+class StreamSignals {
+ public:
+  StreamSignals(SignalPage* page, int rank, int ranks, int leader);
+
+  int leader() const { return leader_; }
+  bool isLeader() const { return rank_ == leader_; }
+  uint32_t lastSeq() const { return seq_; }
+
+  // Queues the next operation on this rank's queue and returns its seq.
+  // args: the leader's view of every rank's memory (others ignore it).
+  uint32_t queueAllreduce(SignalQueue& queue, const FusedArgs& args, DataType dtype, ReduceOp op);
+
+  // Whether this rank's stream got past operation seq (read from the page).
+  bool finished(uint32_t seq) const;
+  bool aborted() const;
+  // Fails the group: sets the abort word and writes every counter up to seq
+  // (never lowering one), so every rank's queued waits up to seq return.
+  void abort(uint32_t seq);
+
+ private:
+  SignalPage* page_;
+  int rank_;
+  int ranks_;
+  int leader_;
+  uint32_t seq_ = 0;
+};
+
+}  // namespace ringdist

@@ -1,0 +1,168 @@
+"""The same-GPU allreduce's protocol run on the CPU (csrc/backend/testing_same_gpu.cc): the
+stream-ordered signals, the leader's one fused pass over every rank's memory, the registration
+cache, the collective fallbacks and the deadline watch are the code that drives a GPU; host
+threads stand in for streams and shared-memory arenas for IPC-mapped allocations. Results are
+compared bit for bit with dist.all_reduce on the same inputs."""
+import pytest
+
+WORLD_SIZES = [2, 3, 4]
+# One round and ring combine orders (the thresholds are 64 KiB / 16 KiB by default), one
+# element per rank and fewer elements than ranks.
+COUNTS = [1, 3, 1024, 16384 + 3, (1 << 18) + 5]
+OPS = [("float32", "sum"), ("float64", "avg"), ("bfloat16", "sum"), ("float16", "max"),
+       ("int64", "product"), ("int32", "bxor"), ("bool", "sum")]
+
+
+def _inputs(rank, n, dtype_name, seed):
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(1000 * rank + 17 * n + seed)
+    if dtype == torch.bool:
+        return torch.rand(n, generator=g) < 0.3
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=g).to(dtype)
+    return torch.randint(-3, 4, (n,), generator=g, dtype=dtype)
+
+
+def _reference(x, op):
+    import torch.distributed as dist
+
+    out = x.clone()
+    dist.all_reduce(out, op=getattr(dist.ReduceOp, op.upper()))
+    return out
+
+
+def _fresh_group():
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="ringdist")
+    return group, group.group_name
+
+
+def _case_bits(rank, ws):
+    import torch
+    from torch_ringdist._C import testing
+
+    group, name = _fresh_group()
+    try:
+        # Sizes this rank's arena (its one allocation) for the largest case.
+        testing.same_gpu_host_run(name, torch.zeros(max(COUNTS) + 64, dtype=torch.float64))
+        for i, n in enumerate(COUNTS):
+            for dtype_name, op in OPS:
+                x = _inputs(rank, n, dtype_name, 0)
+                expected = _reference(x, op)
+                # Tensors at different offsets of the lent allocation, as the caching allocator
+                # hands them out.
+                info = testing.same_gpu_host_run(name, x, op, offset=64 * i + 16)
+                assert info["fused"] == 1, info
+                assert torch.equal(x.view(torch.uint8), expected.view(torch.uint8)), (n, dtype_name, op)
+        seq = info["seq"]
+        assert seq == 1 + len(COUNTS) * len(OPS), info
+        # One arena per rank: the leader opened each peer's once and reused it.
+        assert info["opens"] == (ws - 1 if rank == 0 else 0), info
+    finally:
+        testing.same_gpu_host_reset(name)
+    return True
+
+
+def _case_cache(rank, ws):
+    import torch
+    from torch_ringdist._C import testing
+
+    group, name = _fresh_group()
+    try:
+        renewals = 70  # past the leader's 64 kept mappings
+        for k in range(renewals):
+            x = torch.full((1000,), float(rank + k))
+            # Rank 1 lends from a fresh allocation every call (a segment freed and replaced).
+            info = testing.same_gpu_host_run(name, x, "sum", renew=rank == 1)
+            assert info["fused"] == 1
+            assert torch.equal(x, torch.full((1000,), float(ws * k + ws * (ws - 1) // 2))), k
+        if rank == 0:
+            assert info["opens"] == renewals + (ws - 2), info
+            assert info["cached"] <= 64 + 1, info  # closed all but the kept ones
+        else:
+            assert info["opens"] == 0 and info["cached"] == 0, info
+    finally:
+        testing.same_gpu_host_reset(name)
+    return True
+
+
+def _case_fallbacks(rank, ws):
+    import torch
+    from torch_ringdist._C import testing
+
+    group, name = _fresh_group()
+    try:
+        x = _inputs(rank, 5000, "float32", 1)
+        expected = _reference(x, "sum")
+        # Rank 1's tensor cannot be lent (as memory from expandable segments): every rank takes
+        # the staged path for this call, and the next call goes fused again.
+        info = testing.same_gpu_host_run(name, x, "sum", lend=rank != 1)
+        assert info["fused"] == 0 and torch.equal(x, expected), info
+        x = _inputs(rank, 5000, "float32", 2)
+        expected = _reference(x, "sum")
+        info = testing.same_gpu_host_run(name, x, "sum")
+        assert info["fused"] == 1 and torch.equal(x, expected), info
+    finally:
+        testing.same_gpu_host_reset(name)
+    # Ranks on different GPUs: decided at set-up, then every call is staged.
+    group, name = _fresh_group()
+    try:
+        for seed in range(3):
+            x = _inputs(rank, 300, "float64", seed)
+            expected = _reference(x, "avg")
+            info = testing.same_gpu_host_run(name, x, "avg", device=rank % 2)
+            assert info["fused"] == 0 and info["seq"] == 0, info
+            assert torch.equal(x, expected)
+    finally:
+        testing.same_gpu_host_reset(name)
+    return True
+
+
+def _case_stalled_rank(rank, ws):
+    import time
+
+    import torch
+    from torch_ringdist._C import testing
+
+    group, name = _fresh_group()
+    try:
+        x = torch.ones(4096)
+        assert testing.same_gpu_host_run(name, x, "sum")["fused"] == 1
+        # Rank 1's stream never signals: the leader's stream would wait forever. The watch fails
+        # the group at the deadline and releases every stream (the call returns, not hangs).
+        start = time.monotonic()
+        info = testing.same_gpu_host_run(name, torch.ones(4096), "sum", stall=rank == 1,
+                                         timeout_ms=1500)
+        took = time.monotonic() - start
+        assert info["fused"] == 1 and 1.0 < took < 15, (info, took)
+        try:
+            testing.same_gpu_host_run(name, torch.ones(4096), "sum")
+        except RuntimeError as e:
+            message = str(e)
+        else:
+            raise AssertionError("an aborted group ran another operation")
+        assert "GPU hand-offs of this group were aborted" in message, message
+        if rank == 0:  # the leader's own watch saw its wait miss the deadline
+            assert "did not finish by its deadline" in message, message
+    finally:
+        testing.same_gpu_host_reset(name)
+    return True
+
+
+@pytest.mark.parametrize("ws", WORLD_SIZES)
+def test_same_bits_as_the_host_path(world_factory, ws):
+    assert world_factory(ws).run(_case_bits) == [True] * ws
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_cache_and_fallbacks(world_factory, ws):
+    world = world_factory(ws)
+    assert world.run(_case_cache) == [True] * ws
+    assert world.run(_case_fallbacks) == [True] * ws
+
+
+def test_a_stalled_rank_fails_the_group_instead_of_hanging(world_factory):
+    assert world_factory(3).run(_case_stalled_rank, timeout=120) == [True] * 3
