@@ -17,13 +17,14 @@
 #include "csrc/collectives/device_allreduce.h"
 #include "csrc/common/error.h"
 #include "csrc/cuda/codec.h"
+#include "csrc/cuda/same_gpu.h"
 #endif
 
 namespace ringdist {
 
 #ifndef RINGDIST_CUDA
 
-std::unique_ptr<DeviceStages> makeDeviceStages(size_t) { return nullptr; }
+std::unique_ptr<DeviceStages> makeDeviceStages(const CollectiveOptions&) { return nullptr; }
 
 #else
 
@@ -61,15 +62,24 @@ class Event {
 };
 
 // What a group keeps per GPU: its stream (issue order on the GPU), a waiter
-// for host-side waits, and the same-host device allreduce's shared buffers.
+// for host-side waits, the same-GPU allreduce and the same-host device
+// allreduce's shared buffers.
 struct DeviceLane {
-  DeviceLane(c10::DeviceIndex device, size_t deviceBufferBytes)
+  DeviceLane(c10::DeviceIndex device, const CollectiveOptions& options)
       : stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)),
         waiter(device),
-        allreduce(device, deviceBufferBytes) {}
+        sameGpuDevice(new cuda::SameGpuDevice(device)),
+        sameGpu(std::unique_ptr<SameGpuPlatform>(sameGpuDevice)),
+        allreduce(device, options.deviceBufferBytes),
+        fused(options.deviceFused),
+        minBytes(options.deviceMinBytes) {}
   c10::cuda::CUDAStream stream;
   cuda::StreamWaiter waiter;  // used by the worker thread only
+  cuda::SameGpuDevice* sameGpuDevice;  // owned by sameGpu
+  SameGpuAllreduce sameGpu;
   DeviceAllreduce allreduce;
+  const bool fused;
+  const size_t minBytes;
 };
 
 class CudaStage final : public DeviceStage {
@@ -148,8 +158,14 @@ class CudaStage final : public DeviceStage {
                  ReduceOp op) override {
     c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream_);
     at::Tensor flat = tensor.is_contiguous() ? tensor : tensor.contiguous();  // on our stream
-    lane_->allreduce.run(comm, flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, op,
-                         stream_.stream());
+    const size_t count = static_cast<size_t>(flat.numel());
+    const bool queued = lane_->fused &&
+                        lane_->sameGpu.run(comm, *lane_->sameGpuDevice->queueOn(stream_.stream()),
+                                           flat.data_ptr(), count, dtype, op);
+    if (!queued) {
+      const bool viaHost = static_cast<size_t>(flat.nbytes()) < lane_->minBytes;
+      lane_->allreduce.run(comm, flat.data_ptr(), count, dtype, op, stream_.stream(), viaHost);
+    }
     if (!flat.is_same(tensor)) {
       tensor.copy_(flat, /*non_blocking=*/true);
     }
@@ -192,27 +208,27 @@ class CudaStage final : public DeviceStage {
 
 class CudaStages final : public DeviceStages {
  public:
-  explicit CudaStages(size_t deviceBufferBytes) : deviceBufferBytes_(deviceBufferBytes) {}
+  explicit CudaStages(const CollectiveOptions& options) : options_(options) {}
 
   std::shared_ptr<DeviceStage> begin(const c10::Device& device) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& lane = lanes_[device.index()];
     if (lane == nullptr) {
-      lane = std::make_shared<DeviceLane>(device.index(), deviceBufferBytes_);
+      lane = std::make_shared<DeviceLane>(device.index(), options_);
     }
     return std::make_shared<CudaStage>(device, lane);
   }
 
  private:
-  const size_t deviceBufferBytes_;
+  const CollectiveOptions options_;
   std::mutex mutex_;
   std::map<c10::DeviceIndex, std::shared_ptr<DeviceLane>> lanes_;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceStages> makeDeviceStages(size_t deviceBufferBytes) {
-  return std::make_unique<CudaStages>(deviceBufferBytes);
+std::unique_ptr<DeviceStages> makeDeviceStages(const CollectiveOptions& options) {
+  return std::make_unique<CudaStages>(options);
 }
 
 #endif

@@ -57,8 +57,11 @@ class DeviceStage {
                                    bool average) = 0;
 
   // The allreduce of a CUDA tensor when every rank of the group is on this
-  // host, run as the body: device to device through memory the ranks share
-  // (csrc/collectives/device_allreduce.h); no host twin.
+  // host, run as the body; no host twin. Ranks sharing one GPU queue it with
+  // no host wait (csrc/collectives/same_gpu_allreduce.h); otherwise it goes
+  // device to device through buffers the ranks share
+  // (csrc/collectives/device_allreduce.h), or, below deviceMinBytes,
+  // through pinned host memory.
   virtual void allreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
                          ReduceOp op) = 0;
 };
@@ -71,8 +74,7 @@ class DeviceStages {
   virtual std::shared_ptr<DeviceStage> begin(const c10::Device& device) = 0;
 };
 
-// Null when the extension was built without CUDA. deviceBufferBytes: see
-// CollectiveOptions.
-std::unique_ptr<DeviceStages> makeDeviceStages(size_t deviceBufferBytes);
+// Null when the extension was built without CUDA. Reads the device* settings.
+std::unique_ptr<DeviceStages> makeDeviceStages(const CollectiveOptions& options);
 
 }  // namespace ringdist

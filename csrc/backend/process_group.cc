@@ -156,10 +156,11 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
                                                std::move(mesh.ring), std::move(mesh.hostOf),
                                                rendezvous, options.collectives);
     worker_ = std::make_unique<Worker>(rank, std::move(comm), recorder_, [this] { dumpTrace(); });
-    stages_ = makeDeviceStages(options.collectives.deviceBufferBytes);
+    stages_ = makeDeviceStages(options.collectives);
     deviceAllreduce_ = stages_ != nullptr && size > 1 && oneHost &&
                        options.collectives.deviceBufferBytes > 0;
     deviceMinBytes_ = options.collectives.deviceMinBytes;
+    deviceFused_ = options.collectives.deviceFused;
     logDebug(strCat("rank ", rank, "/", size, " ready; kernels: ", kernelFamily(),
                     "; segment bytes: ", options.collectives.segmentBytes));
   } catch (const Error& e) {
@@ -407,8 +408,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceAs(
   ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
   auto stage = stageFor(op, tensors);
   if (stage != nullptr && deviceAllreduce_ &&
-      tensors[0].numel() * tensors[0].element_size() >= static_cast<int64_t>(deviceMinBytes_)) {
-    // GPU to GPU, on this host
+      (deviceFused_ ||
+       tensors[0].numel() * tensors[0].element_size() >= static_cast<int64_t>(deviceMinBytes_))) {
+    // GPU to GPU, on this host (the stage picks the way: device_stage.h)
     at::Tensor tensor = tensors[0];
     return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
                    call, stage,

@@ -213,7 +213,8 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   std::unique_ptr<DeviceStages> stages_;  // null without CUDA support
   // CUDA allreduce goes GPU to GPU (every rank on this host, not turned off).
   bool deviceAllreduce_ = false;
-  size_t deviceMinBytes_ = 0;  // smaller ones stage through host memory
+  size_t deviceMinBytes_ = 0;  // smaller ones stage through host memory...
+  bool deviceFused_ = false;   // ...unless the ranks can share one GPU's fused path
   std::vector<std::string> transports_;
   shm::SameHostCopy sameHostCopy_;
   std::chrono::milliseconds timeout_;

@@ -69,11 +69,7 @@ class HostStream final : public SignalQueue {
       visitReduction(dtype, op, [&](auto elementTag, auto opTag) {
         using T = typename decltype(elementTag)::type;
         using Op = typename decltype(opTag)::type;
-        for (int s = 0; s < args.spanCount; ++s) {
-          for (uint64_t i = args.spans[s].begin; i < args.spans[s].end; ++i) {
-            fusedElement<T, Op>(args, args.spans[s], i);
-          }
-        }
+        for (int s = 0; s < args.spanCount; ++s) fusedSpan<T, Op>(args, args.spans[s], 0, 1);
       });
     });
   }

@@ -65,10 +65,8 @@ bool SameGpuAllreduce::run(Communicator& comm, SignalQueue& queue, void* data, s
   if (state_ == State::kNew) setUp(comm);
   if (state_ != State::kReady) return false;
   if (signals_->aborted()) {
-    const std::string failure = watch_->failure();
     RINGDIST_FAIL("ringdist ", comm.opName(), ": rank ", comm.rank(),
-                  ": the GPU hand-offs of this group were aborted (",
-                  failure.empty() ? "another rank's operation missed its deadline" : failure,
+                  ": the GPU hand-offs of this group were aborted (", signals_->abortReason(),
                   "); later device operations on this group fail");
   }
   reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
@@ -100,9 +98,12 @@ bool SameGpuAllreduce::run(Communicator& comm, SignalQueue& queue, void* data, s
   args.abort = reinterpret_cast<const volatile uint32_t*>(&page_.signals()->abort.value);
   const uint32_t seq = signals_->lastSeq() + 1;
   if (signals_->isLeader()) {
+    uintptr_t addressBits = 0;
     for (int r = 0; r < comm.size(); ++r) {
       args.data[r] = r == comm.rank() ? data : cache_->map(records[static_cast<size_t>(r)], seq);
+      addressBits |= reinterpret_cast<uintptr_t>(args.data[r]);
     }
+    args.vectors = addressBits % sizeof(FusedVector) == 0 ? 1 : 0;
     const bool small = comm.options().oneRoundAllreduce(bytes, comm.size());
     const auto spans = fusedSpans(count, comm.size(), small,
                                   [&](int pos) { return comm.ringRank(pos); });
@@ -197,11 +198,6 @@ void SameGpuAllreduce::Watch::add(uint32_t seq, std::chrono::steady_clock::time_
   cv_.notify_all();
 }
 
-std::string SameGpuAllreduce::Watch::failure() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return failure_;
-}
-
 void SameGpuAllreduce::Watch::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
@@ -219,16 +215,16 @@ void SameGpuAllreduce::Watch::loop() {
     // until this rank's last operation got through (a write still queued on a
     // stream could lower a counter we raised).
     const uint32_t last = pending_.back().first;
-    failure_ = strCat("rank ", rank_, "'s GPU operation #", seq, " did not finish by its deadline");
-    logWarning(strCat("ringdist: ", failure_, "; aborting the group's GPU hand-offs so that no "
-                      "stream waits forever. Results of this and later operations are invalid"));
+    logWarning(strCat("ringdist: rank ", rank_, ": GPU operation #", seq, " did not finish by its "
+                      "deadline; aborting the group's GPU hand-offs so that no stream waits "
+                      "forever. Results of this and later operations are invalid"));
     pending_.clear();
     const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!stop_ && !signals_.finished(last) && std::chrono::steady_clock::now() < giveUp) {
-      signals_.abort(last);
+      signals_.abort(seq, last);
       cv_.wait_for(lock, std::chrono::milliseconds(1));
     }
-    signals_.abort(last);
+    signals_.abort(seq, last);
   }
 }
 

@@ -73,7 +73,6 @@ class SameGpuAllreduce {
     Watch(StreamSignals& signals, int rank);
     ~Watch();
     void add(uint32_t seq, std::chrono::steady_clock::time_point deadline);
-    std::string failure();
 
    private:
     void loop();
@@ -82,7 +81,6 @@ class SameGpuAllreduce {
     std::mutex mutex_;
     std::condition_variable cv_;
     std::deque<std::pair<uint32_t, std::chrono::steady_clock::time_point>> pending_;
-    std::string failure_;
     bool stop_ = false;
     std::thread thread_;
   };

@@ -97,8 +97,21 @@ bool StreamSignals::aborted() const {
   return page_->abort.value.load(std::memory_order_acquire) != 0;
 }
 
-void StreamSignals::abort(uint32_t seq) {
-  page_->abort.value.store(1, std::memory_order_release);
+
+std::string StreamSignals::abortReason() const {
+  const uint32_t by = page_->abort.value.load(std::memory_order_acquire);
+  if (by == 0) return "";
+  return strCat("rank ", by - 1, " found GPU operation #",
+                page_->abortedAt.value.load(std::memory_order_acquire),
+                " unfinished at its deadline");
+}
+
+void StreamSignals::abort(uint32_t missed, uint32_t seq) {
+  uint32_t none = 0;
+  if (page_->abort.value.compare_exchange_strong(none, static_cast<uint32_t>(rank_) + 1,
+                                                 std::memory_order_acq_rel)) {
+    page_->abortedAt.value.store(missed, std::memory_order_release);
+  }
   auto raise = [seq](SignalWord& word) {
     uint32_t now = word.value.load(std::memory_order_acquire);
     while (!reached(now, seq) &&

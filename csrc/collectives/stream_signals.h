@@ -34,7 +34,8 @@ struct alignas(64) SignalWord {
 
 struct SignalPage {
   uint64_t magic;
-  SignalWord abort;
+  SignalWord abort;                    // 0, or 1 + the rank that aborted
+  SignalWord abortedAt;                // the operation it found unfinished
   SignalWord done;                     // written by the leader's stream
   SignalWord ready[kMaxFusedRanks];    // ready[r] written by rank r's stream (not the leader's)
 };
@@ -98,9 +99,12 @@ class StreamSignals {
   // Whether this rank's stream got past operation seq (read from the page).
   bool finished(uint32_t seq) const;
   bool aborted() const;
-  // Fails the group: sets the abort word and writes every counter up to seq
+  // Which rank aborted the group, at which operation ("" while not aborted).
+  std::string abortReason() const;
+  // Fails the group: sets the abort word (naming this rank and `missed`, the
+  // operation that missed its deadline) and writes every counter up to seq
   // (never lowering one), so every rank's queued waits up to seq return.
-  void abort(uint32_t seq);
+  void abort(uint32_t missed, uint32_t seq);
 
  private:
   SignalPage* page_;

@@ -9,6 +9,17 @@
 namespace ringdist {
 namespace cuda {
 
+void check(cudaError_t err, const char* what) {
+  RINGDIST_CHECK(err == cudaSuccess, "ringdist cuda: ", what, ": ", cudaGetErrorString(err));
+}
+
+DeviceScope::DeviceScope(int device) {
+  check(cudaGetDevice(&previous_), "cudaGetDevice");
+  if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+DeviceScope::~DeviceScope() { (void)cudaSetDevice(previous_); }
+
 namespace {
 
 // A wait polls without sleeping this long first: most waits are for work of
@@ -16,23 +27,6 @@ namespace {
 // at most kMaxPoll between polls.
 constexpr auto kSpin = std::chrono::microseconds(200);
 constexpr auto kMaxPoll = std::chrono::microseconds(50);
-
-void check(cudaError_t err, const char* what) {
-  RINGDIST_CHECK(err == cudaSuccess, "ringdist cuda: ", what, ": ", cudaGetErrorString(err));
-}
-
-// Runs with `device` current and restores the caller's device afterwards.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() { (void)cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
 
 }  // namespace
 

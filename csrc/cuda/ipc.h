@@ -12,6 +12,21 @@
 namespace ringdist {
 namespace cuda {
 
+// Throws Error ("ringdist cuda: <what>: <CUDA's message>") unless err is cudaSuccess.
+void check(cudaError_t err, const char* what);
+
+// Runs with `device` current and restores the caller's device afterwards.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 // What a peer needs to map a SharedBuffer. Travels between ranks as bytes.
 struct BufferRecord {
   uint8_t handle[64];  // cudaIpcMemHandle_t

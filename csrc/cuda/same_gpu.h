@@ -1,0 +1,48 @@
+#pragma once
+
+// The same-GPU allreduce (csrc/collectives/same_gpu_allreduce.h) on a CUDA
+// device: tensors lent as (cudaIpcMemHandle_t of their allocation, offset)
+// and opened with cudaIpcOpenMemHandle; the signal page registered with
+// cudaHostRegister; queues that are CUDA streams, whose signals are stream
+// memory operations (cuStreamWriteValue32 / cuStreamWaitValue32, reached
+// through cudaGetDriverEntryPointByVersion as torch reaches the driver, so
+// nothing links libcuda) and whose combine is the fused kernel. Built only
+// with CUDA (RINGDIST_CUDA).
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "csrc/collectives/same_gpu_allreduce.h"
+
+namespace ringdist {
+namespace cuda {
+
+class SameGpuDevice final : public SameGpuPlatform {
+ public:
+  explicit SameGpuDevice(int device);
+  ~SameGpuDevice() override;
+
+  bool lend(const void* data, size_t bytes, MemoryRecord* record, std::string* why) override;
+  void* open(const MemoryRecord& record) override;
+  void close(void* base) noexcept override;
+  void attach(SharedPage& page) override;
+  void detach(SharedPage& page) noexcept override;
+  std::array<uint8_t, 16> deviceId() override;
+
+  // The queue of one operation: `stream` (the group's), on this device.
+  std::unique_ptr<SignalQueue> queueOn(cudaStream_t stream);
+
+ private:
+  class StreamQueue;
+  const int device_;
+  char* pageHost_ = nullptr;    // the attached page, as the host sees it
+  char* pageDevice_ = nullptr;  // and as the GPU does
+};
+
+// The fused allreduce of args (fused_allreduce.h) as one kernel on stream;
+// args' pointers are device addresses. Throws on a launch error.
+void fusedAllreduce(const FusedArgs& args, DataType dtype, ReduceOp op, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace ringdist
