@@ -7,13 +7,15 @@
 #             suite built against the machine's torch
 #   kernels   benchmarks/cuda_kernels.py (kernels vs D2D copy, pinned copies)
 #   example   the torchrun DDP example on CUDA, 2 ranks on one GPU
-#   compare   ringdist (GPU to GPU, and staged) vs gloo on CUDA tensors, 2 ranks on one
-#             GPU, alternating
+#   compare   ringdist (same-GPU fused path, IPC buffers, staged) vs gloo on CUDA tensors,
+#             2 ranks on one GPU, alternating
+#   compare4  the same-GPU path against the IPC buffers with 4 ranks on the GPU
 #   nccl      NCCL with 2 ranks on one GPU (its refusal is the record)
 #   handoff   benchmarks/gpu_handoff.py: the hand-off between two processes' streams on one
 #             GPU (host waits against stream memory operations; issue 31's H)
 # Pick stages as arguments (default: all). Results land in ${OUT:-gpu-check}/:
-# machine.txt, build.log, tests.log, cuda_kernels.json, compare_cuda.json, gpu_handoff.json,
+# machine.txt, build.log, tests.log, cuda_kernels.json, compare_cuda.json, compare_cuda_n4.json,
+# gpu_handoff.json,
 # runs.log.
 # Installs into a private folder; nothing of the machine's Python changes.
 set -uo pipefail
@@ -21,7 +23,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-check}
 PY=${PYTHON:-python3}
 SITE=${RINGDIST_GPU_SITE:-/tmp/ringdist-site}
-STAGES=${*:-tests kernels example compare nccl handoff}
+STAGES=${*:-tests kernels example compare compare4 nccl handoff}
 mkdir -p "$OUT"
 { nvidia-smi || true; "$PY" -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } \
   2>&1 | tee "$OUT/machine.txt"
@@ -58,13 +60,21 @@ for s in $STAGES; do
       stage example 120 "${TORCHRUN[@]}" examples/train_ddp.py --device cuda --epochs 2 --no-progress \
         --hook int8 --hook-option error_feedback=true ;;
     compare)
-      # ringdist GPU to GPU (CUDA IPC), ringdist staged through pinned host memory, gloo.
-      stage compare 300 "$PY" -P benchmarks/compare.py --backends ringdist staged=ringdist gloo \
-        --label-env staged:RINGDIST_CUDA_IPC_BYTES=0 --label-env ringdist:RINGDIST_CUDA_IPC_MIN_BYTES=0 \
-        --rounds 2 --nproc 2 \
-        --min-bytes 4K --max-bytes 256M --sweep-arg=--device=cuda --timeout 110 \
+      # ringdist's same-GPU path (stream-ordered, one fused kernel), its IPC-buffer path
+      # (host waits per piece), staged through pinned host memory, and gloo: 2 ranks.
+      stage compare 420 "$PY" -P benchmarks/compare.py --backends ringdist ipc=ringdist staged=ringdist gloo \
+        --label-env ipc:RINGDIST_CUDA_FUSED=0 --label-env ipc:RINGDIST_CUDA_IPC_MIN_BYTES=0 \
+        --label-env staged:RINGDIST_CUDA_IPC_BYTES=0 --rounds 2 --nproc 2 \
+        --min-bytes 4K --max-bytes 256M --sweep-arg=--device=cuda --timeout 100 \
         --out "/tmp/compare_cuda.json"
       cp /tmp/compare_cuda.json "$OUT/" 2>/dev/null ;;
+    compare4)
+      # The same with 4 ranks on the GPU (the 2·P·S bound's second row), fused against IPC.
+      stage compare4 300 "$PY" -P benchmarks/compare.py --backends ringdist ipc=ringdist \
+        --label-env ipc:RINGDIST_CUDA_FUSED=0 --label-env ipc:RINGDIST_CUDA_IPC_MIN_BYTES=0 \
+        --rounds 2 --nproc 4 --min-bytes 4K --max-bytes 256M --sweep-arg=--device=cuda \
+        --timeout 120 --out "/tmp/compare_cuda_n4.json"
+      cp /tmp/compare_cuda_n4.json "$OUT/" 2>/dev/null ;;
     nccl)
       # Expected to fail: NCCL takes one GPU per rank. The message is the record.
       stage nccl 60 "${TORCHRUN[@]}" benchmarks/sweep.py --backend nccl --device cuda \

@@ -1,8 +1,9 @@
-"""The same-GPU allreduce's protocol run on the CPU (csrc/backend/testing_same_gpu.cc): the
+"""The same-GPU collectives' protocol run on the CPU (csrc/backend/testing_same_gpu.cc): the
 stream-ordered signals, the leader's one fused pass over every rank's memory, the registration
-cache, the collective fallbacks and the deadline watch are the code that drives a GPU; host
-threads stand in for streams and shared-memory arenas for IPC-mapped allocations. Results are
-compared bit for bit with dist.all_reduce on the same inputs."""
+cache, the scratch fallback, the set-up's verdict and the deadline watch are the code that
+drives a GPU; host threads stand in for streams and shared-memory arenas for IPC-mapped
+allocations. Results are compared bit for bit with dist.all_reduce, reduce_scatter_tensor,
+all_gather_into_tensor and broadcast on the same inputs."""
 import pytest
 
 WORLD_SIZES = [2, 3, 4]
@@ -33,6 +34,13 @@ def _reference(x, op):
     return out
 
 
+def _run(name, x, op="sum", **kwargs):
+    """all_reduce of x in place through the protocol."""
+    from torch_ringdist._C import testing
+
+    return testing.same_gpu_host_run(name, "all_reduce", x, x, op, **kwargs)
+
+
 def _fresh_group():
     import torch.distributed as dist
 
@@ -47,14 +55,14 @@ def _case_bits(rank, ws):
     group, name = _fresh_group()
     try:
         # Sizes this rank's arena (its one allocation) for the largest case.
-        testing.same_gpu_host_run(name, torch.zeros(max(COUNTS) + 64, dtype=torch.float64))
+        _run(name, torch.zeros(max(COUNTS) + 64, dtype=torch.float64))
         for i, n in enumerate(COUNTS):
             for dtype_name, op in OPS:
                 x = _inputs(rank, n, dtype_name, 0)
                 expected = _reference(x, op)
                 # Tensors at different offsets of the lent allocation, as the caching allocator
                 # hands them out: 16-byte aligned (the kernel's vector loads) or only 8.
-                info = testing.same_gpu_host_run(name, x, op, offset=64 * i + 8 * (i % 2 + 1))
+                info = _run(name, x, op, offset=64 * i + 8 * (i % 2 + 1))
                 assert info["fused"] == 1, info
                 assert torch.equal(x.view(torch.uint8), expected.view(torch.uint8)), (n, dtype_name, op)
         seq = info["seq"]
@@ -76,7 +84,7 @@ def _case_cache(rank, ws):
         for k in range(renewals):
             x = torch.full((1000,), float(rank + k))
             # Rank 1 lends from a fresh allocation every call (a segment freed and replaced).
-            info = testing.same_gpu_host_run(name, x, "sum", renew=rank == 1)
+            info = _run(name, x, renew=rank == 1)
             assert info["fused"] == 1
             assert torch.equal(x, torch.full((1000,), float(ws * k + ws * (ws - 1) // 2))), k
         if rank == 0:
@@ -97,14 +105,16 @@ def _case_fallbacks(rank, ws):
     try:
         x = _inputs(rank, 5000, "float32", 1)
         expected = _reference(x, "sum")
-        # Rank 1's tensor cannot be lent (as memory from expandable segments): every rank takes
-        # the staged path for this call, and the next call goes fused again.
-        info = testing.same_gpu_host_run(name, x, "sum", lend=rank != 1)
-        assert info["fused"] == 0 and torch.equal(x, expected), info
+        # Rank 1's tensor cannot be lent (as memory from expandable segments): it goes through
+        # rank 1's scratch, copied in and out on its stream; the call stays fused.
+        info = _run(name, x, lend=rank != 1)
+        assert info["fused"] == 1 and torch.equal(x, expected), info
+        opens = info["opens"]
         x = _inputs(rank, 5000, "float32", 2)
         expected = _reference(x, "sum")
-        info = testing.same_gpu_host_run(name, x, "sum")
+        info = _run(name, x, lend=rank != 1)
         assert info["fused"] == 1 and torch.equal(x, expected), info
+        assert info["opens"] == opens, info  # the scratch stays mapped
     finally:
         testing.same_gpu_host_reset(name)
     # Ranks on different GPUs: decided at set-up, then every call is staged.
@@ -113,7 +123,7 @@ def _case_fallbacks(rank, ws):
         for seed in range(3):
             x = _inputs(rank, 300, "float64", seed)
             expected = _reference(x, "avg")
-            info = testing.same_gpu_host_run(name, x, "avg", device=rank % 2)
+            info = _run(name, x, "avg", device=rank % 2)
             assert info["fused"] == 0 and info["seq"] == 0, info
             assert torch.equal(x, expected)
     finally:
@@ -130,16 +140,15 @@ def _case_stalled_rank(rank, ws):
     group, name = _fresh_group()
     try:
         x = torch.ones(4096)
-        assert testing.same_gpu_host_run(name, x, "sum")["fused"] == 1
+        assert _run(name, x)["fused"] == 1
         # Rank 1's stream never signals: the leader's stream would wait forever. The watch fails
         # the group at the deadline and releases every stream (the call returns, not hangs).
         start = time.monotonic()
-        info = testing.same_gpu_host_run(name, torch.ones(4096), "sum", stall=rank == 1,
-                                         timeout_ms=1500)
+        info = _run(name, torch.ones(4096), stall=rank == 1, timeout_ms=1500)
         took = time.monotonic() - start
         assert info["fused"] == 1 and 1.0 < took < 15, (info, took)
         try:
-            testing.same_gpu_host_run(name, torch.ones(4096), "sum")
+            _run(name, torch.ones(4096))
         except RuntimeError as e:
             message = str(e)
         else:
@@ -152,9 +161,53 @@ def _case_stalled_rank(rank, ws):
     return True
 
 
+def _case_other_collectives(rank, ws):
+    """reduce_scatter_tensor, all_gather_into_tensor and broadcast, lent or through scratch,
+    against the same collectives of the engine."""
+    import torch
+    import torch.distributed as dist
+    from torch_ringdist._C import testing
+
+    group, name = _fresh_group()
+    try:
+        for i, n in enumerate([1, 5, 1000, 70001]):
+            for lend in (True, False):
+                offset = 64 * i + 8 * (i % 2 + 1)
+                for dtype_name, op in [("float32", "sum"), ("bfloat16", "avg"), ("int64", "max")]:
+                    x = _inputs(rank, n * ws, dtype_name, i)
+                    expected = torch.empty(n, dtype=x.dtype)
+                    dist.reduce_scatter_tensor(expected, x, op=getattr(dist.ReduceOp, op.upper()))
+                    out = torch.full_like(expected, 7)
+                    info = testing.same_gpu_host_run(name, "reduce_scatter", x, out, op,
+                                                     offset=offset, lend=lend)
+                    assert info["fused"] == 1
+                    assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), (n, dtype_name, op, lend)
+                x = _inputs(rank, n, "float16", i)
+                expected = torch.empty(n * ws, dtype=x.dtype)
+                dist.all_gather_into_tensor(expected, x)
+                out = torch.zeros_like(expected)
+                testing.same_gpu_host_run(name, "all_gather", x, out, offset=offset, lend=lend)
+                assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), (n, lend)
+                for root in range(ws):
+                    x = _inputs(rank, n, "int32", i + root)
+                    expected = x.clone()
+                    dist.broadcast(expected, src=root)
+                    testing.same_gpu_host_run(name, "broadcast", x, x, root=root, offset=offset,
+                                              lend=lend)
+                    assert torch.equal(x, expected), (n, root, lend)
+    finally:
+        testing.same_gpu_host_reset(name)
+    return True
+
+
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_same_bits_as_the_host_path(world_factory, ws):
     assert world_factory(ws).run(_case_bits) == [True] * ws
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_reduce_scatter_all_gather_broadcast(world_factory, ws):
+    assert world_factory(ws).run(_case_other_collectives, timeout=120) == [True] * ws
 
 
 @pytest.mark.parametrize("ws", [2, 3])

@@ -50,15 +50,19 @@ TORCH_RINGDIST_API void copyBytesWithin(at::Tensor& buffer, int64_t to, int64_t 
 // A reduce op by its name ("sum", "avg", ...).
 ReduceOp opFromName(const std::string& name);
 
-// One allreduce of `tensor` (in place) on the group named groupName through
-// the same-GPU protocol run on the CPU (testing_same_gpu.cc): the tensor is
-// lent from `offset` bytes into this rank's shared arena (a fresh arena if
-// renew; not lent at all if !lend), `stall` drops this rank's signal writes,
-// `device` stands for its GPU. Returns fused (0: the staged path ran), seq,
-// and the leader's cache figures (opens, cached).
+// One collective ("all_reduce", "broadcast": in place on output, which must
+// be input; "reduce_scatter", "all_gather": input -> output, blocks of the
+// output's / input's size) on the group named groupName through the
+// same-GPU protocol run on the CPU (testing_same_gpu.cc). The tensors are lent
+// from `offset` bytes into this rank's shared arena (a fresh arena if renew;
+// from no arena if !lend, so they go through scratch), `stall` drops this
+// rank's signal writes, `device` stands for its GPU. Returns fused (0: the
+// ranks are not on one GPU and the engine ran it), seq, and the leader's
+// cache figures (opens, cached).
 TORCH_RINGDIST_API std::map<std::string, int64_t> sameGpuHostRun(
-    const std::string& groupName, at::Tensor& tensor, const std::string& op, int64_t offset,
-    bool lend, bool renew, bool stall, int64_t device, int64_t timeoutMs);
+    const std::string& groupName, const std::string& kind, const at::Tensor& input,
+    at::Tensor& output, const std::string& op, int64_t root, int64_t offset, bool lend,
+    bool renew, bool stall, int64_t device, int64_t timeoutMs);
 // Drops that group's state (its streams, watch and mappings).
 TORCH_RINGDIST_API void sameGpuHostReset(const std::string& groupName);
 

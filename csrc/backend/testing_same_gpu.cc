@@ -1,13 +1,13 @@
-// The same-GPU allreduce (csrc/collectives/same_gpu_allreduce.h) run on the
-// CPU, for tests: the very protocol, registration cache, fallbacks and watch
-// that drive a GPU, with host stand-ins for what CUDA provides:
+// The same-GPU collectives (csrc/collectives/same_gpu.h) run on the CPU, for
+// tests: the very protocol, registration cache, fallbacks and watch that
+// drive a GPU, with host stand-ins for what CUDA provides:
 //  - a "stream" is a thread running what was queued on it in order; its
 //    waits spin until the counter is reached, with no deadline of their own
 //    (like the GPU's), so only the watch's abort can release them;
 //  - a rank's "allocation" is a named shared-memory arena that the leader
 //    maps by name (the IPC handle) and caches, and renew() replaces it as the
 //    caching allocator replaces a segment;
-//  - the fused kernel is the same element code (fused_allreduce.h) in a loop.
+//  - the fused kernel is the same span code (fused.h) run by one worker.
 #include <sys/mman.h>
 
 #include <ATen/ATen.h>
@@ -26,7 +26,7 @@
 #include "csrc/backend/process_group.h"
 #include "csrc/backend/testing.h"
 #include "csrc/collectives/collectives.h"
-#include "csrc/collectives/same_gpu_allreduce.h"
+#include "csrc/collectives/same_gpu.h"
 #include "csrc/common/error.h"
 #include "csrc/reduce/reduce.h"
 #include "csrc/transport/shm/segment.h"
@@ -74,6 +74,10 @@ class HostStream final : public SignalQueue {
     });
   }
 
+  void copy(void* dst, const void* src, size_t bytes) override {
+    push([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  }
+
   // The host waiting for the stream, as a caller syncing its CUDA stream.
   void drain(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -114,7 +118,7 @@ class HostStream final : public SignalQueue {
   std::thread thread_;
 };
 
-// One rank's lendable memory: a named shared-memory object.
+// Lendable memory: a named shared-memory object.
 struct Arena {
   std::string name;
   char* base = nullptr;
@@ -131,24 +135,35 @@ struct Arena {
     ::shm_unlink(name.c_str());
     base = nullptr;
   }
+  bool holds(const void* data, size_t length) const {
+    const char* p = static_cast<const char*>(data);
+    return base != nullptr && p >= base && p + length <= base + bytes;
+  }
   ~Arena() { release(); }
 };
 
+// Arena 0 holds the tensors the test lends; arenas 1 and 2 are the scratch slots.
 class HostPlatform final : public SameGpuPlatform {
  public:
-  HostPlatform(const Arena& arena, uint8_t device) : arena_(arena) { id_.fill(device); }
+  HostPlatform(std::array<Arena, 3>& arenas, uint8_t device) : arenas_(arenas) { id_.fill(device); }
 
   bool lend(const void* data, size_t bytes, MemoryRecord* record, std::string* why) override {
-    const char* p = static_cast<const char*>(data);
-    if (arena_.base == nullptr || p < arena_.base || p + bytes > arena_.base + arena_.bytes) {
-      *why = "the tensor is not in this rank's shared arena";
-      return false;
+    for (const Arena& arena : arenas_) {
+      if (!arena.holds(data, bytes)) continue;
+      std::memset(record->handle, 0, sizeof(record->handle));
+      std::memcpy(record->handle, arena.name.data(),
+                  std::min(arena.name.size(), sizeof(record->handle) - 1));
+      record->offset = static_cast<uint64_t>(static_cast<const char*>(data) - arena.base);
+      record->allocationBytes = arena.bytes;
+      return true;
     }
-    std::memset(record->handle, 0, sizeof(record->handle));
-    std::memcpy(record->handle, arena_.name.data(), std::min(arena_.name.size(), sizeof(record->handle) - 1));
-    record->offset = static_cast<uint64_t>(p - arena_.base);
-    record->allocationBytes = arena_.bytes;
-    return true;
+    *why = "the tensor is in no shared arena of this rank";
+    return false;
+  }
+  void* scratch(int slot, size_t bytes) override {
+    Arena& arena = arenas_[static_cast<size_t>(1 + slot)];
+    if (arena.bytes < bytes) arena.renew(bytes);
+    return arena.base;
   }
   void* open(const MemoryRecord& record) override {
     size_t bytes = 0;
@@ -166,35 +181,40 @@ class HostPlatform final : public SameGpuPlatform {
   std::array<uint8_t, 16> deviceId() override { return id_; }
 
  private:
-  const Arena& arena_;
+  std::array<Arena, 3>& arenas_;
   std::array<uint8_t, 16> id_{};
   std::map<void*, size_t> sizes_;
 };
 
 struct Sim {
-  explicit Sim(uint8_t device)
-      : allreduce(std::make_unique<HostPlatform>(arena, device)) {}
-  Arena arena;
-  HostStream stream;  // members go in reverse order: the allreduce (and its watch) first
-  SameGpuAllreduce allreduce;
+  explicit Sim(uint8_t device) : gpu(std::make_unique<HostPlatform>(arenas, device)) {}
+  std::array<Arena, 3> arenas;
+  HostStream stream;  // members go in reverse order: gpu (and its watch) first
+  SameGpu gpu;
+  bool setUp = false;
 };
 
 std::mutex simsMutex;
 std::map<std::string, std::unique_ptr<Sim>> sims;
 
+size_t roundUp(size_t n) { return (n + 63) / 64 * 64; }
+
 }  // namespace
 
-std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, at::Tensor& tensor,
-                                              const std::string& op, int64_t offset, bool lend,
-                                              bool renew, bool stall, int64_t device,
+std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, const std::string& kind,
+                                              const at::Tensor& input, at::Tensor& output,
+                                              const std::string& op, int64_t root, int64_t offset,
+                                              bool lend, bool renew, bool stall, int64_t device,
                                               int64_t timeoutMs) {
-  TORCH_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
-              "same_gpu_host_run: a contiguous CPU tensor");
+  TORCH_CHECK(input.device().is_cpu() && input.is_contiguous() && output.device().is_cpu() &&
+                  output.is_contiguous() && input.scalar_type() == output.scalar_type(),
+              "same_gpu_host_run: contiguous CPU tensors of one dtype");
   DataType dtype = DataType::kFloat32;
-  TORCH_CHECK(toDataType(tensor.scalar_type(), &dtype), "same_gpu_host_run: dtype ",
-              tensor.scalar_type());
+  TORCH_CHECK(toDataType(input.scalar_type(), &dtype), "same_gpu_host_run: dtype ",
+              input.scalar_type());
   const ReduceOp reduceOp = opFromName(op);
   auto& group = ringdistOf(c10d::resolve_process_group(groupName), "same_gpu_host_run");
+  const int n = group.getSize();
   Sim* sim = nullptr;
   {
     std::lock_guard<std::mutex> lock(simsMutex);
@@ -202,26 +222,62 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, at::
     if (!slot) slot = std::make_unique<Sim>(static_cast<uint8_t>(device));
     sim = slot.get();
   }
-  const size_t bytes = static_cast<size_t>(tensor.nbytes());
-  const size_t at = static_cast<size_t>(offset);
-  if (renew || sim->arena.bytes < at + bytes) sim->arena.renew(at + bytes);
-  char* data = lend ? sim->arena.base + at : static_cast<char*>(tensor.data_ptr());
-  if (lend) std::memcpy(data, tensor.data_ptr(), bytes);
-  sim->stream.stall(stall);
-  bool fused = false;
   const auto timeout = std::chrono::milliseconds(timeoutMs);
+  if (!sim->setUp) {  // as the backend does: once, before the group's first device collective
+    group.runOnWorker(timeout, [&](Communicator& comm) { sim->gpu.setUp(comm); });
+    sim->setUp = true;
+  }
+  // The tensors, lent from this rank's arena (or not at all): in place when
+  // input and output are the same tensor.
+  const bool inPlace = input.is_same(output);
+  const size_t inBytes = static_cast<size_t>(input.nbytes());
+  const size_t outBytes = static_cast<size_t>(output.nbytes());
+  const size_t at = static_cast<size_t>(offset);
+  Arena& arena = sim->arenas[0];
+  const size_t need = at + roundUp(inBytes) + outBytes;
+  if (renew || arena.bytes < need) arena.renew(need);
+  char* in = lend ? arena.base + at : static_cast<char*>(input.data_ptr());
+  char* out = inPlace ? in : lend ? arena.base + at + roundUp(inBytes) : static_cast<char*>(output.data_ptr());
+  if (lend) std::memcpy(in, input.data_ptr(), inBytes);
+  sim->stream.stall(stall);
   group.runOnWorker(timeout, [&](Communicator& comm) {
-    const size_t count = static_cast<size_t>(tensor.numel());
-    fused = sim->allreduce.run(comm, sim->stream, data, count, dtype, reduceOp);
-    if (!fused) allreduce(comm, data, count, dtype, reduceOp);  // the staged path's engine
+    const size_t inCount = static_cast<size_t>(input.numel());
+    const size_t outCount = static_cast<size_t>(output.numel());
+    const size_t elem = elementSize(dtype);
+    const bool fused = sim->gpu.ready();
+    if (kind == "all_reduce") {
+      if (fused) sim->gpu.allreduce(comm, sim->stream, in, inCount, dtype, reduceOp);
+      else allreduce(comm, in, inCount, dtype, reduceOp);
+    } else if (kind == "broadcast") {
+      if (fused) sim->gpu.broadcast(comm, sim->stream, in, inCount, dtype, static_cast<int>(root));
+      else ringdist::broadcast(comm, in, inCount, dtype, static_cast<int>(root));
+    } else if (kind == "reduce_scatter") {
+      if (fused) {
+        sim->gpu.reduceScatter(comm, sim->stream, in, out, outCount, dtype, reduceOp);
+      } else {
+        std::vector<const void*> blocks;
+        for (int r = 0; r < n; ++r) blocks.push_back(in + static_cast<size_t>(r) * outCount * elem);
+        reduceScatter(comm, blocks.data(), out, outCount, dtype, reduceOp);
+      }
+    } else if (kind == "all_gather") {
+      if (fused) {
+        sim->gpu.allgather(comm, sim->stream, in, out, inCount, dtype);
+      } else {
+        std::vector<void*> blocks;
+        for (int r = 0; r < n; ++r) blocks.push_back(out + static_cast<size_t>(r) * inCount * elem);
+        ringdist::allgather(comm, in, blocks.data(), inCount, dtype);
+      }
+    } else {
+      RINGDIST_FAIL("same_gpu_host_run: unknown collective ", kind);
+    }
   });
   sim->stream.drain(3 * timeout + std::chrono::seconds(5));
   sim->stream.stall(false);
-  if (lend) std::memcpy(tensor.data_ptr(), data, bytes);
-  return {{"fused", fused ? 1 : 0},
-          {"seq", sim->allreduce.lastSeq()},
-          {"opens", static_cast<int64_t>(sim->allreduce.opens())},
-          {"cached", static_cast<int64_t>(sim->allreduce.cached())}};
+  if (lend) std::memcpy(output.data_ptr(), out, outBytes);
+  return {{"fused", sim->gpu.ready() ? 1 : 0},
+          {"seq", sim->gpu.lastSeq()},
+          {"opens", static_cast<int64_t>(sim->gpu.opens())},
+          {"cached", static_cast<int64_t>(sim->gpu.cached())}};
 }
 
 void sameGpuHostReset(const std::string& groupName) {

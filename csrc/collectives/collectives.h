@@ -22,13 +22,14 @@ enum AllreduceVariant : uint8_t {
   kHierarchicalAllreduce = 2, // several hosts with several ranks each
   kDeviceAllreduce = 3,       // GPU memory of one host's ranks (device_allreduce.h)
   kSingleCopyAllreduce = 4,   // one host: copies straight between the ranks' buffers
-  kSameGpuAllreduce = 5,      // ranks sharing one GPU: one fused kernel (same_gpu_allreduce.h)
+  kSameGpuAllreduce = 5,      // ranks sharing one GPU: one fused kernel (same_gpu.h)
 };
 
 // Broadcast, allgather and reduce-scatter: how the bytes travel; in OpHeader::variant.
 enum CopyVariant : uint8_t {
   kRingCopy = 0,    // through the links (rings, sockets)
   kSingleCopy = 1,  // one host: ranks copy straight from or into peers' buffers (Communicator::singleCopy)
+  kSameGpuCopy = 2, // ranks sharing one GPU: one fused kernel (same_gpu.h); reduce-scatter too
 };
 
 // In place: data (count elements) becomes the reduction over all ranks.

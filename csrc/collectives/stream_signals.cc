@@ -73,8 +73,8 @@ StreamSignals::StreamSignals(SignalPage* page, int rank, int ranks, int leader)
                  "): at most ", kMaxFusedRanks, " ranks");
 }
 
-uint32_t StreamSignals::queueAllreduce(SignalQueue& queue, const FusedArgs& args, DataType dtype,
-                                       ReduceOp op) {
+uint32_t StreamSignals::queueOp(SignalQueue& queue, const FusedArgs& args, DataType dtype,
+                                ReduceOp op) {
   const uint32_t seq = ++seq_;
   if (isLeader()) {
     for (int r = 0; r < ranks_; ++r) {

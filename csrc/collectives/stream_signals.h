@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <string>
 
-#include "csrc/collectives/fused_allreduce.h"
+#include "csrc/collectives/fused.h"
 
 namespace ringdist {
 
@@ -53,8 +53,10 @@ class SignalQueue {
   virtual void write(SignalWord* word, uint32_t value) = 0;
   // Nothing queued after this runs before *word reaches value (cyclically).
   virtual void waitFor(SignalWord* word, uint32_t value) = 0;
-  // The fused allreduce (fused_allreduce.h) of `args` on (dtype, op).
+  // The fused pass (fused.h) of `args`, combining as (dtype, op).
   virtual void combine(const FusedArgs& args, DataType dtype, ReduceOp op) = 0;
+  // dst = src (bytes), both this rank's memory.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
 };
 
 // A page of host memory shared by the ranks of one group on one host.
@@ -94,7 +96,7 @@ class StreamSignals {
 
   // Queues the next operation on this rank's queue and returns its seq.
   // args: the leader's view of every rank's memory (others ignore it).
-  uint32_t queueAllreduce(SignalQueue& queue, const FusedArgs& args, DataType dtype, ReduceOp op);
+  uint32_t queueOp(SignalQueue& queue, const FusedArgs& args, DataType dtype, ReduceOp op);
 
   // Whether this rank's stream got past operation seq (read from the page).
   bool finished(uint32_t seq) const;

@@ -38,12 +38,12 @@ void defineTestingModule(py::module_& parent) {
         "uint8 tensor, in place; the regions may overlap");
   m.def("cuda_divide", &divideWithCudaKernel, py::arg("x"), py::arg("divisor"),
         "x / divisor with the GPU kernel that finalises AVG (CUDA builds only)");
-  m.def("same_gpu_host_run", &sameGpuHostRun, py::arg("group_name"), py::arg("tensor"),
-        py::arg("op") = "sum", py::arg("offset") = 0, py::arg("lend") = true,
-        py::arg("renew") = false, py::arg("stall") = false, py::arg("device") = 0,
-        py::arg("timeout_ms") = 30000,
-        "One allreduce, in place, through the same-GPU protocol run on the CPU (host streams, "
-        "shared-memory arenas for IPC): fused (0: it took the staged path), seq, opens, cached");
+  m.def("same_gpu_host_run", &sameGpuHostRun, py::arg("group_name"), py::arg("kind"),
+        py::arg("input"), py::arg("output"), py::arg("op") = "sum", py::arg("root") = 0,
+        py::arg("offset") = 0, py::arg("lend") = true, py::arg("renew") = false,
+        py::arg("stall") = false, py::arg("device") = 0, py::arg("timeout_ms") = 30000,
+        "One collective through the same-GPU protocol run on the CPU (host streams, "
+        "shared-memory arenas for IPC): fused (0: the engine ran it), seq, opens, cached");
   m.def("same_gpu_host_reset", &sameGpuHostReset, py::arg("group_name"),
         "Drop that group's same-GPU test state (streams, watch, mappings)");
   m.def("select_kernel_family", &selectKernelFamily, py::arg("name"),

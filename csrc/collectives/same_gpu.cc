@@ -1,0 +1,303 @@
+// The same-GPU collectives (same_gpu.h).
+//
+// Set-up (once, collective): the ranks compare device ids; rank 0, the
+// leader, creates the signal page and the others open it; everyone attaches
+// it to its queue and says whether all of that worked.
+//
+// Each call: op headers, then one allgather of MemoryRecords (what each rank
+// lends: its input and output, or its scratch copies of them); the leader
+// maps the others' memory (cached per allocation) and queues wait-ready, the
+// fused kernel and done; the others queue ready and wait-done, with copies
+// into and out of their scratch around them where a tensor could not be lent.
+// The host never waits for the device; the Watch bounds the device part by
+// the op's deadline.
+#include "csrc/collectives/same_gpu.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "csrc/collectives/collectives.h"
+#include "csrc/common/error.h"
+#include "csrc/common/logging.h"
+#include "csrc/reduce/reduce.h"
+
+namespace ringdist {
+
+namespace {
+
+constexpr int kLeader = 0;
+// Mappings of peers' allocations the leader keeps beyond those in use (the
+// caching allocator holds few, long-lived segments).
+constexpr size_t kCachedAllocations = 64;
+
+template <typename T>
+std::vector<void*> addressesOf(std::vector<T>& items) {
+  std::vector<void*> out;
+  for (auto& item : items) out.push_back(&item);
+  return out;
+}
+
+// Every rank learns whether every rank said yes.
+bool everyone(Communicator& comm, bool mine) {
+  uint8_t ok = mine ? 1 : 0;
+  std::vector<uint8_t> oks(static_cast<size_t>(comm.size()));
+  allgather(comm, &ok, addressesOf(oks).data(), 1, DataType::kUInt8);
+  return std::all_of(oks.begin(), oks.end(), [](uint8_t v) { return v != 0; });
+}
+
+struct PageName {
+  char text[64];
+};
+
+// What a rank lends for one call.
+struct Lent {
+  MemoryRecord input;
+  MemoryRecord output;
+};
+
+}  // namespace
+
+SameGpu::SameGpu(std::unique_ptr<SameGpuPlatform> platform) : platform_(std::move(platform)) {}
+
+SameGpu::~SameGpu() {
+  if (signals_) {
+    // A stream still waiting on the page must not outlive it: give the last
+    // operation a moment, then release every stream.
+    const uint32_t last = signals_->lastSeq();
+    const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (!signals_->finished(last) && std::chrono::steady_clock::now() < giveUp) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (!signals_->finished(last)) signals_->abort(last, last);
+  }
+  watch_.reset();
+  cache_.reset();
+  if (attached_) platform_->detach(page_);
+}
+
+bool SameGpu::setUp(Communicator& comm) {
+  if (state_ != State::kNew) return ready();
+  const int n = comm.size();
+  std::array<uint8_t, 16> id{};
+  std::string problem;
+  try {
+    id = platform_->deviceId();
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  std::vector<std::array<uint8_t, 16>> ids(static_cast<size_t>(n));
+  ringdist::allgather(comm, id.data(), addressesOf(ids).data(), id.size(), DataType::kUInt8);
+  const bool oneGpu = problem.empty() && n > 1 && n <= kMaxFusedRanks &&
+                      std::all_of(ids.begin(), ids.end(), [&](const auto& other) { return other == id; });
+  if (!everyone(comm, oneGpu)) {
+    state_ = State::kUnusable;  // not one GPU: the other paths are the right ones, no warning
+    return false;
+  }
+  PageName name{};
+  try {
+    if (comm.rank() == kLeader) {
+      page_ = SharedPage::create();
+      std::snprintf(name.text, sizeof(name.text), "%s", page_.name().c_str());
+    }
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  ringdist::broadcast(comm, &name, sizeof(name), DataType::kUInt8, kLeader);
+  try {
+    if (comm.rank() != kLeader) {
+      RINGDIST_CHECK(name.text[0] != '\0', "rank ", kLeader, " could not create the signal page");
+      page_ = SharedPage::open(name.text);
+    }
+    platform_->attach(page_);
+    attached_ = true;
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  const bool everyoneReady = everyone(comm, problem.empty());
+  page_.unlinkName();  // everyone has it mapped, or nobody needs it
+  if (!everyoneReady) {
+    if (attached_) platform_->detach(page_);
+    attached_ = false;
+    page_ = SharedPage();
+    state_ = State::kUnusable;
+    logWarning(strCat("ringdist: rank ", comm.rank(), ": the ranks share one GPU but cannot hand "
+                      "off through stream-ordered signals (",
+                      problem.empty() ? "another rank could not" : problem,
+                      "); CUDA collectives take the IPC-buffer and staged paths instead"));
+    return false;
+  }
+  signals_ = std::make_unique<StreamSignals>(page_.signals(), comm.rank(), n, kLeader);
+  if (signals_->isLeader()) cache_ = std::make_unique<PeerMemoryCache>(*platform_, kCachedAllocations);
+  watch_ = std::make_unique<Watch>(*signals_, comm.rank());
+  state_ = State::kReady;
+  return true;
+}
+
+void SameGpu::allreduce(Communicator& comm, SignalQueue& queue, void* data, size_t count,
+                        DataType dtype, ReduceOp op) {
+  reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
+  const size_t bytes = count * elementSize(dtype);
+  Call call{comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1), data, bytes, data, bytes,
+            dtype, op, op == ReduceOp::kAvg ? comm.size() : 0, {}};
+  call.header.variant = kSameGpuAllreduce;
+  if (signals_->isLeader()) {
+    call.spans = allreduceSpans(count, comm.size(), comm.options().oneRoundAllreduce(bytes, comm.size()),
+                                [&](int pos) { return comm.ringRank(pos); });
+  }
+  run(comm, queue, call);
+}
+
+void SameGpu::reduceScatter(Communicator& comm, SignalQueue& queue, const void* input, void* output,
+                            size_t count, DataType dtype, ReduceOp op) {
+  reduceFunction(dtype, op);
+  const size_t bytes = count * elementSize(dtype);
+  Call call{comm.makeHeader(OpType::kReduceScatter, count, dtype, op, -1), input,
+            bytes * static_cast<size_t>(comm.size()), output, bytes, dtype, op,
+            op == ReduceOp::kAvg ? comm.size() : 0, {}};
+  call.header.variant = kSameGpuCopy;
+  if (signals_->isLeader()) {
+    std::vector<int> position(static_cast<size_t>(comm.size()));
+    for (int p = 0; p < comm.size(); ++p) position[static_cast<size_t>(comm.ringRank(p))] = p;
+    call.spans = reduceScatterSpans(count, comm.size(), [&](int pos) { return comm.ringRank(pos); },
+                                    [&](int rank) { return position[static_cast<size_t>(rank)]; });
+  }
+  run(comm, queue, call);
+}
+
+void SameGpu::allgather(Communicator& comm, SignalQueue& queue, const void* input, void* output,
+                        size_t count, DataType dtype) {
+  const size_t bytes = count * elementSize(dtype);
+  Call call{comm.makeHeader(OpType::kAllgather, count, dtype, ReduceOp::kSum, -1), input, bytes,
+            output, bytes * static_cast<size_t>(comm.size()), DataType::kUInt8, ReduceOp::kSum, 0,
+            {}};
+  call.header.variant = kSameGpuCopy;
+  if (signals_->isLeader()) call.spans = allgatherSpans(bytes, comm.size());
+  run(comm, queue, call);
+}
+
+void SameGpu::broadcast(Communicator& comm, SignalQueue& queue, void* data, size_t count,
+                        DataType dtype, int root) {
+  const size_t bytes = count * elementSize(dtype);
+  Call call{comm.makeHeader(OpType::kBroadcast, count, dtype, ReduceOp::kSum, root), data, bytes,
+            data, bytes, DataType::kUInt8, ReduceOp::kSum, 0, {}};
+  call.header.variant = kSameGpuCopy;
+  if (signals_->isLeader()) call.spans = broadcastSpans(bytes, root);
+  run(comm, queue, call);
+}
+
+void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
+  RINGDIST_CHECK(ready(), "ringdist ", comm.opName(), ": the same-GPU path was not set up");
+  if (signals_->aborted()) {
+    RINGDIST_FAIL("ringdist ", comm.opName(), ": rank ", comm.rank(),
+                  ": the GPU hand-offs of this group were aborted (", signals_->abortReason(),
+                  "); later device operations on this group fail");
+  }
+  const bool inPlace = call.input == call.output;
+  const void* input = call.input;
+  void* output = call.output;
+  Lent mine{};
+  if (!signals_->isLeader()) {
+    // The leader reaches this rank's memory through what it lends; memory that
+    // cannot be lent goes through this rank's scratch, copied on the queue.
+    std::string why;
+    if (call.inputBytes > 0 && !platform_->lend(input, call.inputBytes, &mine.input, &why)) {
+      void* scratch = platform_->scratch(0, std::max(call.inputBytes, call.outputBytes));
+      queue.copy(scratch, input, call.inputBytes);
+      input = scratch;
+      if (inPlace) output = scratch;
+      RINGDIST_CHECK(platform_->lend(input, call.inputBytes, &mine.input, &why),
+                     "ringdist ", comm.opName(), ": rank ", comm.rank(),
+                     " cannot lend its scratch memory: ", why);
+    }
+    mine.input.valid = 1;
+    if (inPlace) {
+      mine.output = mine.input;
+    } else if (call.outputBytes > 0 && !platform_->lend(output, call.outputBytes, &mine.output, &why)) {
+      output = platform_->scratch(1, call.outputBytes);
+      RINGDIST_CHECK(platform_->lend(output, call.outputBytes, &mine.output, &why),
+                     "ringdist ", comm.opName(), ": rank ", comm.rank(),
+                     " cannot lend its scratch memory: ", why);
+    }
+    mine.output.valid = 1;
+  }
+  comm.exchangeHeaders(call.header, comm.others(), comm.others());
+  std::vector<Lent> lent(static_cast<size_t>(comm.size()));
+  ringdist::allgather(comm, &mine, addressesOf(lent).data(), sizeof(mine), DataType::kUInt8);
+
+  FusedArgs args;
+  const uint32_t seq = signals_->lastSeq() + 1;
+  if (signals_->isLeader()) {
+    args.ranks = comm.size();
+    args.divisor = call.divisor;
+    args.abort = reinterpret_cast<const volatile uint32_t*>(&page_.signals()->abort.value);
+    for (int r = 0; r < comm.size(); ++r) {
+      const Lent& theirs = lent[static_cast<size_t>(r)];
+      const bool me = r == comm.rank();
+      args.inputs[r] = me ? call.input : cache_->map(theirs.input, seq);
+      args.outputs[r] = me ? call.output : cache_->map(theirs.output, seq);
+    }
+    args.spanCount = static_cast<int>(call.spans.size());
+    std::copy(call.spans.begin(), call.spans.end(), args.spans);
+    alignSpans(args, elementSize(call.kernelType));
+  }
+  signals_->queueOp(queue, args, call.kernelType, call.op);
+  if (output != call.output) queue.copy(call.output, output, call.outputBytes);
+  watch_->add(seq, comm.deadline());
+  if (cache_) cache_->trim([&](uint32_t s) { return signals_->finished(s); });
+}
+
+// ---------------------------------------------------------------- Watch
+
+SameGpu::Watch::Watch(StreamSignals& signals, int rank)
+    : signals_(signals), rank_(rank), thread_([this] { loop(); }) {}
+
+SameGpu::Watch::~Watch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void SameGpu::Watch::add(uint32_t seq, std::chrono::steady_clock::time_point deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (!pending_.empty() && signals_.finished(pending_.front().first)) pending_.pop_front();
+    pending_.emplace_back(seq, deadline);
+  }
+  cv_.notify_all();
+}
+
+void SameGpu::Watch::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    while (!pending_.empty() && signals_.finished(pending_.front().first)) pending_.pop_front();
+    if (pending_.empty()) {
+      cv_.wait(lock);
+      continue;
+    }
+    const auto [seq, deadline] = pending_.front();
+    if (std::chrono::steady_clock::now() < deadline) {
+      cv_.wait_until(lock, deadline);
+      continue;
+    }
+    // Missed: fail the group and release every stream's waits, again and again
+    // until this rank's last operation got through (a write still queued on a
+    // stream could lower a counter we raised).
+    const uint32_t last = pending_.back().first;
+    logWarning(strCat("ringdist: rank ", rank_, ": GPU operation #", seq, " did not finish by its "
+                      "deadline; aborting the group's GPU hand-offs so that no stream waits "
+                      "forever. Results of this and later operations are invalid"));
+    pending_.clear();
+    const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!stop_ && !signals_.finished(last) && std::chrono::steady_clock::now() < giveUp) {
+      signals_.abort(seq, last);
+      cv_.wait_for(lock, std::chrono::milliseconds(1));
+    }
+    signals_.abort(seq, last);
+  }
+}
+
+}  // namespace ringdist

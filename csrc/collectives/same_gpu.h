@@ -1,0 +1,126 @@
+#pragma once
+
+// Collectives among ranks that share one GPU, queued on the GPU with no host
+// wait (stream_signals.h) and done by one kernel of the group's leader that
+// reads every rank's input and writes every rank's output (fused.h) through
+// mappings of the callers' own tensors (peer_memory.h): 2·P·S bytes move on
+// the device for an allreduce and nothing crosses the host but one small
+// exchange of records per call.
+//
+// Written against SameGpuPlatform, so the same code runs the GPU (CUDA IPC,
+// stream memory operations: csrc/cuda/same_gpu.cu) and, in tests, host
+// memory with a thread per stream (csrc/backend/testing_same_gpu.cc).
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "csrc/collectives/communicator.h"
+#include "csrc/collectives/peer_memory.h"
+#include "csrc/collectives/stream_signals.h"
+
+namespace ringdist {
+
+class SameGpuPlatform : public PeerMemoryOpener {
+ public:
+  // Names the `bytes` at `data` for the leader; false, with the reason, when
+  // the memory cannot be lent (memory from expandable segments has no IPC
+  // handle): the call then goes through scratch().
+  virtual bool lend(const void* data, size_t bytes, MemoryRecord* record, std::string* why) = 0;
+  // Lendable memory of at least `bytes` of this rank (slot 0: inputs, 1:
+  // outputs), kept for the platform's life.
+  virtual void* scratch(int slot, size_t bytes) = 0;
+  // Makes the signal page reachable from this rank's queue.
+  virtual void attach(SharedPage& page) = 0;
+  virtual void detach(SharedPage& page) noexcept = 0;
+  // 16 bytes naming the device (the GPU's UUID): the ranks go this way only if
+  // they all name the same one.
+  virtual std::array<uint8_t, 16> deviceId() = 0;
+};
+
+class SameGpu {
+ public:
+  explicit SameGpu(std::unique_ptr<SameGpuPlatform> platform);
+  ~SameGpu();
+  SameGpu(const SameGpu&) = delete;
+  SameGpu& operator=(const SameGpu&) = delete;
+
+  // Collective, once per group, at the same operation on every rank: whether
+  // every rank is on this GPU (at most kMaxFusedRanks of them) and the
+  // hand-offs can be set up. Says why once if they cannot. Later calls return
+  // the first answer.
+  bool setUp(Communicator& comm);
+  bool ready() const { return state_ == State::kReady; }
+
+  // Each queues its collective on `queue` and returns without waiting for the
+  // device; results are bit for bit the host path's. `count` is per rank for
+  // reduceScatter (output elements) and allgather (input elements). Throws
+  // Error once the group's hand-offs were aborted.
+  void allreduce(Communicator& comm, SignalQueue& queue, void* data, size_t count, DataType dtype,
+                 ReduceOp op);
+  void reduceScatter(Communicator& comm, SignalQueue& queue, const void* input, void* output,
+                     size_t count, DataType dtype, ReduceOp op);
+  void allgather(Communicator& comm, SignalQueue& queue, const void* input, void* output,
+                 size_t count, DataType dtype);
+  void broadcast(Communicator& comm, SignalQueue& queue, void* data, size_t count, DataType dtype,
+                 int root);
+
+  uint64_t opens() const { return cache_ ? cache_->opens() : 0; }
+  size_t cached() const { return cache_ ? cache_->size() : 0; }
+  uint32_t lastSeq() const { return signals_ ? signals_->lastSeq() : 0; }
+
+ private:
+  enum class State { kNew, kReady, kUnusable };
+  // One call: what it reads and writes on this rank, and how the leader's
+  // kernel covers it.
+  struct Call {
+    OpHeader header;
+    const void* input;
+    size_t inputBytes;
+    void* output;  // may be input
+    size_t outputBytes;
+    DataType kernelType;  // what the kernel combines as (bytes for copies)
+    ReduceOp op;
+    int divisor;
+    std::vector<FusedSpan> spans;
+  };
+  void run(Communicator& comm, SignalQueue& queue, const Call& call);
+
+  // Fails the group if an operation's device part misses its deadline: a
+  // thread that sleeps until the earliest deadline of the operations still
+  // on the device (no polling while they finish in time).
+  class Watch {
+   public:
+    Watch(StreamSignals& signals, int rank);
+    ~Watch();
+    void add(uint32_t seq, std::chrono::steady_clock::time_point deadline);
+
+   private:
+    void loop();
+    StreamSignals& signals_;
+    const int rank_;
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<std::pair<uint32_t, std::chrono::steady_clock::time_point>> pending_;
+    bool stop_ = false;
+    std::thread thread_;
+  };
+
+  std::unique_ptr<SameGpuPlatform> platform_;
+  State state_ = State::kNew;
+  SharedPage page_;
+  bool attached_ = false;
+  std::unique_ptr<StreamSignals> signals_;
+  std::unique_ptr<PeerMemoryCache> cache_;  // the leader's
+  std::unique_ptr<Watch> watch_;
+};
+
+}  // namespace ringdist
