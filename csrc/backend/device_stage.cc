@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -62,7 +63,7 @@ class Event {
 };
 
 // What a group keeps per GPU: its stream (issue order on the GPU), a waiter
-// for host-side waits, the same-GPU allreduce and the same-host device
+// for host-side waits, the same-GPU collectives and the same-host device
 // allreduce's shared buffers.
 struct DeviceLane {
   DeviceLane(c10::DeviceIndex device, const CollectiveOptions& options)
@@ -70,16 +71,13 @@ struct DeviceLane {
         waiter(device),
         sameGpuDevice(new cuda::SameGpuDevice(device)),
         sameGpu(std::unique_ptr<SameGpuPlatform>(sameGpuDevice)),
-        allreduce(device, options.deviceBufferBytes),
-        fused(options.deviceFused),
-        minBytes(options.deviceMinBytes) {}
+        allreduce(device, options.deviceBufferBytes) {}
   c10::cuda::CUDAStream stream;
   cuda::StreamWaiter waiter;  // used by the worker thread only
   cuda::SameGpuDevice* sameGpuDevice;  // owned by sameGpu
-  SameGpuAllreduce sameGpu;
+  SameGpu sameGpu;            // the worker's...
+  std::atomic<int> sameGpuReady{-1};  // ...and its verdict for the issuing threads
   DeviceAllreduce allreduce;
-  const bool fused;
-  const size_t minBytes;
 };
 
 class CudaStage final : public DeviceStage {
@@ -158,17 +156,51 @@ class CudaStage final : public DeviceStage {
                  ReduceOp op) override {
     c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream_);
     at::Tensor flat = tensor.is_contiguous() ? tensor : tensor.contiguous();  // on our stream
-    const size_t count = static_cast<size_t>(flat.numel());
-    const bool queued = lane_->fused &&
-                        lane_->sameGpu.run(comm, *lane_->sameGpuDevice->queueOn(stream_.stream()),
-                                           flat.data_ptr(), count, dtype, op);
-    if (!queued) {
-      const bool viaHost = static_cast<size_t>(flat.nbytes()) < lane_->minBytes;
-      lane_->allreduce.run(comm, flat.data_ptr(), count, dtype, op, stream_.stream(), viaHost);
-    }
+    lane_->allreduce.run(comm, flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, op,
+                         stream_.stream());
     if (!flat.is_same(tensor)) {
       tensor.copy_(flat, /*non_blocking=*/true);
     }
+  }
+
+  int sameGpu() const override { return lane_->sameGpuReady.load(); }
+
+  void setUpSameGpu(Communicator& comm) override {
+    lane_->sameGpuReady.store(lane_->sameGpu.setUp(comm) ? 1 : 0);
+  }
+
+  void sameGpuAllreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
+                        ReduceOp op) override {
+    at::Tensor flat = onOurStream(tensor);
+    lane_->sameGpu.allreduce(comm, *queue(), flat.data_ptr(), static_cast<size_t>(flat.numel()),
+                             dtype, op);
+    copyBack(flat, tensor);
+  }
+
+  void sameGpuReduceScatter(Communicator& comm, const at::Tensor& input, const at::Tensor& output,
+                            DataType dtype, ReduceOp op) override {
+    at::Tensor in = onOurStream(input);
+    at::Tensor out = onOurStream(output);
+    lane_->sameGpu.reduceScatter(comm, *queue(), in.data_ptr(), out.data_ptr(),
+                                 static_cast<size_t>(out.numel()), dtype, op);
+    copyBack(out, output);
+  }
+
+  void sameGpuAllgather(Communicator& comm, const at::Tensor& input, const at::Tensor& output,
+                        DataType dtype) override {
+    at::Tensor in = onOurStream(input);
+    at::Tensor out = onOurStream(output);
+    lane_->sameGpu.allgather(comm, *queue(), in.data_ptr(), out.data_ptr(),
+                             static_cast<size_t>(in.numel()), dtype);
+    copyBack(out, output);
+  }
+
+  void sameGpuBroadcast(Communicator& comm, const at::Tensor& tensor, DataType dtype,
+                        int root) override {
+    at::Tensor flat = onOurStream(tensor);
+    lane_->sameGpu.broadcast(comm, *queue(), flat.data_ptr(), static_cast<size_t>(flat.numel()),
+                             dtype, root);
+    copyBack(flat, tensor);
   }
 
   void onStream(const std::function<void()>& fn) override {
@@ -192,6 +224,18 @@ class CudaStage final : public DeviceStage {
   }
 
  private:
+  // The tensor, contiguous, for use on the group's stream (the body runs with
+  // it current): the caching allocator must not hand the memory out again
+  // before the stream is done with it.
+  at::Tensor onOurStream(const at::Tensor& tensor) {
+    c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream_);
+    return tensor.is_contiguous() ? tensor : tensor.contiguous();
+  }
+  void copyBack(const at::Tensor& flat, const at::Tensor& tensor) {
+    if (!flat.is_same(tensor)) tensor.copy_(flat, /*non_blocking=*/true);
+  }
+  std::unique_ptr<SignalQueue> queue() { return lane_->sameGpuDevice->queueOn(stream_.stream()); }
+
   // Waits, bounded by the op's deadline, for what the group's stream has
   // queued so far: the host is about to read what it copied out.
   void drain(std::chrono::steady_clock::time_point deadline, const char* what) {

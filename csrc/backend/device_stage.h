@@ -57,13 +57,27 @@ class DeviceStage {
                                    bool average) = 0;
 
   // The allreduce of a CUDA tensor when every rank of the group is on this
-  // host, run as the body; no host twin. Ranks sharing one GPU queue it with
-  // no host wait (csrc/collectives/same_gpu_allreduce.h); otherwise it goes
-  // device to device through buffers the ranks share
-  // (csrc/collectives/device_allreduce.h), or, below deviceMinBytes,
-  // through pinned host memory.
+  // host, run as the body: device to device through memory the ranks share
+  // (csrc/collectives/device_allreduce.h); no host twin.
   virtual void allreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
                          ReduceOp op) = 0;
+
+  // Ranks sharing one GPU (csrc/collectives/same_gpu.h). sameGpu(): -1 until
+  // the group's set-up ran, then whether its collectives on this device go
+  // this way. setUpSameGpu is that set-up, run as an operation of its own
+  // before the group's first collective on the device.
+  virtual int sameGpu() const = 0;
+  virtual void setUpSameGpu(Communicator& comm) = 0;
+  // The same-GPU collectives, run as the body: queued on the group's stream
+  // with no host wait, no host twin. count/blocks follow the tensors' sizes.
+  virtual void sameGpuAllreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
+                                ReduceOp op) = 0;
+  virtual void sameGpuReduceScatter(Communicator& comm, const at::Tensor& input,
+                                    const at::Tensor& output, DataType dtype, ReduceOp op) = 0;
+  virtual void sameGpuAllgather(Communicator& comm, const at::Tensor& input,
+                                const at::Tensor& output, DataType dtype) = 0;
+  virtual void sameGpuBroadcast(Communicator& comm, const at::Tensor& tensor, DataType dtype,
+                                int root) = 0;
 };
 
 // One per process group: one stream per device, so the group's operations

@@ -347,6 +347,24 @@ void ProcessGroupRingdist::checkAllMatch(const char* op, const std::vector<at::T
   }
 }
 
+// The first time a group's collectives reach a device, its ranks decide
+// together whether they share that GPU: an operation of its own, in issue
+// order like every other, that the caller waits for (once), so every rank
+// routes every later call the same way.
+bool ProcessGroupRingdist::onSameGpu(const std::shared_ptr<DeviceStage>& stage, Call call) {
+  if (stage == nullptr || !deviceAllreduce_ || !deviceFused_ || options_.collectives.checkResults) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(sameGpuSetUp_);
+  if (stage->sameGpu() < 0) {
+    call.direct = false;  // a Work to wait for, whatever the caller asked
+    enqueue(c10d::OpType::UNKNOWN, OpType::kBarrier, {}, call, nullptr,
+            [stage](Communicator& comm) { stage->setUpSameGpu(comm); }, "same-GPU set-up")
+        ->wait();
+  }
+  return stage->sameGpu() > 0;
+}
+
 std::shared_ptr<DeviceStage> ProcessGroupRingdist::stageFor(const char* op,
                                                             const std::vector<at::Tensor>& tensors) {
   for (const auto& t : tensors) {
@@ -381,8 +399,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::broadcast(
   checkRoot(op, opts.rootRank);
   RD_CHECK_INPUT(opts.rootTensor == 0, op, "rootTensor must be 0");
   auto stage = stageFor(op, tensors);
-  Flat flat(tensors[0], stage.get());
   int root = static_cast<int>(opts.rootRank);
+  if (onSameGpu(stage, callOf(opts))) {
+    at::Tensor tensor = tensors[0];
+    return enqueue(c10d::OpType::BROADCAST, OpType::kBroadcast, tensors, callOf(opts), stage,
+                   [stage, tensor, dtype, root](Communicator& comm) {
+                     stage->sameGpuBroadcast(comm, tensor, dtype, root);
+                   });
+  }
+  Flat flat(tensors[0], stage.get());
   size_t count = static_cast<size_t>(flat.flat.numel());
   return enqueue(c10d::OpType::BROADCAST, OpType::kBroadcast, tensors,
                  callOf(opts), stage, [flat, count, dtype, root](Communicator& comm) {
@@ -407,10 +432,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceAs(
                  " (use allreduce_coalesced for several)");
   ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
   auto stage = stageFor(op, tensors);
+  if (onSameGpu(stage, call)) {
+    at::Tensor tensor = tensors[0];
+    return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors, call, stage,
+                   [stage, tensor, dtype, reduceOp](Communicator& comm) {
+                     stage->sameGpuAllreduce(comm, tensor, dtype, reduceOp);
+                   });
+  }
   if (stage != nullptr && deviceAllreduce_ &&
-      (deviceFused_ ||
-       tensors[0].numel() * tensors[0].element_size() >= static_cast<int64_t>(deviceMinBytes_))) {
-    // GPU to GPU, on this host (the stage picks the way: device_stage.h)
+      tensors[0].numel() * tensors[0].element_size() >= static_cast<int64_t>(deviceMinBytes_)) {
+    // GPU to GPU, on this host
     at::Tensor tensor = tensors[0];
     return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
                    call, stage,
@@ -621,6 +652,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgatherIntoTensors(
                    inputs[i].numel(), " x world size ", getSize());
   }
   auto stage = stageFor(op, joined({inputs, outputs}));
+  if (onSameGpu(stage, call)) {
+    return enqueue(type, OpType::kAllgather, outputs, call, stage,
+                   [stage, inputs, outputs, dtypes](Communicator& comm) {
+                     for (size_t i = 0; i < inputs.size(); ++i) {
+                       stage->sameGpuAllgather(comm, inputs[i], outputs[i], dtypes[i]);
+                     }
+                   }, "", inputs);
+  }
   auto ins = flatten(inputs, stage.get());
   auto outs = flatten(outputs, stage.get(), /*read=*/false);
   const int size = getSize();
@@ -754,6 +793,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduceScatterTensors(
                    " x world size ", getSize());
   }
   auto stage = stageFor(op, joined({inputs, outputs}));
+  if (onSameGpu(stage, callOf(opts))) {
+    return enqueue(type, OpType::kReduceScatter, outputs, callOf(opts), stage,
+                   [stage, inputs, outputs, dtypes, ops](Communicator& comm) {
+                     for (size_t i = 0; i < inputs.size(); ++i) {
+                       stage->sameGpuReduceScatter(comm, inputs[i], outputs[i], dtypes[i], ops[i]);
+                     }
+                   }, "", inputs);
+  }
   auto ins = flatten(inputs, stage.get());
   auto outs = flatten(outputs, stage.get(), /*read=*/false);
   const int size = getSize();

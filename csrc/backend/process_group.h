@@ -3,6 +3,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -200,6 +201,9 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
                                          std::shared_ptr<DeviceStage> stage, Worker::Body body,
                                          std::string statsKey = "",
                                          std::vector<at::Tensor> inputs = {});
+  // Whether a collective with this stage goes through the same-GPU path
+  // (device_stage.h); sets it up first if the group has not yet.
+  bool onSameGpu(const std::shared_ptr<DeviceStage>& stage, Call call);
   FlightRecorder::Group traceGroup() const;
   void dumpTrace();
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds requested) const;
@@ -213,8 +217,9 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   std::unique_ptr<DeviceStages> stages_;  // null without CUDA support
   // CUDA allreduce goes GPU to GPU (every rank on this host, not turned off).
   bool deviceAllreduce_ = false;
-  size_t deviceMinBytes_ = 0;  // smaller ones stage through host memory...
-  bool deviceFused_ = false;   // ...unless the ranks can share one GPU's fused path
+  size_t deviceMinBytes_ = 0;  // smaller ones stage through host memory
+  bool deviceFused_ = false;   // the same-GPU path is on (RINGDIST_CUDA_FUSED)
+  std::mutex sameGpuSetUp_;    // one thread decides per device
   std::vector<std::string> transports_;
   shm::SameHostCopy sameHostCopy_;
   std::chrono::milliseconds timeout_;

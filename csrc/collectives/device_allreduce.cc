@@ -71,15 +71,15 @@ DeviceAllreduce::~DeviceAllreduce() {
 }
 
 void DeviceAllreduce::run(Communicator& comm, void* data, size_t count, DataType dtype,
-                          ReduceOp op, cudaStream_t stream, bool viaHost) {
+                          ReduceOp op, cudaStream_t stream) {
   reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
   header.variant = kDeviceAllreduce;
   // Set-up is collective itself: a rank running another operation fails its
   // exchange with a clear error.
-  if (count > 0 && !viaHost && state_ == State::kNew) setUp(comm);
+  if (count > 0 && state_ == State::kNew) setUp(comm);
   char* bytes = static_cast<char*>(data);
-  if (count == 0 || viaHost || state_ == State::kUnusable) {
+  if (count == 0 || state_ == State::kUnusable) {
     comm.exchangeHeaders(header, comm.others(), comm.others());
     if (count > 0) runStaged(comm, bytes, count, dtype, op, stream);
   } else {

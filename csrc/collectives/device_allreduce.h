@@ -28,11 +28,9 @@ class DeviceAllreduce {
   // In place on `count` elements of device memory at `data`, queued on
   // `stream` and finished (the host waited) on return. Results are bit for
   // bit those of ringdist::allreduce on the same values in host memory.
-  // Every rank of the group must be on this host. viaHost: through pinned
-  // host memory, not the shared buffers (faster for small ones: fewer host
-  // waits for the GPU).
+  // Every rank of the group must be on this host.
   void run(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
-           cudaStream_t stream, bool viaHost);
+           cudaStream_t stream);
 
  private:
   enum class State { kNew, kReady, kUnusable };

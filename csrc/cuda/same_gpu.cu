@@ -62,17 +62,15 @@ __global__ void fusedKernel(FusedArgs args) {
 
 }  // namespace
 
-void fusedAllreduce(const FusedArgs& args, DataType dtype, ReduceOp op, cudaStream_t stream) {
+void fusedPass(const FusedArgs& args, DataType dtype, ReduceOp op, cudaStream_t stream) {
   uint64_t longest = 0;
-  for (int s = 0; s < args.spanCount; ++s) {
-    longest = std::max<uint64_t>(longest, args.spans[s].end - args.spans[s].begin);
-  }
+  for (int s = 0; s < args.spanCount; ++s) longest = std::max(longest, args.spans[s].length);
   if (longest == 0) return;
   visitReduction(dtype, op, [&](auto elementTag, auto opTag) {
     using T = typename decltype(elementTag)::type;
     using Op = typename decltype(opTag)::type;
     using S = typename elementwise::Storage<T>::type;
-    const uint64_t perThread = args.vectors != 0 ? sizeof(FusedVector) / sizeof(S) : 1;
+    const uint64_t perThread = sizeof(FusedVector) / sizeof(S);
     const uint64_t threads = (longest + perThread - 1) / perThread;
     const unsigned cap = std::max(1u, kMaxBlocks / static_cast<unsigned>(args.spanCount));
     const unsigned blocks = static_cast<unsigned>(
@@ -80,7 +78,7 @@ void fusedAllreduce(const FusedArgs& args, DataType dtype, ReduceOp op, cudaStre
     fusedKernel<T, Op><<<dim3(blocks, static_cast<unsigned>(args.spanCount)), kThreads, 0, stream>>>(
         args);
   });
-  check(cudaGetLastError(), "launch of the fused allreduce kernel");
+  check(cudaGetLastError(), "launch of the fused same-GPU kernel");
 }
 
 // ---------------------------------------------------------------- the queue
@@ -104,8 +102,9 @@ class SameGpuDevice::StreamQueue final : public SignalQueue {
     onDevice.abort = reinterpret_cast<const volatile uint32_t*>(
         owner_.pageDevice_ + (reinterpret_cast<const char*>(const_cast<const uint32_t*>(args.abort)) -
                               owner_.pageHost_));
-    fusedAllreduce(onDevice, dtype, op, stream_);
+    fusedPass(onDevice, dtype, op, stream_);
   }
+  void copy(void* dst, const void* src, size_t bytes) override { copyAsync(dst, src, bytes, stream_); }
 
  private:
   CUdeviceptr deviceAddress(SignalWord* word) const {
@@ -120,7 +119,24 @@ class SameGpuDevice::StreamQueue final : public SignalQueue {
 
 SameGpuDevice::SameGpuDevice(int device) : device_(device) {}
 
-SameGpuDevice::~SameGpuDevice() = default;
+SameGpuDevice::~SameGpuDevice() {
+  DeviceScope scope(device_);
+  for (auto& slot : scratch_) {
+    for (auto& [data, bytes] : slot) (void)cudaFree(data);
+  }
+}
+
+void* SameGpuDevice::scratch(int slot, size_t bytes) {
+  auto& held = scratch_[slot];
+  if (held.empty() || held.back().second < bytes) {
+    DeviceScope scope(device_);
+    const size_t grown = std::max(bytes, held.empty() ? size_t{0} : 2 * held.back().second);
+    void* data = nullptr;
+    check(cudaMalloc(&data, grown), "cudaMalloc of same-GPU scratch memory");
+    held.emplace_back(data, grown);
+  }
+  return held.back().first;
+}
 
 bool SameGpuDevice::lend(const void* data, size_t bytes, MemoryRecord* record, std::string* why) {
   (void)bytes;

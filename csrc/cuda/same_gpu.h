@@ -1,7 +1,6 @@
 #pragma once
 
-// The same-GPU allreduce (csrc/collectives/same_gpu_allreduce.h) on a CUDA
-// device: tensors lent as (cudaIpcMemHandle_t of their allocation, offset)
+// The same-GPU collectives (csrc/collectives/same_gpu.h) on a CUDA device: tensors lent as (cudaIpcMemHandle_t of their allocation, offset)
 // and opened with cudaIpcOpenMemHandle; the signal page registered with
 // cudaHostRegister; queues that are CUDA streams, whose signals are stream
 // memory operations (cuStreamWriteValue32 / cuStreamWaitValue32, reached
@@ -12,8 +11,9 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <vector>
 
-#include "csrc/collectives/same_gpu_allreduce.h"
+#include "csrc/collectives/same_gpu.h"
 
 namespace ringdist {
 namespace cuda {
@@ -24,6 +24,7 @@ class SameGpuDevice final : public SameGpuPlatform {
   ~SameGpuDevice() override;
 
   bool lend(const void* data, size_t bytes, MemoryRecord* record, std::string* why) override;
+  void* scratch(int slot, size_t bytes) override;
   void* open(const MemoryRecord& record) override;
   void close(void* base) noexcept override;
   void attach(SharedPage& page) override;
@@ -38,11 +39,14 @@ class SameGpuDevice final : public SameGpuPlatform {
   const int device_;
   char* pageHost_ = nullptr;    // the attached page, as the host sees it
   char* pageDevice_ = nullptr;  // and as the GPU does
+  // cudaMalloc'ed scratch per slot, the latest (largest) last. Older ones stay
+  // until the group ends: the leader may still have them mapped.
+  std::vector<std::pair<void*, size_t>> scratch_[2];
 };
 
-// The fused allreduce of args (fused_allreduce.h) as one kernel on stream;
-// args' pointers are device addresses. Throws on a launch error.
-void fusedAllreduce(const FusedArgs& args, DataType dtype, ReduceOp op, cudaStream_t stream);
+// The fused pass of args (fused.h) as one kernel on stream, combining as
+// (dtype, op); args' pointers are device addresses. Throws on a launch error.
+void fusedPass(const FusedArgs& args, DataType dtype, ReduceOp op, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace ringdist
