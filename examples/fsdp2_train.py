@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 2 examples/fsdp2_train.py --steps 12 --save-at 6 --ckpt /tmp/fsdp2
     torchrun --nproc-per-node 4 examples/fsdp2_train.py --mesh 2x2    # replicate x shard (HSDP)
+    torchrun --nproc-per-node 2 examples/fsdp2_train.py --device cuda  # both ranks on one GPU
 
 A small transformer-like model (token embedding, two blocks of causal self-attention and
 MLP, output head) learns a fixed synthetic next-token task, every block and the root
@@ -9,7 +10,9 @@ sharded with fully_shard over a DeviceMesh of ringdist. With --save-at K the run
 steps, saves model and optimizer with torch.distributed.checkpoint (DCP), builds a fresh
 sharded model, loads the checkpoint and trains the remaining steps: the losses printed
 ("step N loss X", the mean over ranks) equal an uninterrupted run's. --backend gloo runs
-the same job on gloo for comparison.
+the same job on gloo for comparison. --device cuda trains on the GPUs, the ranks spread over
+them (several ranks share one GPU when there are fewer GPUs than ranks, which NCCL refuses;
+ringdist's all-gathers and reduce-scatters then stay on the GPU).
 """
 import argparse
 import os
@@ -36,7 +39,8 @@ class Block(nn.Module):
 
     def forward(self, x):
         h = self.norm1(x)
-        causal = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool), diagonal=1)
+        causal = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device),
+                            diagonal=1)
         x = x + self.attn(h, h, h, attn_mask=causal, need_weights=False)[0]
         return x + self.mlp(self.norm2(x))
 
@@ -57,26 +61,27 @@ class TinyLM(nn.Module):
 
 def build(mesh):
     torch.manual_seed(0)  # the same initial weights on every rank and in every run
-    model = TinyLM()
+    model = TinyLM().to(mesh.device_type)
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
 
 
-def batch(step, rank, per_rank):
+def batch(step, rank, per_rank, device):
     """Rank `rank`'s tokens for `step`: sequences that count up modulo VOCAB from a random start."""
     g = torch.Generator().manual_seed(1000 * step + rank)
     start = torch.randint(0, VOCAB, (per_rank, 1), generator=g)
     tokens = (start + torch.arange(CONTEXT + 1)) % VOCAB
     noise = torch.rand(tokens.shape, generator=g) < 0.05
     tokens = torch.where(noise, torch.randint(0, VOCAB, tokens.shape, generator=g), tokens)
-    return tokens[:, :-1], tokens[:, 1:]
+    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
 
 def train(model, opt, steps, rank, per_rank):
+    device = next(model.parameters()).device.type
     for step in steps:
-        x, y = batch(step, rank, per_rank)
+        x, y = batch(step, rank, per_rank, device)
         loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
@@ -96,19 +101,23 @@ def main():
     p.add_argument("--ckpt", default="/tmp/fsdp2_ckpt", help="DCP checkpoint directory")
     p.add_argument("--mesh", default="", help="RxS: replicate x shard (HSDP); default: shard all")
     p.add_argument("--per-rank", type=int, default=8, help="sequences per rank and step")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = p.parse_args()
 
     import torch_ringdist  # noqa: F401  (registers "ringdist")
     torch.set_num_threads(1)
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.mesh:
         replicate, shard = (int(v) for v in args.mesh.lower().split("x"))
-        mesh = init_device_mesh("cpu", (replicate, shard), mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh(args.device, (replicate, shard), mesh_dim_names=("replicate", "shard"))
     else:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
+        mesh = init_device_mesh(args.device, (world,), mesh_dim_names=("shard",))
     if rank == 0:
-        print(f"backend={args.backend} world_size={world} mesh={tuple(mesh.shape)}", flush=True)
+        print(f"backend={args.backend} world_size={world} mesh={tuple(mesh.shape)} "
+              f"device={args.device}", flush=True)
 
     model, opt = build(mesh)
     if not args.save_at:

@@ -5,6 +5,8 @@
 #   tests     the shared arithmetic, the CUDA kernels, collectives/hooks/DDP on
 #             CUDA tensors with several ranks on the one GPU, the C++ API's ctest
 #             suite built against the machine's torch
+#   fsdp2     examples/fsdp2_train.py --device cuda, 2 ranks on one GPU: the same-GPU path
+#             against the staged path (exact) and gloo on the CPU
 #   kernels   benchmarks/cuda_kernels.py (kernels vs D2D copy, pinned copies)
 #   example   the torchrun DDP example on CUDA, 2 ranks on one GPU
 #   compare   ringdist (same-GPU fused path, IPC buffers, staged) vs gloo on CUDA tensors,
@@ -23,7 +25,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-check}
 PY=${PYTHON:-python3}
 SITE=${RINGDIST_GPU_SITE:-/tmp/ringdist-site}
-STAGES=${*:-tests kernels example compare compare4 nccl handoff}
+STAGES=${*:-tests fsdp2 kernels example compare compare4 nccl handoff}
 mkdir -p "$OUT"
 { nvidia-smi || true; "$PY" -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } \
   2>&1 | tee "$OUT/machine.txt"
@@ -54,6 +56,8 @@ for s in $STAGES; do
       timeout -k 10 400 "$PY" -P -m pytest tests/test_shared_arithmetic.py tests/test_cuda_kernels.py tests/test_doctor.py \
         tests/test_cuda_collectives.py tests/test_cpp.py -q -rs --timeout 300 2>&1 | tee "$OUT/tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || failed+=(tests) ;;
+    fsdp2)
+      stage fsdp2 300 "$PY" -P -m pytest tests/test_fsdp2_example.py -k one_gpu -q -rs --timeout 280 ;;
     kernels)
       stage kernels 120 "$PY" -P benchmarks/cuda_kernels.py --json "$OUT/cuda_kernels.json" ;;
     example)

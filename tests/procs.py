@@ -201,12 +201,13 @@ class Launched:
 
 
 def torchrun_output(script: str, *args, nproc: int = 2, timeout: float = 120, attempts: int = 3,
-                    cwd=None, check: bool = True) -> str:
-    """Run ``script args`` under torchrun as a user would; its combined output. Fails the test
-    on a timeout or (check) a non-zero exit; retries when the port was taken. Never hangs."""
+                    cwd=None, check: bool = True, env: dict | None = None) -> str:
+    """Run ``script args`` under torchrun as a user would (with `env` added to the
+    environment); its combined output. Fails the test on a timeout or (check) a non-zero exit;
+    retries when the port was taken. Never hangs."""
     import pytest
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
     out = ""
     for _ in range(attempts):
         cmd = torchrun_cmd(nproc, script, *args)
