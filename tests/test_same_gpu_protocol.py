@@ -4,6 +4,8 @@ cache, the scratch fallback, the set-up's verdict and the deadline watch are the
 drives a GPU; host threads stand in for streams and shared-memory arenas for IPC-mapped
 allocations. Results are compared bit for bit with dist.all_reduce, reduce_scatter_tensor,
 all_gather_into_tensor and broadcast on the same inputs."""
+import contextlib
+
 import pytest
 
 WORLD_SIZES = [2, 3, 4]
@@ -41,19 +43,23 @@ def _run(name, x, op="sum", **kwargs):
     return testing.same_gpu_host_run(name, "all_reduce", x, x, op, **kwargs)
 
 
+@contextlib.contextmanager
 def _fresh_group():
+    """A new ringdist group's name; its same-GPU test state is dropped afterwards."""
     import torch.distributed as dist
+    from torch_ringdist._C import testing
 
-    group = dist.new_group(backend="ringdist")
-    return group, group.group_name
+    name = dist.new_group(backend="ringdist").group_name
+    try:
+        yield name
+    finally:
+        testing.same_gpu_host_reset(name)
 
 
 def _case_bits(rank, ws):
     import torch
-    from torch_ringdist._C import testing
 
-    group, name = _fresh_group()
-    try:
+    with _fresh_group() as name:
         # Sizes this rank's arena (its one allocation) for the largest case.
         _run(name, torch.zeros(max(COUNTS) + 64, dtype=torch.float64))
         for i, n in enumerate(COUNTS):
@@ -69,17 +75,13 @@ def _case_bits(rank, ws):
         assert seq == 1 + len(COUNTS) * len(OPS), info
         # One arena per rank: the leader opened each peer's once and reused it.
         assert info["opens"] == (ws - 1 if rank == 0 else 0), info
-    finally:
-        testing.same_gpu_host_reset(name)
     return True
 
 
 def _case_cache(rank, ws):
     import torch
-    from torch_ringdist._C import testing
 
-    group, name = _fresh_group()
-    try:
+    with _fresh_group() as name:
         renewals = 70  # past the leader's 64 kept mappings
         for k in range(renewals):
             x = torch.full((1000,), float(rank + k))
@@ -92,17 +94,13 @@ def _case_cache(rank, ws):
             assert info["cached"] <= 64 + 1, info  # closed all but the kept ones
         else:
             assert info["opens"] == 0 and info["cached"] == 0, info
-    finally:
-        testing.same_gpu_host_reset(name)
     return True
 
 
 def _case_fallbacks(rank, ws):
     import torch
-    from torch_ringdist._C import testing
 
-    group, name = _fresh_group()
-    try:
+    with _fresh_group() as name:
         x = _inputs(rank, 5000, "float32", 1)
         expected = _reference(x, "sum")
         # Rank 1's tensor cannot be lent (as memory from expandable segments): it goes through
@@ -115,19 +113,14 @@ def _case_fallbacks(rank, ws):
         info = _run(name, x, lend=rank != 1)
         assert info["fused"] == 1 and torch.equal(x, expected), info
         assert info["opens"] == opens, info  # the scratch stays mapped
-    finally:
-        testing.same_gpu_host_reset(name)
     # Ranks on different GPUs: decided at set-up, then every call is staged.
-    group, name = _fresh_group()
-    try:
+    with _fresh_group() as name:
         for seed in range(3):
             x = _inputs(rank, 300, "float64", seed)
             expected = _reference(x, "avg")
             info = _run(name, x, "avg", device=rank % 2)
             assert info["fused"] == 0 and info["seq"] == 0, info
             assert torch.equal(x, expected)
-    finally:
-        testing.same_gpu_host_reset(name)
     return True
 
 
@@ -135,10 +128,8 @@ def _case_stalled_rank(rank, ws):
     import time
 
     import torch
-    from torch_ringdist._C import testing
 
-    group, name = _fresh_group()
-    try:
+    with _fresh_group() as name:
         x = torch.ones(4096)
         assert _run(name, x)["fused"] == 1
         # Rank 1's stream never signals: the leader's stream would wait forever. The watch fails
@@ -156,8 +147,6 @@ def _case_stalled_rank(rank, ws):
         # Whichever rank's watch fired first is named on every rank.
         assert "GPU hand-offs of this group were aborted (rank " in message, message
         assert "found GPU operation #2 unfinished at its deadline" in message, message
-    finally:
-        testing.same_gpu_host_reset(name)
     return True
 
 
@@ -168,8 +157,7 @@ def _case_other_collectives(rank, ws):
     import torch.distributed as dist
     from torch_ringdist._C import testing
 
-    group, name = _fresh_group()
-    try:
+    with _fresh_group() as name:
         for i, n in enumerate([1, 5, 1000, 70001]):
             for lend in (True, False):
                 offset = 64 * i + 8 * (i % 2 + 1)
@@ -195,8 +183,6 @@ def _case_other_collectives(rank, ws):
                     testing.same_gpu_host_run(name, "broadcast", x, x, root=root, offset=offset,
                                               lend=lend)
                     assert torch.equal(x, expected), (n, root, lend)
-    finally:
-        testing.same_gpu_host_reset(name)
     return True
 
 
