@@ -281,6 +281,31 @@ def test_cuda_ddp_close_to_cpu_and_replicas_identical(world_factory, hook):
     tc.assert_cases(world_factory(2).run(_w_ddp, hook, 12, timeout=180))
 
 
+# ------------------------------------------------------------ CUDA graph capture
+def _w_capture_refused(rank, ws):
+    """A collective on a stream that is capturing a CUDA graph is refused at the call, on every
+    rank, naming the op; the group stays usable."""
+    torch.cuda.set_device(0)
+    x = torch.ones(1024, device="cuda")
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    message = None
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            dist.all_reduce(x)
+    except RuntimeError as e:
+        message = str(e)
+    torch.cuda.synchronize()
+    after = torch.full((1024,), float(rank + 1), device="cuda")
+    dist.all_reduce(after)
+    ok = (message is not None and "allreduce" in message and "capturing a graph" in message
+          and bool((after.cpu() == ws * (ws + 1) / 2).all()))
+    return {"capture refused": None if ok else f"message {message!r}, after {after[:4]}"}
+
+
+def test_cuda_graph_capture_refused(world_factory):
+    tc.assert_cases(world_factory(2).run(_w_capture_refused, timeout=120), check_digests=False)
+
+
 # ------------------------------------------------------------ NCCL beside ringdist
 def _w_mixed_backend(rank, ws):
     t = torch.full((4,), 2.0)

@@ -89,8 +89,14 @@ class CudaStage final : public DeviceStage {
         issued_(device.index()),
         done_(device.index()) {
     c10::cuda::CUDAGuard guard(device_);
-    issued_.record(c10::cuda::getCurrentCUDAStream(device_.index()).stream());
+    const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
+    capturing_ = capture != cudaStreamCaptureStatusNone;
+    if (!capturing_) issued_.record(caller);
   }
+
+  bool callerCapturing() const override { return capturing_; }
 
   c10::Device device() const override { return device_; }
 
@@ -247,6 +253,7 @@ class CudaStage final : public DeviceStage {
   c10::cuda::CUDAStream stream_;
   Event issued_;
   Event done_;
+  bool capturing_ = false;
   std::vector<std::pair<at::Tensor, at::Tensor>> reads_;  // (CUDA tensor, host twin)
 };
 

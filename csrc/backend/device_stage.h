@@ -39,6 +39,10 @@ class DeviceStage {
  public:
   virtual ~DeviceStage() = default;
   virtual c10::Device device() const = 0;
+  // Whether the caller's stream is capturing a CUDA graph: every path hands
+  // off through the host at each call, so a replayed graph would not; the
+  // call is refused.
+  virtual bool callerCapturing() const = 0;
   // Pinned host memory shaped like `tensor`; filled by stageIn() if `read`.
   virtual at::Tensor hostTwin(const at::Tensor& tensor, bool read) = 0;
   virtual void stageIn(std::chrono::steady_clock::time_point deadline) = 0;

@@ -374,7 +374,11 @@ std::shared_ptr<DeviceStage> ProcessGroupRingdist::stageFor(const char* op,
   if (tensors.empty() || !tensors[0].is_cuda()) {
     return nullptr;
   }
-  return stages_->begin(tensors[0].device());
+  auto stage = stages_->begin(tensors[0].device());
+  RD_CHECK_INPUT(!stage->callerCapturing(), op, "the current CUDA stream is capturing a graph; "
+                 "ringdist collectives hand off through the host at every call and cannot be "
+                 "captured (run them outside the captured region)");
+  return stage;
 }
 
 Codec ProcessGroupRingdist::checkCodec(const char* op, const std::string& name) {
