@@ -79,6 +79,24 @@ def test_cuda_codecs_match_cpu_codecs(codec, n):
         assert_same_decoding(x, got.cpu(), expected)
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_cuda_codecs_on_unaligned_views(codec):
+    """Values or encodings off their kernels' alignment take the thread-per-element kernels;
+    aligned full blocks take the warp-per-block (bf16: 8-per-thread) kernels: both give the
+    CPU kernels' bytes."""
+    n = 4099
+    x = codec_inputs(n + 3, seed=5)
+    for start in (1, 2, 3):
+        values = x[start:start + n]
+        cpu = T.codec_encode(values.contiguous(), codec, "cpu")
+        gpu = T.codec_encode(x.cuda()[start:start + n], codec, "cuda").cpu()
+        assert_same_encoding(codec, values, gpu, cpu)
+        padded = torch.zeros(cpu.numel() + 3, dtype=torch.uint8)
+        padded[start:start + cpu.numel()] = cpu
+        got = T.codec_decode(padded.cuda()[start:start + cpu.numel()], codec, n, "cuda", None)
+        assert_same_decoding(values, got.cpu(), T.codec_decode(cpu, codec, n, "cpu", None))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8],
                          ids=lambda d: str(d).replace("torch.", ""))
 def test_cuda_reduce_on_unaligned_views(dtype):
