@@ -12,6 +12,7 @@
 #   compare   ringdist (same-GPU fused path, IPC buffers, staged) vs gloo on CUDA tensors,
 #             2 ranks on one GPU, alternating
 #   compare4  the same-GPU path against the IPC buffers with 4 ranks on the GPU
+#   collectives  allgather, reduce-scatter and broadcast on CUDA: same-GPU vs staged vs gloo
 #   nccl      NCCL with 2 ranks on one GPU (its refusal is the record)
 #   handoff   benchmarks/gpu_handoff.py: the hand-off between two processes' streams on one
 #             GPU (host waits against stream memory operations; issue 31's H)
@@ -25,7 +26,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-check}
 PY=${PYTHON:-python3}
 SITE=${RINGDIST_GPU_SITE:-/tmp/ringdist-site}
-STAGES=${*:-tests fsdp2 kernels example compare compare4 nccl handoff}
+STAGES=${*:-tests fsdp2 kernels example compare compare4 collectives nccl handoff}
 mkdir -p "$OUT"
 { nvidia-smi || true; "$PY" -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } \
   2>&1 | tee "$OUT/machine.txt"
@@ -72,6 +73,16 @@ for s in $STAGES; do
         --min-bytes 4K --max-bytes 256M --sweep-arg=--device=cuda --timeout 100 \
         --out "/tmp/compare_cuda.json"
       cp /tmp/compare_cuda.json "$OUT/" 2>/dev/null ;;
+    collectives)
+      # allgather and reduce-scatter (tensor forms, what FSDP2 runs) and broadcast, 1-64 MiB:
+      # the same-GPU path against the staged path and gloo, 2 ranks on the GPU.
+      for c in allgather reduce_scatter broadcast; do
+        stage "collectives-$c" 150 "$PY" -P benchmarks/compare.py --backends ringdist staged=ringdist gloo \
+          --label-env staged:RINGDIST_CUDA_IPC_BYTES=0 --rounds 1 --nproc 2 --min-bytes 1M \
+          --max-bytes 64M --sweep-arg=--device=cuda --sweep-arg=--collective=$c --timeout 60 \
+          --out "/tmp/compare_cuda_$c.json"
+        cp "/tmp/compare_cuda_$c.json" "$OUT/" 2>/dev/null
+      done ;;
     compare4)
       # The same with 4 ranks on the GPU (the 2·P·S bound's second row), fused against IPC.
       stage compare4 300 "$PY" -P benchmarks/compare.py --backends ringdist ipc=ringdist \
