@@ -186,6 +186,31 @@ def _case_other_collectives(rank, ws):
     return True
 
 
+def _case_unmappable_memory(rank, ws):
+    """The leader cannot map rank 1's memory after the records were exchanged: its call fails,
+    the others' streams (already waiting) are released at once, and every later call on the
+    group names the cause."""
+    import torch
+
+    with _fresh_group() as name:
+        assert _run(name, torch.ones(256))["fused"] == 1
+        try:
+            _run(name, torch.ones(256), renew=True, vanish=rank == 1, timeout_ms=20000)
+            first = None
+        except RuntimeError as e:
+            first = str(e)
+        assert (first is not None) == (rank == 0), first  # only the leader maps
+        try:
+            _run(name, torch.ones(256))
+        except RuntimeError as e:
+            later = str(e)
+        else:
+            raise AssertionError("an aborted group ran another operation")
+    cause = "rank 0 could not map another rank's memory for GPU operation #2"
+    assert cause in later or rank == 0, later
+    return True
+
+
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_same_bits_as_the_host_path(world_factory, ws):
     assert world_factory(ws).run(_case_bits) == [True] * ws
@@ -205,3 +230,7 @@ def test_cache_and_fallbacks(world_factory, ws):
 
 def test_a_stalled_rank_fails_the_group_instead_of_hanging(world_factory):
     assert world_factory(3).run(_case_stalled_rank, timeout=120) == [True] * 3
+
+
+def test_unmappable_memory_fails_the_call_and_releases_the_others(world_factory):
+    assert world_factory(3).run(_case_unmappable_memory, timeout=120) == [True] * 3

@@ -147,6 +147,9 @@ class HostPlatform final : public SameGpuPlatform {
  public:
   HostPlatform(std::array<Arena, 3>& arenas, uint8_t device) : arenas_(arenas) { id_.fill(device); }
 
+  // The next lent allocation's name disappears before the leader can open it.
+  void vanish(bool on) { vanish_ = on; }
+
   bool lend(const void* data, size_t bytes, MemoryRecord* record, std::string* why) override {
     for (const Arena& arena : arenas_) {
       if (!arena.holds(data, bytes)) continue;
@@ -155,6 +158,7 @@ class HostPlatform final : public SameGpuPlatform {
                   std::min(arena.name.size(), sizeof(record->handle) - 1));
       record->offset = static_cast<uint64_t>(static_cast<const char*>(data) - arena.base);
       record->allocationBytes = arena.bytes;
+      if (vanish_) ::shm_unlink(arena.name.c_str());
       return true;
     }
     *why = "the tensor is in no shared arena of this rank";
@@ -182,13 +186,16 @@ class HostPlatform final : public SameGpuPlatform {
 
  private:
   std::array<Arena, 3>& arenas_;
+  bool vanish_ = false;
   std::array<uint8_t, 16> id_{};
   std::map<void*, size_t> sizes_;
 };
 
 struct Sim {
-  explicit Sim(uint8_t device) : gpu(std::make_unique<HostPlatform>(arenas, device)) {}
+  explicit Sim(uint8_t device) : platform(new HostPlatform(arenas, device)),
+                                 gpu(std::unique_ptr<SameGpuPlatform>(platform)) {}
   std::array<Arena, 3> arenas;
+  HostPlatform* platform;  // owned by gpu
   HostStream stream;  // members go in reverse order: gpu (and its watch) first
   SameGpu gpu;
   bool setUp = false;
@@ -204,8 +211,8 @@ size_t roundUp(size_t n) { return (n + 63) / 64 * 64; }
 std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, const std::string& kind,
                                               const at::Tensor& input, at::Tensor& output,
                                               const std::string& op, int64_t root, int64_t offset,
-                                              bool lend, bool renew, bool stall, int64_t device,
-                                              int64_t timeoutMs) {
+                                              bool lend, bool renew, bool stall, bool vanish,
+                                              int64_t device, int64_t timeoutMs) {
   TORCH_CHECK(input.device().is_cpu() && input.is_contiguous() && output.device().is_cpu() &&
                   output.is_contiguous() && input.scalar_type() == output.scalar_type(),
               "same_gpu_host_run: contiguous CPU tensors of one dtype");
@@ -240,6 +247,7 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, cons
   char* out = inPlace ? in : lend ? arena.base + at + roundUp(inBytes) : static_cast<char*>(output.data_ptr());
   if (lend) std::memcpy(in, input.data_ptr(), inBytes);
   sim->stream.stall(stall);
+  sim->platform->vanish(vanish);
   group.runOnWorker(timeout, [&](Communicator& comm) {
     const size_t inCount = static_cast<size_t>(input.numel());
     const size_t outCount = static_cast<size_t>(output.numel());
@@ -273,6 +281,7 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, cons
   });
   sim->stream.drain(3 * timeout + std::chrono::seconds(5));
   sim->stream.stall(false);
+  sim->platform->vanish(false);
   if (lend) std::memcpy(output.data_ptr(), out, outBytes);
   return {{"fused", sim->gpu.ready() ? 1 : 0},
           {"seq", sim->gpu.lastSeq()},

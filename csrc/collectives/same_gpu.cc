@@ -69,7 +69,7 @@ SameGpu::~SameGpu() {
     while (!signals_->finished(last) && std::chrono::steady_clock::now() < giveUp) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    if (!signals_->finished(last)) signals_->abort(last, last);
+    if (!signals_->finished(last)) signals_->abort(AbortCause::kShutdown, last, last);
   }
   watch_.reset();
   cache_.reset();
@@ -231,11 +231,17 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
     args.ranks = comm.size();
     args.divisor = call.divisor;
     args.abort = reinterpret_cast<const volatile uint32_t*>(&page_.signals()->abort.value);
-    for (int r = 0; r < comm.size(); ++r) {
-      const Lent& theirs = lent[static_cast<size_t>(r)];
-      const bool me = r == comm.rank();
-      args.inputs[r] = me ? call.input : cache_->map(theirs.input, seq);
-      args.outputs[r] = me ? call.output : cache_->map(theirs.output, seq);
+    try {
+      for (int r = 0; r < comm.size(); ++r) {
+        const Lent& theirs = lent[static_cast<size_t>(r)];
+        const bool me = r == comm.rank();
+        args.inputs[r] = me ? call.input : cache_->map(theirs.input, seq);
+        args.outputs[r] = me ? call.output : cache_->map(theirs.output, seq);
+      }
+    } catch (const Error&) {
+      // The others' streams already wait for this operation: release them.
+      signals_->abort(AbortCause::kMapping, seq, seq);
+      throw;
     }
     args.spanCount = static_cast<int>(call.spans.size());
     std::copy(call.spans.begin(), call.spans.end(), args.spans);
@@ -293,10 +299,10 @@ void SameGpu::Watch::loop() {
     pending_.clear();
     const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!stop_ && !signals_.finished(last) && std::chrono::steady_clock::now() < giveUp) {
-      signals_.abort(seq, last);
+      signals_.abort(AbortCause::kDeadline, seq, last);
       cv_.wait_for(lock, std::chrono::milliseconds(1));
     }
-    signals_.abort(seq, last);
+    signals_.abort(AbortCause::kDeadline, seq, last);
   }
 }
 

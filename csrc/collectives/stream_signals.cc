@@ -97,20 +97,31 @@ bool StreamSignals::aborted() const {
   return page_->abort.value.load(std::memory_order_acquire) != 0;
 }
 
-
 std::string StreamSignals::abortReason() const {
   const uint32_t by = page_->abort.value.load(std::memory_order_acquire);
   if (by == 0) return "";
-  return strCat("rank ", by - 1, " found GPU operation #",
-                page_->abortedAt.value.load(std::memory_order_acquire),
-                " unfinished at its deadline");
+  const uint32_t at = page_->abortedAt.value.load(std::memory_order_acquire);
+  switch (static_cast<AbortCause>(page_->abortCause.value.load(std::memory_order_acquire))) {
+    case AbortCause::kMapping:
+      return strCat("rank ", by - 1, " could not map another rank's memory for GPU operation #", at);
+    case AbortCause::kShutdown:
+      return strCat("rank ", by - 1, " ended the group with GPU operation #", at, " unfinished");
+    default:
+      return strCat("rank ", by - 1, " found GPU operation #", at, " unfinished at its deadline");
+  }
 }
 
-void StreamSignals::abort(uint32_t missed, uint32_t seq) {
+void StreamSignals::abort(AbortCause cause, uint32_t at, uint32_t seq) {
+  // The cause goes in before the abort word: a rank that sees the word reads them.
   uint32_t none = 0;
-  if (page_->abort.value.compare_exchange_strong(none, static_cast<uint32_t>(rank_) + 1,
-                                                 std::memory_order_acq_rel)) {
-    page_->abortedAt.value.store(missed, std::memory_order_release);
+  if (page_->abortCause.value.compare_exchange_strong(none, static_cast<uint32_t>(cause),
+                                                      std::memory_order_acq_rel)) {
+    page_->abortedAt.value.store(at, std::memory_order_release);
+    page_->abort.value.store(static_cast<uint32_t>(rank_) + 1, std::memory_order_release);
+  }
+  // Another rank won: its abort word follows its cause at once, and must be
+  // set before any wait is released (the kernel reads it to skip its work).
+  while (page_->abort.value.load(std::memory_order_acquire) == 0) {
   }
   auto raise = [seq](SignalWord& word) {
     uint32_t now = word.value.load(std::memory_order_acquire);

@@ -35,12 +35,20 @@ struct alignas(64) SignalWord {
 struct SignalPage {
   uint64_t magic;
   SignalWord abort;                    // 0, or 1 + the rank that aborted
-  SignalWord abortedAt;                // the operation it found unfinished
+  SignalWord abortedAt;                // the operation it was at
+  SignalWord abortCause;               // an AbortCause
   SignalWord done;                     // written by the leader's stream
   SignalWord ready[kMaxFusedRanks];    // ready[r] written by rank r's stream (not the leader's)
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "signals are plain 32-bit words");
 static_assert(sizeof(std::atomic<uint32_t>) == 4, "the GPU writes signals as 32-bit words");
+
+// Why a rank aborted the hand-offs (told to every rank through the page).
+enum class AbortCause : uint32_t {
+  kDeadline = 1,  // an operation was unfinished at its deadline
+  kMapping = 2,   // the leader could not map another rank's memory
+  kShutdown = 3,  // the group ended with an operation unfinished
+};
 
 // a >= b in the cyclic order of 32-bit counters (what the GPU's GEQ wait uses).
 inline bool reached(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0; }
@@ -101,12 +109,13 @@ class StreamSignals {
   // Whether this rank's stream got past operation seq (read from the page).
   bool finished(uint32_t seq) const;
   bool aborted() const;
-  // Which rank aborted the group, at which operation ("" while not aborted).
+  // Which rank aborted the group, why, at which operation ("" while not aborted).
   std::string abortReason() const;
-  // Fails the group: sets the abort word (naming this rank and `missed`, the
-  // operation that missed its deadline) and writes every counter up to seq
-  // (never lowering one), so every rank's queued waits up to seq return.
-  void abort(uint32_t missed, uint32_t seq);
+  // Fails the group: sets the abort word (naming this rank, the cause and
+  // `at`, the operation concerned; the first abort's are kept) and writes every
+  // counter up to seq (never lowering one), so every rank's queued waits up to
+  // seq return.
+  void abort(AbortCause cause, uint32_t at, uint32_t seq);
 
  private:
   SignalPage* page_;
