@@ -151,8 +151,8 @@ def _case_stalled_rank(rank, ws):
 
 
 def _case_other_collectives(rank, ws):
-    """reduce_scatter_tensor, all_gather_into_tensor and broadcast, lent or through scratch,
-    against the same collectives of the engine."""
+    """reduce_scatter_tensor, all_gather_into_tensor, broadcast and reduce, lent or through
+    scratch, against the same collectives of the engine."""
     import torch
     import torch.distributed as dist
     from torch_ringdist._C import testing
@@ -183,6 +183,14 @@ def _case_other_collectives(rank, ws):
                     testing.same_gpu_host_run(name, "broadcast", x, x, root=root, offset=offset,
                                               lend=lend)
                     assert torch.equal(x, expected), (n, root, lend)
+                    for dtype_name, op in [("float32", "sum"), ("bfloat16", "avg")]:
+                        x = _inputs(rank, n, dtype_name, i + root)
+                        expected = x.clone()
+                        dist.reduce(expected, dst=root, op=getattr(dist.ReduceOp, op.upper()))
+                        testing.same_gpu_host_run(name, "reduce", x, x, op, root=root,
+                                                  offset=offset, lend=lend)
+                        # The root's result; the others' tensors as the engine leaves them.
+                        assert torch.equal(x.view(torch.uint8), expected.view(torch.uint8)), (n, root, op)
     return True
 
 
@@ -217,7 +225,7 @@ def test_same_bits_as_the_host_path(world_factory, ws):
 
 
 @pytest.mark.parametrize("ws", [2, 4])
-def test_reduce_scatter_all_gather_broadcast(world_factory, ws):
+def test_reduce_scatter_all_gather_broadcast_reduce(world_factory, ws):
     assert world_factory(ws).run(_case_other_collectives, timeout=120) == [True] * ws
 
 

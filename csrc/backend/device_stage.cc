@@ -209,6 +209,14 @@ class CudaStage final : public DeviceStage {
     copyBack(flat, tensor);
   }
 
+  void sameGpuReduce(Communicator& comm, const at::Tensor& tensor, DataType dtype, ReduceOp op,
+                     int root) override {
+    at::Tensor flat = onOurStream(tensor);
+    lane_->sameGpu.reduce(comm, *queue(), flat.data_ptr(), static_cast<size_t>(flat.numel()),
+                          dtype, op, root);
+    copyBack(flat, tensor);
+  }
+
   void onStream(const std::function<void()>& fn) override {
     c10::cuda::CUDAStreamGuard guard(stream_);
     fn();

@@ -82,6 +82,8 @@ class DeviceStage {
                                 const at::Tensor& output, DataType dtype) = 0;
   virtual void sameGpuBroadcast(Communicator& comm, const at::Tensor& tensor, DataType dtype,
                                 int root) = 0;
+  virtual void sameGpuReduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
+                             ReduceOp op, int root) = 0;
 };
 
 // One per process group: one stream per device, so the group's operations

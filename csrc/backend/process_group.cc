@@ -545,8 +545,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduce(std::vector<at::Tens
   checkRoot(op, opts.rootRank);
   ReduceOp reduceOp = checkReduceOp(op, opts.reduceOp, dtype);
   auto stage = stageFor(op, tensors);
-  Flat flat(tensors[0], stage.get());
   int root = static_cast<int>(opts.rootRank);
+  if (onSameGpu(stage, callOf(opts))) {
+    at::Tensor tensor = tensors[0];
+    return enqueue(c10d::OpType::REDUCE, OpType::kReduce, tensors, callOf(opts), stage,
+                   [stage, tensor, dtype, reduceOp, root](Communicator& comm) {
+                     stage->sameGpuReduce(comm, tensor, dtype, reduceOp, root);
+                   });
+  }
+  Flat flat(tensors[0], stage.get());
   size_t count = static_cast<size_t>(flat.flat.numel());
   bool isRoot = root == getRank();
   return enqueue(c10d::OpType::REDUCE, OpType::kReduce, tensors, callOf(opts),

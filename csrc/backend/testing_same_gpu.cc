@@ -259,6 +259,9 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, cons
     } else if (kind == "broadcast") {
       if (fused) sim->gpu.broadcast(comm, sim->stream, in, inCount, dtype, static_cast<int>(root));
       else ringdist::broadcast(comm, in, inCount, dtype, static_cast<int>(root));
+    } else if (kind == "reduce") {
+      if (fused) sim->gpu.reduce(comm, sim->stream, in, inCount, dtype, reduceOp, static_cast<int>(root));
+      else ringdist::reduce(comm, in, inCount, dtype, reduceOp, static_cast<int>(root));
     } else if (kind == "reduce_scatter") {
       if (fused) {
         sim->gpu.reduceScatter(comm, sim->stream, in, out, outCount, dtype, reduceOp);

@@ -5,7 +5,7 @@
 // rank's input once and writes every rank's output once. The work is a list
 // of spans; each span reads `length` elements from `terms` ranks' inputs (in
 // the order that gives the host path's bits), combines them, and writes the
-// result to every rank's output or to one rank's. Allreduce, reduce-scatter,
+// result to every rank's output or to one rank's. Allreduce, reduce, reduce-scatter,
 // allgather and broadcast are span lists (the builders below). Written once
 // for the CUDA kernel (csrc/cuda/same_gpu.cu) and the CPU run of the same
 // code that tests check against the engine.
@@ -78,6 +78,15 @@ std::vector<FusedSpan> allreduceSpans(uint64_t count, int ranks, bool small, Rin
     }
     if (span.length > 0) spans.push_back(span);
   }
+  return spans;
+}
+
+// Reduce to `root`: the allreduce's ring spans (the host path reduces to a
+// root by the ring's reduce-scatter at every size), written to the root only.
+template <typename RingRank>
+std::vector<FusedSpan> reduceSpans(uint64_t count, int ranks, int root, RingRank ringRank) {
+  std::vector<FusedSpan> spans = allreduceSpans(count, ranks, /*small=*/false, ringRank);
+  for (FusedSpan& span : spans) span.writer = static_cast<int8_t>(root);
   return spans;
 }
 

@@ -148,6 +148,19 @@ void SameGpu::allreduce(Communicator& comm, SignalQueue& queue, void* data, size
   run(comm, queue, call);
 }
 
+void SameGpu::reduce(Communicator& comm, SignalQueue& queue, void* data, size_t count,
+                     DataType dtype, ReduceOp op, int root) {
+  reduceFunction(dtype, op);
+  const size_t bytes = count * elementSize(dtype);
+  Call call{comm.makeHeader(OpType::kReduce, count, dtype, op, root), data, bytes, data, bytes,
+            dtype, op, op == ReduceOp::kAvg ? comm.size() : 0, {}};
+  call.header.variant = kSameGpuCopy;
+  if (signals_->isLeader()) {
+    call.spans = reduceSpans(count, comm.size(), root, [&](int pos) { return comm.ringRank(pos); });
+  }
+  run(comm, queue, call);
+}
+
 void SameGpu::reduceScatter(Communicator& comm, SignalQueue& queue, const void* input, void* output,
                             size_t count, DataType dtype, ReduceOp op) {
   reduceFunction(dtype, op);

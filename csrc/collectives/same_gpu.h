@@ -72,6 +72,9 @@ class SameGpu {
                  size_t count, DataType dtype);
   void broadcast(Communicator& comm, SignalQueue& queue, void* data, size_t count, DataType dtype,
                  int root);
+  // The root's data becomes the reduction; the others' stays as it was.
+  void reduce(Communicator& comm, SignalQueue& queue, void* data, size_t count, DataType dtype,
+              ReduceOp op, int root);
 
   uint64_t opens() const { return cache_ ? cache_->opens() : 0; }
   size_t cached() const { return cache_ ? cache_->size() : 0; }
