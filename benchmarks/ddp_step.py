@@ -116,6 +116,9 @@ def add_workload_args(p):
                    help="DDP bucket_cap_mb (default: DDP's own, 25 MiB buckets with a 1 MiB "
                         "first bucket; any value given also caps the first bucket, as in DDP)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: the ranks spread over the GPUs (several per GPU when fewer GPUs); "
+                        "each step ends with the GPU done")
     p.add_argument("--straggle", type=float, default=0,
                    help="the last rank sleeps a random 0..MS milliseconds at the start of each "
                         "step; also reports the other ranks' step time")
@@ -149,21 +152,25 @@ def main():
     elif args.hook != "none":
         p.error(f"--hook {args.hook} needs --backend ringdist (other backends: plain DDP)")
 
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     timeout = datetime.timedelta(seconds=args.timeout)
     dist.init_process_group(backend=args.backend, timeout=timeout)
     book = dist.new_group(backend="gloo", timeout=timeout)
     rank, n = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts anyway)
-    model = make_model(args.d_in, args.hidden, args.d_out)
+    model = make_model(args.d_in, args.hidden, args.d_out).to(args.device)
     params = sum(t.numel() for t in model.parameters())
     grad_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
-    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
+    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb,
+              device_ids=[torch.cuda.current_device()] if args.device == "cuda" else None)
     if args.hook != "none":
         rd_hooks.register(ddp, args.hook, **args.hook_options)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
-    x, y, x_eval, y_eval = make_data(args, rank)
+    x, y, x_eval, y_eval = (t.to(args.device) for t in make_data(args, rank))
     loss_fn = nn.MSELoss()
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
     def eval_loss():
         with torch.no_grad():
@@ -187,6 +194,7 @@ def main():
         loss = loss_fn(ddp(xb), yb)
         loss.backward()  # returns once DDP's bucket allreduces (or hooks) have finished
         opt.step()
+        sync()  # on a GPU: the step's kernels and copies done, not only queued
         dt = time.perf_counter() - t0
         # Slowest rank's time, the slowest non-straggler's, and the mean loss (bookkeeping group).
         tally = torch.tensor([dt, 0.0 if straggler else dt, loss.item() / n], dtype=torch.float64)
@@ -225,7 +233,7 @@ def main():
         if args.json:
             out = {
                 "machine": machine_info(),
-                "label": label, "backend": args.backend, "hook": args.hook,
+                "label": label, "backend": args.backend, "hook": args.hook, "device": args.device,
                 "hook_options": args.hook_options, "world_size": n,
                 "model": {"params": params, "grad_bytes": grad_bytes,
                           "layers": [args.d_in, args.hidden, args.hidden, args.d_out],
