@@ -124,6 +124,17 @@ def _case_fallbacks(rank, ws):
     return True
 
 
+def _refused(name):
+    """The error of the next call on an aborted group (which must not run)."""
+    import torch
+
+    try:
+        _run(name, torch.ones(256))
+    except RuntimeError as e:
+        return str(e)
+    raise AssertionError("an aborted group ran another operation")
+
+
 def _case_stalled_rank(rank, ws):
     import time
 
@@ -138,12 +149,7 @@ def _case_stalled_rank(rank, ws):
         info = _run(name, torch.ones(4096), stall=rank == 1, timeout_ms=1500)
         took = time.monotonic() - start
         assert info["fused"] == 1 and 1.0 < took < 15, (info, took)
-        try:
-            _run(name, torch.ones(4096))
-        except RuntimeError as e:
-            message = str(e)
-        else:
-            raise AssertionError("an aborted group ran another operation")
+        message = _refused(name)
         # Whichever rank's watch fired first is named on every rank.
         assert "GPU hand-offs of this group were aborted (rank " in message, message
         assert "found GPU operation #2 unfinished at its deadline" in message, message
@@ -208,12 +214,7 @@ def _case_unmappable_memory(rank, ws):
         except RuntimeError as e:
             first = str(e)
         assert (first is not None) == (rank == 0), first  # only the leader maps
-        try:
-            _run(name, torch.ones(256))
-        except RuntimeError as e:
-            later = str(e)
-        else:
-            raise AssertionError("an aborted group ran another operation")
+        later = _refused(name)
     cause = "rank 0 could not map another rank's memory for GPU operation #2"
     assert cause in later or rank == 0, later
     return True
