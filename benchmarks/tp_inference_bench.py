@@ -7,8 +7,9 @@ round by round (A B C ... A B C ...):
 Variants: `dtensor-ringdist`, `dtensor-gloo` (torch's tensor-parallel API on a ringdist or gloo
 DeviceMesh), `dtensor-fake` (the same on torch's `fake` backend, whose collectives do nothing:
 DTensor's own bound L), `direct` (the direct operators), `deepspeed` (DeepSpeed's
-`inference_all_reduce_` for the allreduces; only when DeepSpeed is installed) and `no-comm` (the
-same shards, collectives skipped: the direct path's bound L). Per variant: the median over
+`inference_all_reduce_` for the allreduces; only when DeepSpeed is installed), `no-comm` (the
+same shards, collectives skipped: the direct path's bound L) and `sync-only` (each collective a
+one-element direct allreduce: L plus the ranks waiting for each other, next to no data). Per variant: the median over
 --rounds of ms per generated token (rank 0), and whether its tokens equal the one-process run.
 """
 import argparse
@@ -54,7 +55,8 @@ def main():
 
     reference, prompt = None, None
     models = {}
-    for name in ["dtensor-ringdist", "dtensor-gloo", "dtensor-fake", "direct", "deepspeed", "no-comm"]:
+    for name in ["dtensor-ringdist", "dtensor-gloo", "dtensor-fake", "direct", "deepspeed", "no-comm",
+                 "sync-only"]:
         if name == "deepspeed" and not have_deepspeed:
             continue
         model, prompt = tp.build(args)

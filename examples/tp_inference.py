@@ -12,7 +12,9 @@ and the model calls ``torch_ringdist.direct_all_reduce`` after each row-parallel
 ``direct_all_gather`` for the vocabulary-parallel logits. --mode deepspeed: the same shards with
 DeepSpeed's ``torch.ops.deepspeed.inference_all_reduce_`` (if installed) for the allreduces.
 --mode no-comm: the same shards with the collectives skipped (wrong tokens; the time per token
-without communication, the bound L). Rank 0 also runs the whole model in this process and checks
+without communication, the bound L). --mode sync-only: each collective replaced by a one-element
+direct allreduce (wrong tokens; the ranks still wait for each other at every collective, so
+this is L plus the synchronisation, with next to no data). Rank 0 also runs the whole model in this process and checks
 the tokens are equal (float64 by default, so summation order cannot flip an argmax). Prints
 ``tokens: ...`` and ``ms/token``.
 """
@@ -85,7 +87,13 @@ def all_reduce_with(mode):
         return torch_ringdist.direct_all_reduce
     if mode == "deepspeed":
         return torch.ops.deepspeed.inference_all_reduce_
+    if mode == "sync-only":
+        return lambda y: torch_ringdist.direct_all_reduce(SYNC_TOKEN)
     return lambda y: y  # no-comm
+
+
+# sync-only: what each collective all-reduces instead of its data.
+SYNC_TOKEN = torch.zeros(1)
 
 
 class RowParallel(nn.Module):
@@ -113,7 +121,8 @@ def column_shard(linear, rank, size, parts=1):
 
 
 class GatheredHead(nn.Module):
-    """Vocabulary-parallel logits, gathered across the ranks."""
+    """Vocabulary-parallel logits, gathered across the ranks (comm "gather"; "none" and "sync"
+    repeat this rank's logits instead, "sync" after a one-element allreduce)."""
 
     def __init__(self, linear, rank, size, comm):
         super().__init__()
@@ -122,7 +131,9 @@ class GatheredHead(nn.Module):
 
     def forward(self, x):
         local = self.shard(x)  # (b, t, VOCAB / size)
-        if not self.comm:
+        if self.comm != "gather":
+            if self.comm == "sync":
+                torch_ringdist.direct_all_reduce(SYNC_TOKEN)
             return local.repeat(1, 1, dist.get_world_size())
         parts = torch_ringdist.direct_all_gather(local.movedim(-1, 0).contiguous())
         return parts.movedim(0, -1)
@@ -135,7 +146,8 @@ def shard_directly(model, rank, size, mode):
         block.attn.out = RowParallel(block.attn.out, rank, size, all_reduce)
         block.up = column_shard(block.up, rank, size)
         block.down = RowParallel(block.down, rank, size, all_reduce)
-    model.lm_head = GatheredHead(model.lm_head, rank, size, comm=mode != "no-comm")
+    comm = {"no-comm": "none", "sync-only": "sync"}.get(mode, "gather")
+    model.lm_head = GatheredHead(model.lm_head, rank, size, comm)
     return model
 
 
@@ -191,7 +203,8 @@ def add_model_args(p):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", default="dtensor", choices=["dtensor", "direct", "deepspeed", "no-comm"])
+    p.add_argument("--mode", default="dtensor",
+                   choices=["dtensor", "direct", "deepspeed", "no-comm", "sync-only"])
     p.add_argument("--backend", default="ringdist", help="the process group's backend")
     add_model_args(p)
     p.add_argument("--repeat", type=int, default=3, help="timed generations after a warm-up")
@@ -232,7 +245,7 @@ def main():
               f"{sorted(times)[len(times) // 2] * 1e3:.3f})")
         print("tokens equal the one-process run" if same else
               f"TOKENS DIFFER from the one-process run: {reference}")
-        if not same and mode != "no-comm":
+        if not same and mode not in ("no-comm", "sync-only"):  # these two do not sum
             os._exit(1)
     dist.barrier()
     dist.destroy_process_group()
