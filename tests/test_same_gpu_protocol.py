@@ -10,8 +10,8 @@ import pytest
 
 WORLD_SIZES = [2, 3, 4]
 # One round and ring combine orders (the thresholds are 64 KiB / 16 KiB by default), one
-# element per rank and fewer elements than ranks.
-COUNTS = [1, 3, 1024, 16384 + 3, (1 << 18) + 5]
+# element per rank, fewer elements than ranks, and none.
+COUNTS = [0, 1, 3, 1024, 16384 + 3, (1 << 18) + 5]
 OPS = [("float32", "sum"), ("float64", "avg"), ("bfloat16", "sum"), ("float16", "max"),
        ("int64", "product"), ("int32", "bxor"), ("bool", "sum")]
 
@@ -164,7 +164,7 @@ def _case_other_collectives(rank, ws):
     from torch_ringdist._C import testing
 
     with _fresh_group() as name:
-        for i, n in enumerate([1, 5, 1000, 70001]):
+        for i, n in enumerate([0, 1, 5, 1000, 70001]):
             for lend in (True, False):
                 offset = 64 * i + 8 * (i % 2 + 1)
                 for dtype_name, op in [("float32", "sum"), ("bfloat16", "avg"), ("int64", "max")]:

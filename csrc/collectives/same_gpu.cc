@@ -206,33 +206,32 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
                   ": the GPU hand-offs of this group were aborted (", signals_->abortReason(),
                   "); later device operations on this group fail");
   }
-  const bool inPlace = call.input == call.output;
-  const void* input = call.input;
+  // The leader reaches the others' memory through what they lend; memory that
+  // cannot be lent goes through the rank's scratch slot, copied in (`fill`) on
+  // its queue. Nothing is lent for no bytes (the record stays invalid).
+  auto lend = [&](void* data, size_t bytes, int slot, bool fill, MemoryRecord* record) {
+    if (bytes == 0) return data;
+    std::string why;
+    if (!platform_->lend(data, bytes, record, &why)) {
+      void* scratch = platform_->scratch(slot, bytes);
+      if (fill) queue.copy(scratch, data, bytes);
+      RINGDIST_CHECK(platform_->lend(scratch, bytes, record, &why), "ringdist ", comm.opName(),
+                     ": rank ", comm.rank(), " cannot lend its scratch memory: ", why);
+      data = scratch;
+    }
+    record->valid = 1;
+    return data;
+  };
   void* output = call.output;
   Lent mine{};
   if (!signals_->isLeader()) {
-    // The leader reaches this rank's memory through what it lends; memory that
-    // cannot be lent goes through this rank's scratch, copied on the queue.
-    std::string why;
-    if (call.inputBytes > 0 && !platform_->lend(input, call.inputBytes, &mine.input, &why)) {
-      void* scratch = platform_->scratch(0, std::max(call.inputBytes, call.outputBytes));
-      queue.copy(scratch, input, call.inputBytes);
-      input = scratch;
-      if (inPlace) output = scratch;
-      RINGDIST_CHECK(platform_->lend(input, call.inputBytes, &mine.input, &why),
-                     "ringdist ", comm.opName(), ": rank ", comm.rank(),
-                     " cannot lend its scratch memory: ", why);
-    }
-    mine.input.valid = 1;
-    if (inPlace) {
+    void* input = lend(const_cast<void*>(call.input), call.inputBytes, 0, true, &mine.input);
+    if (call.input == call.output) {
+      output = input;
       mine.output = mine.input;
-    } else if (call.outputBytes > 0 && !platform_->lend(output, call.outputBytes, &mine.output, &why)) {
-      output = platform_->scratch(1, call.outputBytes);
-      RINGDIST_CHECK(platform_->lend(output, call.outputBytes, &mine.output, &why),
-                     "ringdist ", comm.opName(), ": rank ", comm.rank(),
-                     " cannot lend its scratch memory: ", why);
+    } else {
+      output = lend(call.output, call.outputBytes, 1, false, &mine.output);
     }
-    mine.output.valid = 1;
   }
   comm.exchangeHeaders(call.header, comm.others(), comm.others());
   std::vector<Lent> lent(static_cast<size_t>(comm.size()));
@@ -248,8 +247,10 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
       for (int r = 0; r < comm.size(); ++r) {
         const Lent& theirs = lent[static_cast<size_t>(r)];
         const bool me = r == comm.rank();
-        args.inputs[r] = me ? call.input : cache_->map(theirs.input, seq);
-        args.outputs[r] = me ? call.output : cache_->map(theirs.output, seq);
+        args.inputs[r] = me ? call.input
+                            : theirs.input.valid ? cache_->map(theirs.input, seq) : nullptr;
+        args.outputs[r] = me ? call.output
+                             : theirs.output.valid ? cache_->map(theirs.output, seq) : nullptr;
       }
     } catch (const Error&) {
       // The others' streams already wait for this operation: release them.
