@@ -180,7 +180,7 @@ class HostPlatform final : public SameGpuPlatform {
     ::munmap(base, sizes_[base]);
     sizes_.erase(base);
   }
-  void attach(SharedPage&) override {}
+  void attach(SharedPage&, int) override {}
   void detach(SharedPage&) noexcept override {}
   std::array<uint8_t, 16> deviceId() override { return id_; }
 

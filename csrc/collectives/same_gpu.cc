@@ -109,7 +109,7 @@ bool SameGpu::setUp(Communicator& comm) {
       RINGDIST_CHECK(name.text[0] != '\0', "rank ", kLeader, " could not create the signal page");
       page_ = SharedPage::open(name.text);
     }
-    platform_->attach(page_);
+    platform_->attach(page_, comm.rank());
     attached_ = true;
   } catch (const Error& e) {
     problem = e.what();

@@ -38,8 +38,9 @@ class SameGpuPlatform : public PeerMemoryOpener {
   // Lendable memory of at least `bytes` of this rank (slot 0: inputs, 1:
   // outputs), kept for the platform's life.
   virtual void* scratch(int slot, size_t bytes) = 0;
-  // Makes the signal page reachable from this rank's queue.
-  virtual void attach(SharedPage& page) = 0;
+  // Makes the signal page reachable from this rank's queue (`rank` owns
+  // probe[rank] for a trial there).
+  virtual void attach(SharedPage& page, int rank) = 0;
   virtual void detach(SharedPage& page) noexcept = 0;
   // 16 bytes naming the device (the GPU's UUID): the ranks go this way only if
   // they all name the same one.

@@ -39,6 +39,7 @@ struct SignalPage {
   SignalWord abortCause;               // an AbortCause
   SignalWord done;                     // written by the leader's stream
   SignalWord ready[kMaxFusedRanks];    // ready[r] written by rank r's stream (not the leader's)
+  SignalWord probe[kMaxFusedRanks];    // probe[r]: rank r's set-up tries the stream operations
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "signals are plain 32-bit words");
 static_assert(sizeof(std::atomic<uint32_t>) == 4, "the GPU writes signals as 32-bit words");

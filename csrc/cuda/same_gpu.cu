@@ -178,7 +178,7 @@ void SameGpuDevice::close(void* base) noexcept {
   (void)cudaIpcCloseMemHandle(base);
 }
 
-void SameGpuDevice::attach(SharedPage& page) {
+void SameGpuDevice::attach(SharedPage& page, int rank) {
   DeviceScope scope(device_);
   driver();  // the stream memory operations exist, or this group takes the staged path
   void* host = page.signals();
@@ -192,6 +192,31 @@ void SameGpuDevice::attach(SharedPage& page) {
   }
   pageHost_ = static_cast<char*>(host);
   pageDevice_ = static_cast<char*>(device);
+  try {
+    probe(page, rank);
+  } catch (const Error&) {
+    detach(page);
+    throw;
+  }
+}
+
+void SameGpuDevice::probe(SharedPage& page, int rank) {
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  // This rank's own word: the ranks attach at the same time.
+  SignalWord* word = &page.signals()->probe[rank];
+  StreamQueue queue(*this, stream);
+  try {
+    const uint32_t next = word->value.load() + 1;
+    queue.write(word, next);
+    queue.waitFor(word, next);
+    StreamWaiter(device_).wait(stream, std::chrono::steady_clock::now() + std::chrono::seconds(10),
+                               "run a trial of the stream memory operations");
+  } catch (const Error&) {
+    (void)cudaStreamDestroy(stream);
+    throw;
+  }
+  (void)cudaStreamDestroy(stream);
 }
 
 void SameGpuDevice::detach(SharedPage& page) noexcept {

@@ -27,7 +27,9 @@ class SameGpuDevice final : public SameGpuPlatform {
   void* scratch(int slot, size_t bytes) override;
   void* open(const MemoryRecord& record) override;
   void close(void* base) noexcept override;
-  void attach(SharedPage& page) override;
+  // Registers the page and tries a write and a wait on it (a device without
+  // stream memory operations fails here, at set-up, not in a call).
+  void attach(SharedPage& page, int rank) override;
   void detach(SharedPage& page) noexcept override;
   std::array<uint8_t, 16> deviceId() override;
 
@@ -36,6 +38,7 @@ class SameGpuDevice final : public SameGpuPlatform {
 
  private:
   class StreamQueue;
+  void probe(SharedPage& page, int rank);
   const int device_;
   char* pageHost_ = nullptr;    // the attached page, as the host sees it
   char* pageDevice_ = nullptr;  // and as the GPU does
