@@ -71,7 +71,7 @@ for s in $STAGES; do
       # ringdist's same-GPU path (stream-ordered, one fused kernel), its IPC-buffer path
       # (host waits per piece), staged through pinned host memory, and gloo: 2 ranks.
       stage compare 420 "$PY" -P benchmarks/compare.py --backends ringdist ipc=ringdist staged=ringdist gloo \
-        --label-env ipc:RINGDIST_CUDA_FUSED=0 --label-env ipc:RINGDIST_CUDA_IPC_MIN_BYTES=0 \
+        --label-env ringdist:RINGDIST_CUDA_FUSED=1 --label-env ipc:RINGDIST_CUDA_IPC_MIN_BYTES=0 \
         --label-env staged:RINGDIST_CUDA_IPC_BYTES=0 --rounds 2 --nproc 2 \
         --min-bytes 4K --max-bytes 256M --sweep-arg=--device=cuda --timeout 100 \
         --out "/tmp/compare_cuda.json"
@@ -81,7 +81,8 @@ for s in $STAGES; do
       # the same-GPU path against the staged path and gloo, 2 ranks on the GPU.
       for c in allgather reduce_scatter broadcast; do
         stage "collectives-$c" 150 "$PY" -P benchmarks/compare.py --backends ringdist staged=ringdist gloo \
-          --label-env staged:RINGDIST_CUDA_IPC_BYTES=0 --rounds 1 --nproc 2 --min-bytes 1M \
+          --label-env ringdist:RINGDIST_CUDA_FUSED=1 --label-env staged:RINGDIST_CUDA_IPC_BYTES=0 \
+          --rounds 1 --nproc 2 --min-bytes 1M \
           --max-bytes 64M --sweep-arg=--device=cuda --sweep-arg=--collective=$c --timeout 60 \
           --out "/tmp/compare_cuda_$c.json"
         cp "/tmp/compare_cuda_$c.json" "$OUT/" 2>/dev/null
@@ -96,7 +97,7 @@ for s in $STAGES; do
     compare4)
       # The same with 4 ranks on the GPU (the 2·P·S bound's second row), fused against IPC.
       stage compare4 300 "$PY" -P benchmarks/compare.py --backends ringdist ipc=ringdist \
-        --label-env ipc:RINGDIST_CUDA_FUSED=0 --label-env ipc:RINGDIST_CUDA_IPC_MIN_BYTES=0 \
+        --label-env ringdist:RINGDIST_CUDA_FUSED=1 --label-env ipc:RINGDIST_CUDA_IPC_MIN_BYTES=0 \
         --rounds 2 --nproc 4 --min-bytes 4K --max-bytes 256M --sweep-arg=--device=cuda \
         --timeout 120 --out "/tmp/compare_cuda_n4.json"
       cp /tmp/compare_cuda_n4.json "$OUT/" 2>/dev/null ;;

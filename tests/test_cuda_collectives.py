@@ -22,21 +22,23 @@ pytestmark = pytest.mark.skipif(
     not (load().cuda_compiled() and torch.cuda.is_available()) or default_backend() != "ringdist",
     reason="needs ringdist built with CUDA (TORCH_RINGDIST_CUDA=1), a GPU, and the ringdist backend")
 
-# Every rank on device 0: what NCCL refuses ("Duplicate GPU detected"). By default allreduce
-# takes the same-GPU path at every size (stream-ordered hand-offs, one fused kernel:
-# csrc/collectives/same_gpu_allreduce.h). "ipc" and "ipc64K" turn it off and go GPU to GPU
-# through CUDA IPC buffers at every size, "ipc64K" with tiny buffers (large allreduces in many
-# pieces); "expandable" allocates from expandable segments, which cannot be lent, so every call
-# falls back (IPC buffers from 2 MiB, pinned host memory below); "staged" never leaves the
-# pinned host path.
+# Every rank on device 0: what NCCL refuses ("Duplicate GPU detected"). "fused" worlds take the
+# same-GPU path (RINGDIST_CUDA_FUSED=1: stream-ordered hand-offs, one fused kernel per
+# allreduce, allgather, reduce-scatter, broadcast and reduce; csrc/collectives/same_gpu.h), in
+# "fused-expandable" from expandable segments, which cannot be lent, so every call goes through
+# the ranks' scratch. By default allreduce goes GPU to GPU through CUDA IPC buffers from 2 MiB
+# and everything else through pinned host memory; "ipc" and "ipc64K" take the IPC buffers at
+# every size, "ipc64K" with tiny buffers (large allreduces in many pieces); "staged" never
+# leaves the pinned host path.
 WORLDS = [(2, "default"), (4, "default"), (2, "tcp"), (3, "64"), (3, "ipc64K"), (2, "staged"),
-          (2, "expandable")]
+          (2, "fused"), (4, "fused"), (2, "fused-expandable")]
 WORLD_IDS = [f"ws{w}-{s}" for w, s in WORLDS]
 world_params = pytest.mark.parametrize("ws,seg", WORLDS, ids=WORLD_IDS)
-IPC_ENV = {"ipc": {"RINGDIST_CUDA_IPC_MIN_BYTES": "0", "RINGDIST_CUDA_FUSED": "0"},
-           "ipc64K": {"RINGDIST_CUDA_IPC_MIN_BYTES": "0", "RINGDIST_CUDA_IPC_BYTES": "65536",
-                      "RINGDIST_CUDA_FUSED": "0"},
-           "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+IPC_ENV = {"ipc": {"RINGDIST_CUDA_IPC_MIN_BYTES": "0"},
+           "ipc64K": {"RINGDIST_CUDA_IPC_MIN_BYTES": "0", "RINGDIST_CUDA_IPC_BYTES": "65536"},
+           "fused": {"RINGDIST_CUDA_FUSED": "1"},
+           "fused-expandable": {"RINGDIST_CUDA_FUSED": "1",
+                                "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
            "staged": {"RINGDIST_CUDA_IPC_BYTES": "0"}}
 
 
@@ -81,10 +83,10 @@ def _w_same_bits_as_cpu(rank, ws, counts):
     return out
 
 
-@pytest.mark.parametrize("ws,seg", [(2, "default"), (3, "default"), (4, "default"), (2, "ipc"),
-                                    (3, "ipc"), (4, "ipc64K"), (2, "expandable")],
+@pytest.mark.parametrize("ws,seg", [(2, "fused"), (3, "fused"), (4, "fused"), (2, "ipc"),
+                                    (3, "ipc"), (4, "ipc64K"), (2, "fused-expandable")],
                          ids=["ws2-fused", "ws3-fused", "ws4-fused", "ws2-ipc", "ws3-ipc",
-                              "ws4-ipc64K", "ws2-expandable"])
+                              "ws4-ipc64K", "ws2-fused-expandable"])
 def test_cuda_all_reduce_same_bits_as_cpu(world_factory, ws, seg):
     counts = [1, 5, 1000, 16385, 300001]  # both sides of the 64 KiB one-round threshold
     tc.assert_cases(world_factory(ws, env=_env(ws, seg)).run(_w_same_bits_as_cpu, counts,

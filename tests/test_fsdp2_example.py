@@ -53,7 +53,7 @@ def test_fsdp2_two_ranks_on_one_gpu(tmp_path):
     engine's own arithmetic), and the losses of gloo on the CPU to float rounding (CPU and GPU
     kernels round differently)."""
     steps = ["--steps", "6"]
-    fused, out = losses(*steps, "--device", "cuda", nproc=2)
+    fused, out = losses(*steps, "--device", "cuda", nproc=2, env={"RINGDIST_CUDA_FUSED": "1"})
     assert "device=cuda" in out, out[-2000:]
     staged, _ = losses(*steps, "--device", "cuda", nproc=2,
                        env={"RINGDIST_CUDA_FUSED": "0", "RINGDIST_CUDA_IPC_BYTES": "0"})
@@ -63,5 +63,5 @@ def test_fsdp2_two_ranks_on_one_gpu(tmp_path):
     for (_, ours), (_, theirs) in zip(fused, cpu):
         assert abs(float(ours) - float(theirs)) <= 1e-3 * abs(float(theirs)), (fused, cpu)
     resumed, out = losses(*steps, "--device", "cuda", "--save-at", "3", "--ckpt",
-                          str(tmp_path / "ckpt"), nproc=2)
+                          str(tmp_path / "ckpt"), nproc=2, env={"RINGDIST_CUDA_FUSED": "1"})
     assert "resumed from" in out and resumed == fused

@@ -162,9 +162,9 @@ struct CollectiveOptions {
   // 0: CUDA allreduce stages through host memory on one host too.
   size_t deviceBufferBytes = kDefaultDeviceBufferBytes;
   size_t deviceMinBytes = kDefaultDeviceMinBytes;
-  // CUDA allreduce among ranks that share one GPU: stream-ordered hand-offs and
-  // one fused kernel at every size (same_gpu_allreduce.h).
-  bool deviceFused = true;
+  // Collectives among ranks that share one GPU: stream-ordered hand-offs and
+  // one fused kernel at every size (same_gpu.h). Off until it has run on a GPU.
+  bool deviceFused = false;
   // Testing only: flip one bit of this process's k-th checked result.
   uint64_t corruptResultAt = 0;
 };
