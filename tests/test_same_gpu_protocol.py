@@ -56,25 +56,32 @@ def _fresh_group():
         testing.same_gpu_host_reset(name)
 
 
-def _case_bits(rank, ws):
+def _placement(rank, split):
+    """The hook's arguments for the ranks' GPUs: one GPU (a leader runs everything), or two
+    GPUs that reach each other (split: every rank runs its share)."""
+    return {"device": rank % 2, "peer_access": True} if split else {}
+
+
+def _case_bits(rank, ws, split=False):
     import torch
 
     with _fresh_group() as name:
         # Sizes this rank's arena (its one allocation) for the largest case.
-        _run(name, torch.zeros(max(COUNTS) + 64, dtype=torch.float64))
+        where = _placement(rank, split)
+        _run(name, torch.zeros(max(COUNTS) + 64, dtype=torch.float64), **where)
         for i, n in enumerate(COUNTS):
             for dtype_name, op in OPS:
                 x = _inputs(rank, n, dtype_name, 0)
                 expected = _reference(x, op)
                 # Tensors at different offsets of the lent allocation, as the caching allocator
                 # hands them out: 16-byte aligned (the kernel's vector loads) or only 8.
-                info = _run(name, x, op, offset=64 * i + 8 * (i % 2 + 1))
+                info = _run(name, x, op, offset=64 * i + 8 * (i % 2 + 1), **where)
                 assert info["fused"] == 1, info
                 assert torch.equal(x.view(torch.uint8), expected.view(torch.uint8)), (n, dtype_name, op)
         seq = info["seq"]
         assert seq == 1 + len(COUNTS) * len(OPS), info
-        # One arena per rank: the leader opened each peer's once and reused it.
-        assert info["opens"] == (ws - 1 if rank == 0 else 0), info
+        # One arena per rank: the leader (split: every rank) opened each peer's once.
+        assert info["opens"] == (ws - 1 if rank == 0 or split else 0), info
     return True
 
 
@@ -156,13 +163,14 @@ def _case_stalled_rank(rank, ws):
     return True
 
 
-def _case_other_collectives(rank, ws):
+def _case_other_collectives(rank, ws, split=False):
     """reduce_scatter_tensor, all_gather_into_tensor, broadcast and reduce, lent or through
     scratch, against the same collectives of the engine."""
     import torch
     import torch.distributed as dist
     from torch_ringdist._C import testing
 
+    where = _placement(rank, split)
     with _fresh_group() as name:
         for i, n in enumerate([0, 1, 5, 1000, 70001]):
             for lend in (True, False):
@@ -173,28 +181,29 @@ def _case_other_collectives(rank, ws):
                     dist.reduce_scatter_tensor(expected, x, op=getattr(dist.ReduceOp, op.upper()))
                     out = torch.full_like(expected, 7)
                     info = testing.same_gpu_host_run(name, "reduce_scatter", x, out, op,
-                                                     offset=offset, lend=lend)
+                                                     offset=offset, lend=lend, **where)
                     assert info["fused"] == 1
                     assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), (n, dtype_name, op, lend)
                 x = _inputs(rank, n, "float16", i)
                 expected = torch.empty(n * ws, dtype=x.dtype)
                 dist.all_gather_into_tensor(expected, x)
                 out = torch.zeros_like(expected)
-                testing.same_gpu_host_run(name, "all_gather", x, out, offset=offset, lend=lend)
+                testing.same_gpu_host_run(name, "all_gather", x, out, offset=offset, lend=lend,
+                                          **where)
                 assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), (n, lend)
                 for root in range(ws):
                     x = _inputs(rank, n, "int32", i + root)
                     expected = x.clone()
                     dist.broadcast(expected, src=root)
                     testing.same_gpu_host_run(name, "broadcast", x, x, root=root, offset=offset,
-                                              lend=lend)
+                                              lend=lend, **where)
                     assert torch.equal(x, expected), (n, root, lend)
                     for dtype_name, op in [("float32", "sum"), ("bfloat16", "avg")]:
                         x = _inputs(rank, n, dtype_name, i + root)
                         expected = x.clone()
                         dist.reduce(expected, dst=root, op=getattr(dist.ReduceOp, op.upper()))
                         testing.same_gpu_host_run(name, "reduce", x, x, op, root=root,
-                                                  offset=offset, lend=lend)
+                                                  offset=offset, lend=lend, **where)
                         # The root's result; the others' tensors as the engine leaves them.
                         assert torch.equal(x.view(torch.uint8), expected.view(torch.uint8)), (n, root, op)
     return True
@@ -223,6 +232,14 @@ def _case_unmappable_memory(rank, ws):
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_same_bits_as_the_host_path(world_factory, ws):
     assert world_factory(ws).run(_case_bits) == [True] * ws
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_split_over_two_gpus_same_bits(world_factory, ws):
+    """Ranks on two GPUs that reach each other: every rank runs its share of each collective."""
+    world = world_factory(ws)
+    assert world.run(_case_bits, True) == [True] * ws
+    assert world.run(_case_other_collectives, True, timeout=120) == [True] * ws
 
 
 @pytest.mark.parametrize("ws", [2, 4])

@@ -57,13 +57,14 @@ ReduceOp opFromName(const std::string& name);
 // from `offset` bytes into this rank's shared arena (a fresh arena if renew;
 // from no arena if !lend, so they go through scratch), `stall` drops this
 // rank's signal writes, `vanish` makes this rank's lent memory impossible to
-// map, `device` stands for its GPU. Returns fused (0: the
+// map, `device` stands for its GPU and `peer_access` says whether it reaches
+// the others' GPUs (ranks on different devices then run split). Returns fused (0: the
 // ranks are not on one GPU and the engine ran it), seq, and the leader's
 // cache figures (opens, cached).
 TORCH_RINGDIST_API std::map<std::string, int64_t> sameGpuHostRun(
     const std::string& groupName, const std::string& kind, const at::Tensor& input,
     at::Tensor& output, const std::string& op, int64_t root, int64_t offset, bool lend,
-    bool renew, bool stall, bool vanish, int64_t device, int64_t timeoutMs);
+    bool renew, bool stall, bool vanish, int64_t device, bool peerAccess, int64_t timeoutMs);
 // Drops that group's state (its streams, watch and mappings).
 TORCH_RINGDIST_API void sameGpuHostReset(const std::string& groupName);
 

@@ -183,10 +183,13 @@ class HostPlatform final : public SameGpuPlatform {
   void attach(SharedPage&, int) override {}
   void detach(SharedPage&) noexcept override {}
   std::array<uint8_t, 16> deviceId() override { return id_; }
+  bool reaches(const std::array<uint8_t, 16>&) override { return peerAccess_; }
+  void peerAccess(bool on) { peerAccess_ = on; }
 
  private:
   std::array<Arena, 3>& arenas_;
   bool vanish_ = false;
+  bool peerAccess_ = false;
   std::array<uint8_t, 16> id_{};
   std::map<void*, size_t> sizes_;
 };
@@ -212,7 +215,7 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, cons
                                               const at::Tensor& input, at::Tensor& output,
                                               const std::string& op, int64_t root, int64_t offset,
                                               bool lend, bool renew, bool stall, bool vanish,
-                                              int64_t device, int64_t timeoutMs) {
+                                              int64_t device, bool peerAccess, int64_t timeoutMs) {
   TORCH_CHECK(input.device().is_cpu() && input.is_contiguous() && output.device().is_cpu() &&
                   output.is_contiguous() && input.scalar_type() == output.scalar_type(),
               "same_gpu_host_run: contiguous CPU tensors of one dtype");
@@ -231,6 +234,7 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, cons
   }
   const auto timeout = std::chrono::milliseconds(timeoutMs);
   if (!sim->setUp) {  // as the backend does: once, before the group's first device collective
+    sim->platform->peerAccess(peerAccess);
     group.runOnWorker(timeout, [&](Communicator& comm) { sim->gpu.setUp(comm); });
     sim->setUp = true;
   }

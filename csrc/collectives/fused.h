@@ -31,6 +31,7 @@ struct FusedSpan {
   int8_t terms;       // how many of order (1: a copy)
   int8_t writer;      // -1: every rank's output; else that rank's only
   int8_t head;        // elements before the 16-byte aligned middle; -1: none aligned
+  int8_t owner;       // split (several GPUs): the rank whose kernel runs it; -1: any (shared out)
 };
 
 // Everything the kernel needs, passed by value (well under the 4 KiB limit
@@ -73,6 +74,7 @@ std::vector<FusedSpan> allreduceSpans(uint64_t count, int ranks, bool small, Rin
     span.inBegin = span.outBegin = begin;
     span.terms = static_cast<int8_t>(ranks);
     span.writer = -1;
+    span.owner = static_cast<int8_t>(small ? -1 : ringRank(static_cast<int>(c)));
     for (int k = 0; k < ranks; ++k) {
       span.order[k] = static_cast<int8_t>(small ? k : ringRank(static_cast<int>(c) + k + 1));
     }
@@ -103,7 +105,7 @@ std::vector<FusedSpan> reduceScatterSpans(uint64_t count, int ranks, RingRank ri
     span.inBegin = static_cast<uint64_t>(r) * count;
     span.outBegin = 0;
     span.terms = static_cast<int8_t>(ranks);
-    span.writer = static_cast<int8_t>(r);
+    span.writer = span.owner = static_cast<int8_t>(r);
     for (int k = 0; k < ranks; ++k) {
       span.order[k] = static_cast<int8_t>(ringRank(ringPos(r) + k + 1));
     }
@@ -121,7 +123,7 @@ inline std::vector<FusedSpan> allgatherSpans(uint64_t count, int ranks) {
     span.length = count;
     span.inBegin = 0;
     span.outBegin = static_cast<uint64_t>(r) * count;
-    span.order[0] = static_cast<int8_t>(r);
+    span.order[0] = span.owner = static_cast<int8_t>(r);
     span.terms = 1;
     span.writer = -1;
     spans.push_back(span);
@@ -137,7 +139,29 @@ inline std::vector<FusedSpan> broadcastSpans(uint64_t count, int root) {
   span.order[0] = static_cast<int8_t>(root);
   span.terms = 1;
   span.writer = -1;
+  span.owner = -1;
   return {span};
+}
+
+// The spans `rank`'s kernel runs when every rank runs its share (split): those
+// it owns, and its part of each unowned span (cut in `ranks` even parts; each
+// element keeps its order, so the bits do not change).
+inline std::vector<FusedSpan> shareOf(const std::vector<FusedSpan>& spans, int rank, int ranks) {
+  std::vector<FusedSpan> mine;
+  for (const FusedSpan& span : spans) {
+    if (span.owner == rank) mine.push_back(span);
+    if (span.owner >= 0) continue;
+    const uint64_t n = static_cast<uint64_t>(ranks);
+    const uint64_t k = static_cast<uint64_t>(rank);
+    const uint64_t begin = k * (span.length / n) + (k < span.length % n ? k : span.length % n);
+    FusedSpan part = span;
+    part.length = span.length / n + (k < span.length % n ? 1 : 0);
+    part.inBegin += begin;
+    part.outBegin += begin;
+    part.owner = static_cast<int8_t>(rank);
+    if (part.length > 0) mine.push_back(part);
+  }
+  return mine;
 }
 
 // Sets each span's head: the elements before every pointer it touches is

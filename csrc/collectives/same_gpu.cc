@@ -88,10 +88,17 @@ bool SameGpu::setUp(Communicator& comm) {
   }
   std::vector<std::array<uint8_t, 16>> ids(static_cast<size_t>(n));
   ringdist::allgather(comm, id.data(), addressesOf(ids).data(), id.size(), DataType::kUInt8);
-  const bool oneGpu = problem.empty() && n > 1 && n <= kMaxFusedRanks &&
-                      std::all_of(ids.begin(), ids.end(), [&](const auto& other) { return other == id; });
-  if (!everyone(comm, oneGpu)) {
-    state_ = State::kUnusable;  // not one GPU: the other paths are the right ones, no warning
+  const bool fits = problem.empty() && n > 1 && n <= kMaxFusedRanks;
+  const bool oneGpu =
+      fits && std::all_of(ids.begin(), ids.end(), [&](const auto& other) { return other == id; });
+  // Several GPUs: each rank's must reach every other's memory (peer access).
+  bool reachesAll = fits;
+  for (const auto& other : ids) {
+    reachesAll = reachesAll && (other == id || platform_->reaches(other));
+  }
+  const int leader = oneGpu ? kLeader : kSplit;
+  if (!everyone(comm, oneGpu) && !everyone(comm, reachesAll)) {
+    state_ = State::kUnusable;  // the other paths are the right ones: no warning
     return false;
   }
   PageName name{};
@@ -127,8 +134,8 @@ bool SameGpu::setUp(Communicator& comm) {
                       "); CUDA collectives take the IPC-buffer and staged paths instead"));
     return false;
   }
-  signals_ = std::make_unique<StreamSignals>(page_.signals(), comm.rank(), n, kLeader);
-  if (signals_->isLeader()) cache_ = std::make_unique<PeerMemoryCache>(*platform_, kCachedAllocations);
+  signals_ = std::make_unique<StreamSignals>(page_.signals(), comm.rank(), n, leader);
+  if (signals_->runsKernel()) cache_ = std::make_unique<PeerMemoryCache>(*platform_, kCachedAllocations);
   watch_ = std::make_unique<Watch>(*signals_, comm.rank());
   state_ = State::kReady;
   return true;
@@ -141,7 +148,7 @@ void SameGpu::allreduce(Communicator& comm, SignalQueue& queue, void* data, size
   Call call{comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1), data, bytes, data, bytes,
             dtype, op, op == ReduceOp::kAvg ? comm.size() : 0, {}};
   call.header.variant = kSameGpuAllreduce;
-  if (signals_->isLeader()) {
+  if (signals_->runsKernel()) {
     call.spans = allreduceSpans(count, comm.size(), comm.options().oneRoundAllreduce(bytes, comm.size()),
                                 [&](int pos) { return comm.ringRank(pos); });
   }
@@ -155,7 +162,7 @@ void SameGpu::reduce(Communicator& comm, SignalQueue& queue, void* data, size_t 
   Call call{comm.makeHeader(OpType::kReduce, count, dtype, op, root), data, bytes, data, bytes,
             dtype, op, op == ReduceOp::kAvg ? comm.size() : 0, {}};
   call.header.variant = kSameGpuCopy;
-  if (signals_->isLeader()) {
+  if (signals_->runsKernel()) {
     call.spans = reduceSpans(count, comm.size(), root, [&](int pos) { return comm.ringRank(pos); });
   }
   run(comm, queue, call);
@@ -169,7 +176,7 @@ void SameGpu::reduceScatter(Communicator& comm, SignalQueue& queue, const void* 
             bytes * static_cast<size_t>(comm.size()), output, bytes, dtype, op,
             op == ReduceOp::kAvg ? comm.size() : 0, {}};
   call.header.variant = kSameGpuCopy;
-  if (signals_->isLeader()) {
+  if (signals_->runsKernel()) {
     std::vector<int> position(static_cast<size_t>(comm.size()));
     for (int p = 0; p < comm.size(); ++p) position[static_cast<size_t>(comm.ringRank(p))] = p;
     call.spans = reduceScatterSpans(count, comm.size(), [&](int pos) { return comm.ringRank(pos); },
@@ -185,7 +192,7 @@ void SameGpu::allgather(Communicator& comm, SignalQueue& queue, const void* inpu
             output, bytes * static_cast<size_t>(comm.size()), DataType::kUInt8, ReduceOp::kSum, 0,
             {}};
   call.header.variant = kSameGpuCopy;
-  if (signals_->isLeader()) call.spans = allgatherSpans(bytes, comm.size());
+  if (signals_->runsKernel()) call.spans = allgatherSpans(bytes, comm.size());
   run(comm, queue, call);
 }
 
@@ -195,7 +202,7 @@ void SameGpu::broadcast(Communicator& comm, SignalQueue& queue, void* data, size
   Call call{comm.makeHeader(OpType::kBroadcast, count, dtype, ReduceOp::kSum, root), data, bytes,
             data, bytes, DataType::kUInt8, ReduceOp::kSum, 0, {}};
   call.header.variant = kSameGpuCopy;
-  if (signals_->isLeader()) call.spans = broadcastSpans(bytes, root);
+  if (signals_->runsKernel()) call.spans = broadcastSpans(bytes, root);
   run(comm, queue, call);
 }
 
@@ -222,12 +229,15 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
     record->valid = 1;
     return data;
   };
+  // What this rank's memory is for this call: its tensors, or the scratch it
+  // lends in their place.
+  const void* input = call.input;
   void* output = call.output;
   Lent mine{};
-  if (!signals_->isLeader()) {
-    void* input = lend(const_cast<void*>(call.input), call.inputBytes, 0, true, &mine.input);
+  if (!signals_->isLeader()) {  // split: every rank lends
+    input = lend(const_cast<void*>(call.input), call.inputBytes, 0, true, &mine.input);
     if (call.input == call.output) {
-      output = input;
+      output = const_cast<void*>(input);
       mine.output = mine.input;
     } else {
       output = lend(call.output, call.outputBytes, 1, false, &mine.output);
@@ -239,7 +249,7 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
 
   FusedArgs args;
   const uint32_t seq = signals_->lastSeq() + 1;
-  if (signals_->isLeader()) {
+  if (signals_->runsKernel()) {
     args.ranks = comm.size();
     args.divisor = call.divisor;
     args.abort = reinterpret_cast<const volatile uint32_t*>(&page_.signals()->abort.value);
@@ -247,9 +257,8 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
       for (int r = 0; r < comm.size(); ++r) {
         const Lent& theirs = lent[static_cast<size_t>(r)];
         const bool me = r == comm.rank();
-        args.inputs[r] = me ? call.input
-                            : theirs.input.valid ? cache_->map(theirs.input, seq) : nullptr;
-        args.outputs[r] = me ? call.output
+        args.inputs[r] = me ? input : theirs.input.valid ? cache_->map(theirs.input, seq) : nullptr;
+        args.outputs[r] = me ? output
                              : theirs.output.valid ? cache_->map(theirs.output, seq) : nullptr;
       }
     } catch (const Error&) {
@@ -257,8 +266,10 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
       signals_->abort(AbortCause::kMapping, seq, seq);
       throw;
     }
-    args.spanCount = static_cast<int>(call.spans.size());
-    std::copy(call.spans.begin(), call.spans.end(), args.spans);
+    const std::vector<FusedSpan> spans =
+        signals_->split() ? shareOf(call.spans, comm.rank(), comm.size()) : call.spans;
+    args.spanCount = static_cast<int>(spans.size());
+    std::copy(spans.begin(), spans.end(), args.spans);
     alignSpans(args, elementSize(call.kernelType));
   }
   signals_->queueOp(queue, args, call.kernelType, call.op);

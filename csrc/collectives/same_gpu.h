@@ -5,7 +5,10 @@
 // reads every rank's input and writes every rank's output (fused.h) through
 // mappings of the callers' own tensors (peer_memory.h): 2·P·S bytes move on
 // the device for an allreduce and nothing crosses the host but one small
-// exchange of records per call.
+// exchange of records per call. Ranks on several GPUs of one host that reach
+// each other's memory (peer access) run the same way split: each rank's kernel
+// does its share (its chunk, its block), reading and writing the others'
+// memory over the GPUs' links.
 //
 // Written against SameGpuPlatform, so the same code runs the GPU (CUDA IPC,
 // stream memory operations: csrc/cuda/same_gpu.cu) and, in tests, host
@@ -42,9 +45,11 @@ class SameGpuPlatform : public PeerMemoryOpener {
   // probe[rank] for a trial there).
   virtual void attach(SharedPage& page, int rank) = 0;
   virtual void detach(SharedPage& page) noexcept = 0;
-  // 16 bytes naming the device (the GPU's UUID): the ranks go this way only if
-  // they all name the same one.
+  // 16 bytes naming the device (the GPU's UUID).
   virtual std::array<uint8_t, 16> deviceId() = 0;
+  // Whether this rank's kernels can read and write memory of `device` (peer
+  // access): ranks on several GPUs go this way only if every pair can.
+  virtual bool reaches(const std::array<uint8_t, 16>& device) = 0;
 };
 
 class SameGpu {
@@ -55,8 +60,8 @@ class SameGpu {
   SameGpu& operator=(const SameGpu&) = delete;
 
   // Collective, once per group, at the same operation on every rank: whether
-  // every rank is on this GPU (at most kMaxFusedRanks of them) and the
-  // hand-offs can be set up. Says why once if they cannot. Later calls return
+  // every rank is on this GPU, or on GPUs that reach each other (at most
+  // kMaxFusedRanks ranks), and the hand-offs can be set up. Says why once if they cannot. Later calls return
   // the first answer.
   bool setUp(Communicator& comm);
   bool ready() const { return state_ == State::kReady; }

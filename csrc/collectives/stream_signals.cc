@@ -68,7 +68,7 @@ void SharedPage::unlinkName() {
 StreamSignals::StreamSignals(SignalPage* page, int rank, int ranks, int leader)
     : page_(page), rank_(rank), ranks_(ranks), leader_(leader) {
   RINGDIST_CHECK(ranks >= 1 && ranks <= kMaxFusedRanks && rank >= 0 && rank < ranks &&
-                     leader >= 0 && leader < ranks,
+                     leader >= kSplit && leader < ranks,
                  "ringdist: stream signals for rank ", rank, " of ", ranks, " (leader ", leader,
                  "): at most ", kMaxFusedRanks, " ranks");
 }
@@ -76,21 +76,35 @@ StreamSignals::StreamSignals(SignalPage* page, int rank, int ranks, int leader)
 uint32_t StreamSignals::queueOp(SignalQueue& queue, const FusedArgs& args, DataType dtype,
                                 ReduceOp op) {
   const uint32_t seq = ++seq_;
-  if (isLeader()) {
+  auto waitForOthers = [&](SignalWord* words) {
     for (int r = 0; r < ranks_; ++r) {
-      if (r != rank_) queue.waitFor(&page_->ready[r], seq);
+      if (r != rank_) queue.waitFor(&words[r], seq);
     }
+  };
+  if (split()) {
+    queue.write(&page_->ready[rank_], seq);
+    waitForOthers(page_->ready);
     queue.combine(args, dtype, op);
-    queue.write(&page_->done, seq);
+    queue.write(&page_->done[rank_], seq);
+    waitForOthers(page_->done);  // the others write into this rank's output
+  } else if (isLeader()) {
+    waitForOthers(page_->ready);
+    queue.combine(args, dtype, op);
+    queue.write(&page_->done[rank_], seq);
   } else {
     queue.write(&page_->ready[rank_], seq);
-    queue.waitFor(&page_->done, seq);
+    queue.waitFor(&page_->done[leader_], seq);
   }
   return seq;
 }
 
 bool StreamSignals::finished(uint32_t seq) const {
-  return reached(page_->done.value.load(std::memory_order_acquire), seq);
+  auto done = [&](int r) { return reached(page_->done[r].value.load(std::memory_order_acquire), seq); };
+  if (!split()) return done(leader_);
+  for (int r = 0; r < ranks_; ++r) {
+    if (!done(r)) return false;
+  }
+  return true;
 }
 
 bool StreamSignals::aborted() const {
@@ -129,8 +143,10 @@ void StreamSignals::abort(AbortCause cause, uint32_t at, uint32_t seq) {
            !word.value.compare_exchange_weak(now, seq, std::memory_order_acq_rel)) {
     }
   };
-  for (int r = 0; r < ranks_; ++r) raise(page_->ready[r]);
-  raise(page_->done);
+  for (int r = 0; r < ranks_; ++r) {
+    raise(page_->ready[r]);
+    raise(page_->done[r]);
+  }
 }
 
 }  // namespace ringdist

@@ -1,17 +1,22 @@
 #pragma once
 
-// Stream-ordered hand-offs among the ranks that share one GPU: counters in a
-// page of host shared memory that every rank maps (and, on a GPU, registers
-// with CUDA), written and awaited by the GPU's own stream memory operations,
-// so no host waits for the GPU and no call needs a handshake.
+// Stream-ordered hand-offs among the ranks of one host that share a GPU, or
+// whose GPUs reach each other's memory: counters in a page of host shared
+// memory that every rank maps (and, on a GPU, registers with CUDA), written
+// and awaited by the GPU's own stream memory operations, so no host waits for
+// the GPU and no call needs a handshake.
 //
-// Operation `seq` (1, 2, ... per group, the same on every rank):
+// Operation `seq` (1, 2, ... per group, the same on every rank), on one GPU
+// (a leader):
 //   every other rank  writes ready[rank] = seq once its input is in place,
-//                     then waits for done >= seq before anything after the
-//                     op runs (the leader writes into its tensor);
+//                     then waits for done[leader] >= seq before anything after
+//                     the op runs (the leader writes into its tensor);
 //   the leader        waits for ready[r] >= seq of every other rank, runs the
 //                     fused kernel (all inputs in, all outputs out), then
-//                     writes done = seq.
+//                     writes done[leader] = seq.
+// On several GPUs (split: no leader) every rank writes ready, waits for every
+// other rank's, runs the kernel over its own share of the work, writes
+// done[rank] and waits for every other rank's done.
 // Counters only grow and compare cyclically (as cuStreamWaitValue32's GEQ
 // does), so they never need resetting. Because the page is host memory, the
 // host can see how far the GPU got (finished()) and can always release its
@@ -37,7 +42,7 @@ struct SignalPage {
   SignalWord abort;                    // 0, or 1 + the rank that aborted
   SignalWord abortedAt;                // the operation it was at
   SignalWord abortCause;               // an AbortCause
-  SignalWord done;                     // written by the leader's stream
+  SignalWord done[kMaxFusedRanks];     // done[r] written by rank r's stream after its kernel
   SignalWord ready[kMaxFusedRanks];    // ready[r] written by rank r's stream (not the leader's)
   SignalWord probe[kMaxFusedRanks];    // probe[r]: rank r's set-up tries the stream operations
 };
@@ -94,17 +99,22 @@ class SharedPage {
 };
 
 // The protocol above, for one rank of one group. leader: the rank whose
-// stream runs the kernel (it maps the others' memory).
+// stream runs the kernel (it maps the others' memory), or kSplit: every rank
+// runs its share.
+constexpr int kSplit = -1;
 class StreamSignals {
  public:
   StreamSignals(SignalPage* page, int rank, int ranks, int leader);
 
   int leader() const { return leader_; }
   bool isLeader() const { return rank_ == leader_; }
+  bool split() const { return leader_ == kSplit; }
+  // Whether this rank's kernel runs work (the leader's, or every rank's when split).
+  bool runsKernel() const { return split() || isLeader(); }
   uint32_t lastSeq() const { return seq_; }
 
   // Queues the next operation on this rank's queue and returns its seq.
-  // args: the leader's view of every rank's memory (others ignore it).
+  // args: this rank's kernel's work (ignored where it runs none).
   uint32_t queueOp(SignalQueue& queue, const FusedArgs& args, DataType dtype, ReduceOp op);
 
   // Whether this rank's stream got past operation seq (read from the page).

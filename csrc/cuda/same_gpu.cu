@@ -234,6 +234,21 @@ std::array<uint8_t, 16> SameGpuDevice::deviceId() {
   return id;
 }
 
+bool SameGpuDevice::reaches(const std::array<uint8_t, 16>& device) {
+  // The GPU of that UUID among this process's visible ones, and peer access to it.
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  for (int other = 0; other < count; ++other) {
+    cudaDeviceProp properties{};
+    check(cudaGetDeviceProperties(&properties, other), "cudaGetDeviceProperties");
+    if (std::memcmp(&properties.uuid, device.data(), device.size()) != 0) continue;
+    int can = 0;
+    check(cudaDeviceCanAccessPeer(&can, device_, other), "cudaDeviceCanAccessPeer");
+    return can != 0;
+  }
+  return false;  // not visible here (CUDA_VISIBLE_DEVICES): no mapping either
+}
+
 std::unique_ptr<SignalQueue> SameGpuDevice::queueOn(cudaStream_t stream) {
   return std::make_unique<StreamQueue>(*this, stream);
 }

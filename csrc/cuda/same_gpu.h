@@ -32,6 +32,7 @@ class SameGpuDevice final : public SameGpuPlatform {
   void attach(SharedPage& page, int rank) override;
   void detach(SharedPage& page) noexcept override;
   std::array<uint8_t, 16> deviceId() override;
+  bool reaches(const std::array<uint8_t, 16>& device) override;
 
   // The queue of one operation: `stream` (the group's), on this device.
   std::unique_ptr<SignalQueue> queueOn(cudaStream_t stream);
