@@ -160,13 +160,10 @@ class CudaStage final : public DeviceStage {
 
   void allreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
                  ReduceOp op) override {
-    c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream_);
-    at::Tensor flat = tensor.is_contiguous() ? tensor : tensor.contiguous();  // on our stream
+    at::Tensor flat = onOurStream(tensor);
     lane_->allreduce.run(comm, flat.data_ptr(), static_cast<size_t>(flat.numel()), dtype, op,
                          stream_.stream());
-    if (!flat.is_same(tensor)) {
-      tensor.copy_(flat, /*non_blocking=*/true);
-    }
+    copyBack(flat, tensor);
   }
 
   int sameGpu() const override { return lane_->sameGpuReady.load(); }
