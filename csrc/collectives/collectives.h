@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "csrc/codec/codec.h"
@@ -64,6 +65,24 @@ void alltoall(Communicator& comm, const void* const* inputs, const std::vector<u
               void* const* outputs, const std::vector<uint64_t>& recvCounts, DataType dtype);
 
 void barrier(Communicator& comm);
+
+// Every rank's `mine` (a plain value), by rank: an allgather of its bytes.
+template <typename T>
+std::vector<T> allgatherValue(Communicator& comm, const T& mine) {
+  std::vector<T> all(static_cast<size_t>(comm.size()));
+  std::vector<void*> outputs;
+  for (T& value : all) outputs.push_back(&value);
+  allgather(comm, &mine, outputs.data(), sizeof(T), DataType::kUInt8);
+  return all;
+}
+
+// Whether every rank said yes; every rank learns the same answer.
+inline bool everyRank(Communicator& comm, bool mine) {
+  for (uint8_t ok : allgatherValue<uint8_t>(comm, mine ? 1 : 0)) {
+    if (ok == 0) return false;
+  }
+  return true;
+}
 
 // In place: data (count float32 elements) becomes the sum (or, with
 // average, the mean) over all ranks, sent on the wire in `codec`. Each

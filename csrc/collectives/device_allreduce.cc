@@ -54,13 +54,6 @@ std::vector<int> combineOrder(const Communicator& comm, bool small, size_t chunk
   return order;
 }
 
-template <typename T>
-std::vector<void*> addressesOf(std::vector<T>& items) {
-  std::vector<void*> out;
-  for (auto& item : items) out.push_back(&item);
-  return out;
-}
-
 }  // namespace
 
 DeviceAllreduce::DeviceAllreduce(int device, size_t bufferBytes)
@@ -110,8 +103,7 @@ void DeviceAllreduce::setUp(Communicator& comm) {
   } catch (const Error& e) {
     problem = e.what();
   }
-  std::vector<cuda::BufferRecord> records(static_cast<size_t>(n));
-  allgather(comm, &mine, addressesOf(records).data(), sizeof(mine), DataType::kUInt8);
+  const std::vector<cuda::BufferRecord> records = allgatherValue(comm, mine);
   pieceBytes_ = bufferBytes_;
   mapped_.resize(static_cast<size_t>(n));
   buffers_.assign(static_cast<size_t>(n), nullptr);
@@ -131,10 +123,7 @@ void DeviceAllreduce::setUp(Communicator& comm) {
     }
   }
   pieceBytes_ = pieceBytes_ / 256 * 256;
-  uint8_t ok = problem.empty() && pieceBytes_ > 0 ? 1 : 0;
-  std::vector<uint8_t> oks(static_cast<size_t>(n));
-  allgather(comm, &ok, addressesOf(oks).data(), 1, DataType::kUInt8);
-  if (std::all_of(oks.begin(), oks.end(), [](uint8_t v) { return v != 0; })) {
+  if (everyRank(comm, problem.empty() && pieceBytes_ > 0)) {
     buffers_[static_cast<size_t>(me)] = static_cast<char*>(mine_->data());
     state_ = State::kReady;
     return;

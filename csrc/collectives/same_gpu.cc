@@ -31,21 +31,6 @@ constexpr int kLeader = 0;
 // caching allocator holds few, long-lived segments).
 constexpr size_t kCachedAllocations = 64;
 
-template <typename T>
-std::vector<void*> addressesOf(std::vector<T>& items) {
-  std::vector<void*> out;
-  for (auto& item : items) out.push_back(&item);
-  return out;
-}
-
-// Every rank learns whether every rank said yes.
-bool everyone(Communicator& comm, bool mine) {
-  uint8_t ok = mine ? 1 : 0;
-  std::vector<uint8_t> oks(static_cast<size_t>(comm.size()));
-  allgather(comm, &ok, addressesOf(oks).data(), 1, DataType::kUInt8);
-  return std::all_of(oks.begin(), oks.end(), [](uint8_t v) { return v != 0; });
-}
-
 struct PageName {
   char text[64];
 };
@@ -86,8 +71,7 @@ bool SameGpu::setUp(Communicator& comm) {
   } catch (const Error& e) {
     problem = e.what();
   }
-  std::vector<std::array<uint8_t, 16>> ids(static_cast<size_t>(n));
-  ringdist::allgather(comm, id.data(), addressesOf(ids).data(), id.size(), DataType::kUInt8);
+  const std::vector<std::array<uint8_t, 16>> ids = allgatherValue(comm, id);
   const bool fits = problem.empty() && n > 1 && n <= kMaxFusedRanks;
   const bool oneGpu =
       fits && std::all_of(ids.begin(), ids.end(), [&](const auto& other) { return other == id; });
@@ -97,7 +81,7 @@ bool SameGpu::setUp(Communicator& comm) {
     reachesAll = reachesAll && (other == id || platform_->reaches(other));
   }
   const int leader = oneGpu ? kLeader : kSplit;
-  if (!everyone(comm, oneGpu) && !everyone(comm, reachesAll)) {
+  if (!everyRank(comm, oneGpu) && !everyRank(comm, reachesAll)) {
     state_ = State::kUnusable;  // the other paths are the right ones: no warning
     return false;
   }
@@ -121,7 +105,7 @@ bool SameGpu::setUp(Communicator& comm) {
   } catch (const Error& e) {
     problem = e.what();
   }
-  const bool everyoneReady = everyone(comm, problem.empty());
+  const bool everyoneReady = everyRank(comm, problem.empty());
   page_.unlinkName();  // everyone has it mapped, or nobody needs it
   if (!everyoneReady) {
     if (attached_) platform_->detach(page_);
@@ -244,8 +228,7 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
     }
   }
   comm.exchangeHeaders(call.header, comm.others(), comm.others());
-  std::vector<Lent> lent(static_cast<size_t>(comm.size()));
-  ringdist::allgather(comm, &mine, addressesOf(lent).data(), sizeof(mine), DataType::kUInt8);
+  const std::vector<Lent> lent = allgatherValue(comm, mine);
 
   FusedArgs args;
   const uint32_t seq = signals_->lastSeq() + 1;
