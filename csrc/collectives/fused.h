@@ -56,6 +56,15 @@ struct alignas(16) FusedVector {
 
 // ---------------------------------------------------------------- span lists
 
+// Part k of `length` elements cut in `parts` even parts (the first length %
+// parts one longer), as the ring cuts a buffer into chunks (ring.h).
+inline uint64_t evenPartBegin(uint64_t length, uint64_t parts, uint64_t k) {
+  return k * (length / parts) + (k < length % parts ? k : length % parts);
+}
+inline uint64_t evenPartLength(uint64_t length, uint64_t parts, uint64_t k) {
+  return length / parts + (k < length % parts ? 1 : 0);
+}
+
 // Allreduce of `count` elements in place: small, every element is combined in
 // rank order (the host's one-round path); otherwise chunk c of the ring's
 // even split is combined starting from the rank after ring position c, as
@@ -65,12 +74,10 @@ template <typename RingRank>
 std::vector<FusedSpan> allreduceSpans(uint64_t count, int ranks, bool small, RingRank ringRank) {
   std::vector<FusedSpan> spans;
   const uint64_t n = static_cast<uint64_t>(ranks);
-  const uint64_t base = count / n;
-  const uint64_t extra = count % n;
   for (uint64_t c = 0; c < (small ? 1 : n); ++c) {
     FusedSpan span{};
-    const uint64_t begin = small ? 0 : c * base + (c < extra ? c : extra);
-    span.length = small ? count : base + (c < extra ? 1 : 0);
+    const uint64_t begin = small ? 0 : evenPartBegin(count, n, c);
+    span.length = small ? count : evenPartLength(count, n, c);
     span.inBegin = span.outBegin = begin;
     span.terms = static_cast<int8_t>(ranks);
     span.writer = -1;
@@ -153,9 +160,9 @@ inline std::vector<FusedSpan> shareOf(const std::vector<FusedSpan>& spans, int r
     if (span.owner >= 0) continue;
     const uint64_t n = static_cast<uint64_t>(ranks);
     const uint64_t k = static_cast<uint64_t>(rank);
-    const uint64_t begin = k * (span.length / n) + (k < span.length % n ? k : span.length % n);
+    const uint64_t begin = evenPartBegin(span.length, n, k);
     FusedSpan part = span;
-    part.length = span.length / n + (k < span.length % n ? 1 : 0);
+    part.length = evenPartLength(span.length, n, k);
     part.inBegin += begin;
     part.outBegin += begin;
     part.owner = static_cast<int8_t>(rank);
