@@ -211,7 +211,7 @@ def main():
     p.add_argument("--nproc", type=int, help="ranks on this host (default 2); with --hosts, "
                    "ranks per emulated host (default 1; 2 for the mixed case)")
     p.add_argument("--collective", default="allreduce",
-                   choices=("allreduce", "allgather", "broadcast", "reduce_scatter"))
+                   choices=("allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall"))
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--min-bytes", default="8")
     p.add_argument("--max-bytes", default="256M")

@@ -8,14 +8,15 @@ Run under torchrun, one process per rank:
 
 Terms (as in nccl-tests):
   size   bytes of the full buffer: the in-place buffer for allreduce and broadcast, the
-         gathered output for allgather, the input of reduce_scatter.
-  count  elements in that buffer (allgather/reduce_scatter: N chunks of count/N each).
+         gathered output for allgather, the input of reduce_scatter and of alltoall.
+  count  elements in that buffer (allgather/reduce_scatter/alltoall: N chunks of count/N
+         each).
   time   per sample, the slowest rank's wall time for one op (ops faster than --batch-us
          are timed as a batch of back-to-back calls and divided); the row shows the
          median over samples.
   algbw  size / time.   busbw  algbw * factor, the factor making busbw comparable to
-         link bandwidth: allreduce 2(N-1)/N, allgather and reduce_scatter (N-1)/N,
-         broadcast 1.
+         link bandwidth: allreduce 2(N-1)/N, allgather, reduce_scatter and alltoall
+         (N-1)/N, broadcast 1.
 
 Two process groups: the backend under test runs only the measured op; a separate gloo
 group does every barrier, time exchange and correctness tally, so bookkeeping never runs
@@ -37,7 +38,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from bench_common import machine_info, write_json  # noqa: E402
 
-COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter")
+COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall")
+# Collectives whose buffer is N blocks (the count a multiple of N).
+CHUNKED = ("allgather", "reduce_scatter", "alltoall")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SHORT_TYPE = {"float32": "float", "bfloat16": "bfloat16"}
 
@@ -57,7 +60,7 @@ def parse_bytes(text):
 def bus_factor(collective, n):
     if collective == "allreduce":
         return 2.0 * (n - 1) / n
-    if collective in ("allgather", "reduce_scatter"):
+    if collective in CHUNKED:
         return (n - 1) / n
     return 1.0
 
@@ -74,7 +77,7 @@ def size_plan(args, n, elsize):
         sizes.append(b)
         b *= args.step_factor
     sizes.append(args.max_bytes)
-    chunked = args.collective in ("allgather", "reduce_scatter")
+    chunked = args.collective in CHUNKED
     plan = []
     for nbytes in sizes:
         count = max(1, nbytes // elsize)
@@ -117,6 +120,10 @@ class Collective:
         elif name == "reduce_scatter":
             self.inp = self.pattern * (rank + 1)
             self.out = zeros(chunk)
+        elif name == "alltoall":
+            # block d of rank r's input goes to rank d: pattern + r*kPattern.
+            self.inp = self.pattern + rank * kPattern
+            self.out = zeros(count)
         self.chunk = chunk
 
     def run(self):
@@ -135,6 +142,11 @@ class Collective:
                 dist.reduce_scatter(self.out, list(self.inp.chunk(self.n)), group=pg)
             else:
                 _reduce_scatter_single(self.out, self.inp, group=pg)
+        elif self.name == "alltoall":
+            if self.api == "list":
+                dist.all_to_all(list(self.out.chunk(self.n)), list(self.inp.chunk(self.n)), group=pg)
+            else:
+                dist.all_to_all_single(self.out, self.inp, group=pg)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # timed to the result, not to the launch
 
@@ -148,6 +160,12 @@ class Collective:
         elif self.name == "allgather":
             offs = torch.arange(self.count, dtype=torch.int32, device=self.device) // self.chunk * kPattern
             got, want = self.out, self.pattern + offs.to(self.pattern.dtype)
+        elif self.name == "alltoall":
+            # block s holds rank s's block `rank`: that slice of the pattern + s*kPattern.
+            r = self.rank
+            offs = torch.arange(self.count, dtype=torch.int32, device=self.device) // self.chunk * kPattern
+            got = self.out
+            want = self.pattern[r * self.chunk:(r + 1) * self.chunk].repeat(n) + offs.to(self.pattern.dtype)
         else:
             r = self.rank
             got = self.out

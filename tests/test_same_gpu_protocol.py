@@ -3,7 +3,7 @@ stream-ordered signals, the leader's one fused pass over every rank's memory, th
 cache, the scratch fallback, the set-up's verdict and the deadline watch are the code that
 drives a GPU; host threads stand in for streams and shared-memory arenas for IPC-mapped
 allocations. Results are compared bit for bit with dist.all_reduce, reduce_scatter_tensor,
-all_gather_into_tensor and broadcast on the same inputs."""
+all_gather_into_tensor, broadcast, reduce and all_to_all_single on the same inputs."""
 import contextlib
 
 import pytest
@@ -209,6 +209,53 @@ def _case_other_collectives(rank, ws, split=False):
     return True
 
 
+def _case_alltoall(rank, ws, split=False):
+    """all_to_all_single with uneven splits (some empty), lent or through scratch, in place,
+    against the engine's; a pair of ranks that disagree on a count fails on every rank alike,
+    before anything is queued."""
+    import torch
+    import torch.distributed as dist
+    from torch_ringdist._C import testing
+
+    where = _placement(rank, split)
+    with _fresh_group() as name:
+        for i, scale in enumerate([0, 1, 7, 5000]):
+            # Rank s sends rank r ((s + r) % 3) * scale + r elements.
+            sends = [((rank + r) % 3) * scale + r * (scale > 0) for r in range(ws)]
+            receipts = [((s + rank) % 3) * scale + rank * (scale > 0) for s in range(ws)]
+            for lend in (True, False):
+                for dtype_name in ("float32", "bfloat16", "int64"):
+                    x = _inputs(rank, sum(sends), dtype_name, i)
+                    expected = torch.empty(sum(receipts), dtype=x.dtype)
+                    dist.all_to_all_single(expected, x, receipts, sends)
+                    out = torch.full_like(expected, 3)
+                    info = testing.same_gpu_host_run(name, "all_to_all", x, out, lend=lend,
+                                                     offset=8 * (i % 2 + 1), sends=sends,
+                                                     receipts=receipts, **where)
+                    assert info["fused"] == 1
+                    assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), (scale, lend, dtype_name)
+        even = [6] * ws
+        x = _inputs(rank, 6 * ws, "float32", 9)
+        expected = torch.empty_like(x)
+        dist.all_to_all_single(expected, x)
+        testing.same_gpu_host_run(name, "all_to_all", x, x, sends=even, receipts=even, **where)
+        assert torch.equal(x, expected)
+        receipts = [2] * ws
+        if rank == ws - 1:
+            receipts[0] = 3
+        message = f"rank 0 sends 2 elements to rank {ws - 1}, which expects 3"
+        with pytest.raises(RuntimeError, match=message):
+            testing.same_gpu_host_run(name, "all_to_all", torch.ones(2 * ws),
+                                      torch.zeros(sum(receipts)), sends=[2] * ws,
+                                      receipts=receipts, **where)
+        # A failed collective aborts the group (torch's convention); later calls name why.
+        with pytest.raises(RuntimeError, match=f"aborted by an earlier error: .*{message}"):
+            testing.same_gpu_host_run(name, "all_to_all", torch.ones(2 * ws),
+                                      torch.zeros(2 * ws), sends=[2] * ws, receipts=[2] * ws,
+                                      **where)
+    return True
+
+
 def _case_unmappable_memory(rank, ws):
     """The leader cannot map rank 1's memory after the records were exchanged: its call fails,
     the others' streams (already waiting) are released at once, and every later call on the
@@ -240,11 +287,14 @@ def test_split_over_two_gpus_same_bits(world_factory, ws):
     world = world_factory(ws)
     assert world.run(_case_bits, True) == [True] * ws
     assert world.run(_case_other_collectives, True, timeout=120) == [True] * ws
+    assert world.run(_case_alltoall, True) == [True] * ws
 
 
 @pytest.mark.parametrize("ws", [2, 4])
-def test_reduce_scatter_all_gather_broadcast_reduce(world_factory, ws):
-    assert world_factory(ws).run(_case_other_collectives, timeout=120) == [True] * ws
+def test_reduce_scatter_all_gather_broadcast_reduce_alltoall(world_factory, ws):
+    world = world_factory(ws)
+    assert world.run(_case_other_collectives, timeout=120) == [True] * ws
+    assert world.run(_case_alltoall) == [True] * ws
 
 
 @pytest.mark.parametrize("ws", [2, 3])

@@ -189,13 +189,13 @@ class CudaStage final : public DeviceStage {
     copyBack(out, output);
   }
 
-  void sameGpuAllgather(Communicator& comm, const at::Tensor& input, const at::Tensor& output,
-                        DataType dtype) override {
+  void sameGpuAllgather(Communicator& comm, const at::Tensor& input,
+                        const std::vector<at::Tensor>& outputs, DataType dtype) override {
     at::Tensor in = onOurStream(input);
-    at::Tensor out = onOurStream(output);
+    at::Tensor out = packed(outputs, /*read=*/false);
     lane_->sameGpu.allgather(comm, *queue(), in.data_ptr(), out.data_ptr(),
                              static_cast<size_t>(in.numel()), dtype);
-    copyBack(out, output);
+    unpack(out, outputs);
   }
 
   void sameGpuBroadcast(Communicator& comm, const at::Tensor& tensor, DataType dtype,
@@ -212,6 +212,17 @@ class CudaStage final : public DeviceStage {
     lane_->sameGpu.reduce(comm, *queue(), flat.data_ptr(), static_cast<size_t>(flat.numel()),
                           dtype, op, root);
     copyBack(flat, tensor);
+  }
+
+  void sameGpuAlltoall(Communicator& comm, const std::vector<at::Tensor>& inputs,
+                       const std::vector<uint64_t>& sendCounts,
+                       const std::vector<at::Tensor>& outputs,
+                       const std::vector<uint64_t>& recvCounts, DataType dtype) override {
+    at::Tensor in = packed(inputs, /*read=*/true);
+    at::Tensor out = packed(outputs, /*read=*/false);
+    lane_->sameGpu.alltoall(comm, *queue(), in.data_ptr(), sendCounts, out.data_ptr(), recvCounts,
+                            dtype);
+    unpack(out, outputs);
   }
 
   void onStream(const std::function<void()>& fn) override {
@@ -244,6 +255,30 @@ class CudaStage final : public DeviceStage {
   }
   void copyBack(const at::Tensor& flat, const at::Tensor& tensor) {
     if (!flat.is_same(tensor)) tensor.copy_(flat, /*non_blocking=*/true);
+  }
+  // One contiguous buffer for a tensor list: the tensor itself when there is
+  // one; else the tensors one after another, copied in if the op reads them.
+  at::Tensor packed(const std::vector<at::Tensor>& tensors, bool read) {
+    if (tensors.size() == 1) return onOurStream(tensors[0]);
+    std::vector<at::Tensor> flat;
+    int64_t total = 0;
+    for (const auto& t : tensors) {
+      flat.push_back(onOurStream(t).reshape({-1}));
+      total += t.numel();
+    }
+    return read ? at::cat(flat) : at::empty({total}, tensors[0].options());
+  }
+  // The results in `buffer` back into the tensors packed() stood for.
+  void unpack(const at::Tensor& buffer, const std::vector<at::Tensor>& tensors) {
+    if (tensors.size() == 1) {
+      copyBack(buffer, tensors[0]);
+      return;
+    }
+    int64_t at = 0;
+    for (const auto& t : tensors) {
+      t.copy_(buffer.narrow(0, at, t.numel()).view(t.sizes()), /*non_blocking=*/true);
+      at += t.numel();
+    }
   }
   std::unique_ptr<SignalQueue> queue() { return lane_->sameGpuDevice->queueOn(stream_.stream()); }
 

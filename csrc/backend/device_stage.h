@@ -3,6 +3,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -78,12 +79,19 @@ class DeviceStage {
                                 ReduceOp op) = 0;
   virtual void sameGpuReduceScatter(Communicator& comm, const at::Tensor& input,
                                     const at::Tensor& output, DataType dtype, ReduceOp op) = 0;
+  // outputs: one tensor holding every rank's block, or one tensor per rank.
   virtual void sameGpuAllgather(Communicator& comm, const at::Tensor& input,
-                                const at::Tensor& output, DataType dtype) = 0;
+                                const std::vector<at::Tensor>& outputs, DataType dtype) = 0;
   virtual void sameGpuBroadcast(Communicator& comm, const at::Tensor& tensor, DataType dtype,
                                 int root) = 0;
   virtual void sameGpuReduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
                              ReduceOp op, int root) = 0;
+  // inputs and outputs: one tensor each (all_to_all_single), or one per rank;
+  // counts in elements, per rank.
+  virtual void sameGpuAlltoall(Communicator& comm, const std::vector<at::Tensor>& inputs,
+                               const std::vector<uint64_t>& sendCounts,
+                               const std::vector<at::Tensor>& outputs,
+                               const std::vector<uint64_t>& recvCounts, DataType dtype) = 0;
 };
 
 // One per process group: one stream per device, so the group's operations

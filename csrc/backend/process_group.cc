@@ -576,6 +576,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgather(
                  outputs[0].size(), " tensors; the group has ", getSize(), " ranks");
   checkAllMatch(op, outputs[0], "output", inputs[0], "input");
   auto stage = stageFor(op, joined({inputs, outputs[0]}));
+  if (onSameGpu(stage, callOf(opts))) {
+    return enqueue(c10d::OpType::ALLGATHER, OpType::kAllgather, outputs[0], callOf(opts), stage,
+                   [stage, input = inputs[0], list = outputs[0], dtype](Communicator& comm) {
+                     stage->sameGpuAllgather(comm, input, list, dtype);
+                   }, "", inputs);
+  }
   Flat in(inputs[0], stage.get());
   auto outs = flatten(outputs[0], stage.get(), /*read=*/false);
   size_t count = static_cast<size_t>(in.flat.numel());
@@ -667,7 +673,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgatherIntoTensors(
     return enqueue(type, OpType::kAllgather, outputs, call, stage,
                    [stage, inputs, outputs, dtypes](Communicator& comm) {
                      for (size_t i = 0; i < inputs.size(); ++i) {
-                       stage->sameGpuAllgather(comm, inputs[i], outputs[i], dtypes[i]);
+                       stage->sameGpuAllgather(comm, inputs[i], {outputs[i]}, dtypes[i]);
                      }
                    }, "", inputs);
   }
@@ -861,6 +867,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall_base(
   auto sendCounts = counts(input, inputSplitSizes, "input");
   auto recvCounts = counts(output, outputSplitSizes, "output");
   auto stage = stageFor(op, {input, output});
+  if (onSameGpu(stage, callOf(opts))) {
+    return enqueue(c10d::OpType::ALLTOALL_BASE, OpType::kAlltoall, {output}, callOf(opts), stage,
+                   [stage, input, output, sendCounts, recvCounts, dtype](Communicator& comm) {
+                     stage->sameGpuAlltoall(comm, {input}, sendCounts, {output}, recvCounts,
+                                            dtype);
+                   }, "", {input});
+  }
   Flat in(input, stage.get());
   Flat out(output, stage.get(), /*read=*/false);
   return enqueue(c10d::OpType::ALLTOALL_BASE, OpType::kAlltoall, {output},
@@ -898,6 +911,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::alltoall(std::vector<at::Te
     recvCounts.push_back(static_cast<uint64_t>(outputs[static_cast<size_t>(r)].numel()));
   }
   auto stage = stageFor(op, joined({inputs, outputs}));
+  if (onSameGpu(stage, callOf(opts))) {
+    return enqueue(c10d::OpType::ALLTOALL, OpType::kAlltoall, outputs, callOf(opts), stage,
+                   [stage, inputs, outputs, sendCounts, recvCounts, dtype](Communicator& comm) {
+                     stage->sameGpuAlltoall(comm, inputs, sendCounts, outputs, recvCounts, dtype);
+                   }, "", inputs);
+  }
   auto ins = flatten(inputs, stage.get());
   auto outs = flatten(outputs, stage.get(), /*read=*/false);
   return enqueue(c10d::OpType::ALLTOALL, OpType::kAlltoall, outputs, callOf(opts),

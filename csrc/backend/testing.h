@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "csrc/common/types.h"
 
@@ -58,13 +59,16 @@ ReduceOp opFromName(const std::string& name);
 // from no arena if !lend, so they go through scratch), `stall` drops this
 // rank's signal writes, `vanish` makes this rank's lent memory impossible to
 // map, `device` stands for its GPU and `peer_access` says whether it reaches
-// the others' GPUs (ranks on different devices then run split). Returns fused (0: the
+// the others' GPUs (ranks on different devices then run split). An all_to_all
+// sends sends[r] elements to rank r and receives receipts[s] from rank s (the
+// engine's alltoall when the ranks are not on one GPU). Returns fused (0: the
 // ranks are not on one GPU and the engine ran it), seq, and the leader's
 // cache figures (opens, cached).
 TORCH_RINGDIST_API std::map<std::string, int64_t> sameGpuHostRun(
     const std::string& groupName, const std::string& kind, const at::Tensor& input,
     at::Tensor& output, const std::string& op, int64_t root, int64_t offset, bool lend,
-    bool renew, bool stall, bool vanish, int64_t device, bool peerAccess, int64_t timeoutMs);
+    bool renew, bool stall, bool vanish, int64_t device, bool peerAccess, int64_t timeoutMs,
+    const std::vector<int64_t>& sends, const std::vector<int64_t>& receipts);
 // Drops that group's state (its streams, watch and mappings).
 TORCH_RINGDIST_API void sameGpuHostReset(const std::string& groupName);
 

@@ -215,7 +215,9 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, cons
                                               const at::Tensor& input, at::Tensor& output,
                                               const std::string& op, int64_t root, int64_t offset,
                                               bool lend, bool renew, bool stall, bool vanish,
-                                              int64_t device, bool peerAccess, int64_t timeoutMs) {
+                                              int64_t device, bool peerAccess, int64_t timeoutMs,
+                                              const std::vector<int64_t>& sends,
+                                              const std::vector<int64_t>& receipts) {
   TORCH_CHECK(input.device().is_cpu() && input.is_contiguous() && output.device().is_cpu() &&
                   output.is_contiguous() && input.scalar_type() == output.scalar_type(),
               "same_gpu_host_run: contiguous CPU tensors of one dtype");
@@ -281,6 +283,25 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, cons
         std::vector<void*> blocks;
         for (int r = 0; r < n; ++r) blocks.push_back(out + static_cast<size_t>(r) * inCount * elem);
         ringdist::allgather(comm, in, blocks.data(), inCount, dtype);
+      }
+    } else if (kind == "all_to_all") {
+      RINGDIST_CHECK(static_cast<int>(sends.size()) == n && static_cast<int>(receipts.size()) == n,
+                     "same_gpu_host_run: all_to_all needs a count per rank");
+      const std::vector<uint64_t> sendCounts(sends.begin(), sends.end());
+      const std::vector<uint64_t> recvCounts(receipts.begin(), receipts.end());
+      if (fused) {
+        sim->gpu.alltoall(comm, sim->stream, in, sendCounts, out, recvCounts, dtype);
+      } else {
+        std::vector<const void*> ins;
+        std::vector<void*> outs;
+        size_t sent = 0, received = 0;
+        for (int r = 0; r < n; ++r) {
+          ins.push_back(in + sent * elem);
+          outs.push_back(out + received * elem);
+          sent += sendCounts[static_cast<size_t>(r)];
+          received += recvCounts[static_cast<size_t>(r)];
+        }
+        alltoall(comm, ins.data(), sendCounts, outs.data(), recvCounts, dtype);
       }
     } else {
       RINGDIST_FAIL("same_gpu_host_run: unknown collective ", kind);

@@ -6,7 +6,7 @@
 // of spans; each span reads `length` elements from `terms` ranks' inputs (in
 // the order that gives the host path's bits), combines them, and writes the
 // result to every rank's output or to one rank's. Allreduce, reduce, reduce-scatter,
-// allgather and broadcast are span lists (the builders below). Written once
+// allgather, broadcast and alltoall are span lists (the builders below). Written once
 // for the CUDA kernel (csrc/cuda/same_gpu.cu) and the CPU run of the same
 // code that tests check against the engine.
 
@@ -21,7 +21,8 @@ namespace ringdist {
 
 // Most ranks one fused kernel serves (its arguments are fixed-size arrays).
 constexpr int kMaxFusedRanks = 8;
-constexpr int kMaxFusedSpans = kMaxFusedRanks;
+// An alltoall has one span per (sender, receiver) pair.
+constexpr int kMaxFusedSpans = kMaxFusedRanks * kMaxFusedRanks;
 
 struct FusedSpan {
   uint64_t length;    // elements
@@ -48,6 +49,7 @@ struct FusedArgs {
   // Nonzero: the group was aborted (a rank missed its deadline); skip the work.
   const volatile uint32_t* abort = nullptr;
 };
+static_assert(sizeof(FusedArgs) <= 4096, "FusedArgs must fit CUDA's 4 KiB of kernel arguments");
 
 // 16 bytes of elements, loaded and stored at once where the pointers allow.
 struct alignas(16) FusedVector {
@@ -148,6 +150,30 @@ inline std::vector<FusedSpan> broadcastSpans(uint64_t count, int root) {
   span.writer = -1;
   span.owner = -1;
   return {span};
+}
+
+// Alltoall in bytes: bytes[s][r] go from rank s's input to rank r's output,
+// each rank's sends one after another in rank order, and each rank's
+// receipts likewise. Each receiver's kernel owns what it receives.
+inline std::vector<FusedSpan> alltoallSpans(const std::vector<std::vector<uint64_t>>& bytes) {
+  const int ranks = static_cast<int>(bytes.size());
+  std::vector<FusedSpan> spans;
+  for (int r = 0; r < ranks; ++r) {
+    uint64_t outBegin = 0;
+    for (int s = 0; s < ranks; ++s) {
+      const std::vector<uint64_t>& sends = bytes[static_cast<size_t>(s)];
+      FusedSpan span{};
+      span.length = sends[static_cast<size_t>(r)];
+      for (int k = 0; k < r; ++k) span.inBegin += sends[static_cast<size_t>(k)];
+      span.outBegin = outBegin;
+      span.order[0] = static_cast<int8_t>(s);
+      span.terms = 1;
+      span.writer = span.owner = static_cast<int8_t>(r);
+      outBegin += span.length;
+      if (span.length > 0) spans.push_back(span);
+    }
+  }
+  return spans;
 }
 
 // The spans `rank`'s kernel runs when every rank runs its share (split): those

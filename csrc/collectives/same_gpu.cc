@@ -35,11 +35,28 @@ struct PageName {
   char text[64];
 };
 
-// What a rank lends for one call.
+// What a rank lends for one call, and for an alltoall what it sends to and
+// expects from each rank (elements).
 struct Lent {
   MemoryRecord input;
   MemoryRecord output;
+  uint64_t sends[kMaxFusedRanks];
+  uint64_t receipts[kMaxFusedRanks];
 };
+
+// Every rank checks every pair the same way, so all fail alike, before any
+// of them queues anything: a rank expecting another count from a peer than
+// the peer sends it.
+void checkPairs(Communicator& comm, const std::vector<Lent>& lent) {
+  const size_t n = lent.size();
+  for (size_t s = 0; s < n; ++s) {
+    for (size_t r = 0; r < n; ++r) {
+      RINGDIST_CHECK(lent[s].sends[r] == lent[r].receipts[s], "ringdist ", comm.opName(),
+                     ": rank ", s, " sends ", lent[s].sends[r], " elements to rank ", r,
+                     ", which expects ", lent[r].receipts[s], " (seen on rank ", comm.rank(), ")");
+    }
+  }
+}
 
 }  // namespace
 
@@ -190,6 +207,27 @@ void SameGpu::broadcast(Communicator& comm, SignalQueue& queue, void* data, size
   run(comm, queue, call);
 }
 
+void SameGpu::alltoall(Communicator& comm, SignalQueue& queue, const void* input,
+                       const std::vector<uint64_t>& sendCounts, void* output,
+                       const std::vector<uint64_t>& recvCounts, DataType dtype) {
+  const size_t elem = elementSize(dtype);
+  uint64_t inCount = 0, outCount = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    inCount += sendCounts[static_cast<size_t>(r)];
+    outCount += recvCounts[static_cast<size_t>(r)];
+  }
+  Call call{comm.makeHeader(OpType::kAlltoall, 0, dtype, ReduceOp::kSum, -1), input,
+            inCount * elem, output, outCount * elem, DataType::kUInt8, ReduceOp::kSum, 0, {}};
+  call.header.variant = kSameGpuCopy;
+  call.sendCounts = &sendCounts;
+  call.recvCounts = &recvCounts;
+  const char* in = static_cast<const char*>(input);
+  const char* out = static_cast<const char*>(output);
+  call.copyInput = call.inputBytes > 0 && call.outputBytes > 0 && in < out + call.outputBytes &&
+                   out < in + call.inputBytes;
+  run(comm, queue, call);
+}
+
 void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
   RINGDIST_CHECK(ready(), "ringdist ", comm.opName(), ": the same-GPU path was not set up");
   if (signals_->aborted()) {
@@ -217,10 +255,19 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
   // lends in their place.
   const void* input = call.input;
   void* output = call.output;
+  if (call.copyInput) {
+    void* copy = platform_->scratch(0, call.inputBytes);
+    queue.copy(copy, call.input, call.inputBytes);
+    input = copy;
+  }
   Lent mine{};
+  if (call.sendCounts != nullptr) {
+    std::copy(call.sendCounts->begin(), call.sendCounts->end(), mine.sends);
+    std::copy(call.recvCounts->begin(), call.recvCounts->end(), mine.receipts);
+  }
   if (!signals_->isLeader()) {  // split: every rank lends
-    input = lend(const_cast<void*>(call.input), call.inputBytes, 0, true, &mine.input);
-    if (call.input == call.output) {
+    input = lend(const_cast<void*>(input), call.inputBytes, 0, !call.copyInput, &mine.input);
+    if (call.input == call.output && !call.copyInput) {  // in place
       output = const_cast<void*>(input);
       mine.output = mine.input;
     } else {
@@ -229,6 +276,16 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
   }
   comm.exchangeHeaders(call.header, comm.others(), comm.others());
   const std::vector<Lent> lent = allgatherValue(comm, mine);
+  std::vector<FusedSpan> spans = call.spans;
+  if (call.sendCounts != nullptr) {
+    checkPairs(comm, lent);
+    std::vector<std::vector<uint64_t>> bytes;
+    for (const Lent& theirs : lent) {
+      bytes.emplace_back(theirs.sends, theirs.sends + comm.size());
+      for (uint64_t& b : bytes.back()) b *= elementSize(static_cast<DataType>(call.header.dtype));
+    }
+    spans = alltoallSpans(bytes);
+  }
 
   FusedArgs args;
   const uint32_t seq = signals_->lastSeq() + 1;
@@ -249,8 +306,7 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
       signals_->abort(AbortCause::kMapping, seq, seq);
       throw;
     }
-    const std::vector<FusedSpan> spans =
-        signals_->split() ? shareOf(call.spans, comm.rank(), comm.size()) : call.spans;
+    if (signals_->split()) spans = shareOf(spans, comm.rank(), comm.size());
     args.spanCount = static_cast<int>(spans.size());
     std::copy(spans.begin(), spans.end(), args.spans);
     alignSpans(args, elementSize(call.kernelType));

@@ -81,6 +81,12 @@ class SameGpu {
   // The root's data becomes the reduction; the others' stays as it was.
   void reduce(Communicator& comm, SignalQueue& queue, void* data, size_t count, DataType dtype,
               ReduceOp op, int root);
+  // sendCounts[r] elements of input (rank after rank) go to rank r, whose
+  // output receives recvCounts[s] from each rank s, rank after rank. Input
+  // and output may overlap: the input is then read from a copy.
+  void alltoall(Communicator& comm, SignalQueue& queue, const void* input,
+                const std::vector<uint64_t>& sendCounts, void* output,
+                const std::vector<uint64_t>& recvCounts, DataType dtype);
 
   uint64_t opens() const { return cache_ ? cache_->opens() : 0; }
   size_t cached() const { return cache_ ? cache_->size() : 0; }
@@ -100,6 +106,11 @@ class SameGpu {
     ReduceOp op;
     int divisor;
     std::vector<FusedSpan> spans;
+    // Alltoall: the counts each pair of ranks must agree on (elements); the
+    // spans come from every rank's sends once they are exchanged.
+    const std::vector<uint64_t>* sendCounts = nullptr;
+    const std::vector<uint64_t>* recvCounts = nullptr;
+    bool copyInput = false;  // read the input from a copy (it overlaps the output)
   };
   void run(Communicator& comm, SignalQueue& queue, const Call& call);
 

@@ -43,6 +43,7 @@ void defineTestingModule(py::module_& parent) {
         py::arg("offset") = 0, py::arg("lend") = true, py::arg("renew") = false,
         py::arg("stall") = false, py::arg("vanish") = false, py::arg("device") = 0,
         py::arg("peer_access") = false, py::arg("timeout_ms") = 30000,
+        py::arg("sends") = std::vector<int64_t>{}, py::arg("receipts") = std::vector<int64_t>{},
         "One collective through the same-GPU protocol run on the CPU (host streams, "
         "shared-memory arenas for IPC): fused (0: the engine ran it), seq, opens, cached");
   m.def("same_gpu_host_reset", &sameGpuHostReset, py::arg("group_name"),
