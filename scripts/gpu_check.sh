@@ -14,8 +14,10 @@
 #   compare4  the same-GPU path against the IPC buffers with 4 ranks on the GPU
 #   collectives  allgather, reduce-scatter, broadcast, alltoall on CUDA: same-GPU vs staged vs gloo
 #   ddp       the DDP step on CUDA, 2 ranks on the GPU as 2 emulated hosts at 10 Gbit/s
+#   staged    allreduce across 2 emulated hosts at 10 Gbit/s, 16-256 MiB: pipelined staging
+#             against unpipelined and gloo
 # With a short lease (15 device-minutes), one call each, in this order: `tests handoff`,
-# `compare`, `fsdp2 collectives`, then the rest.
+# `compare`, `fsdp2 collectives`, `ddp staged`, then the rest.
 #   nccl      NCCL with 2 ranks on one GPU (its refusal is the record)
 #   handoff   benchmarks/gpu_handoff.py: the hand-off between two processes' streams on one
 #             GPU (host waits against stream memory operations; issue 31's H)
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-check}
 PY=${PYTHON:-python3}
 SITE=${RINGDIST_GPU_SITE:-/tmp/ringdist-site}
-STAGES=${*:-tests fsdp2 kernels example compare compare4 collectives ddp nccl handoff}
+STAGES=${*:-tests fsdp2 kernels example compare compare4 collectives ddp staged nccl handoff}
 mkdir -p "$OUT"
 { nvidia-smi || true; "$PY" -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } \
   2>&1 | tee "$OUT/machine.txt"
@@ -94,6 +96,15 @@ for s in $STAGES; do
         --steps 10 --warmup 5 --step-arg=--device=cuda --timeout 120 \
         --configs gloo=gloo:none ringdist=ringdist:none bf16=ringdist:bf16 int8=ringdist:int8 \
         "delayed+int8=ringdist:delayed:hook=int8" --out "$OUT/ddp_cuda_10g.json" ;;
+    staged)
+      # Allreduce of CUDA tensors across 2 emulated hosts at 10 Gbit/s (network namespaces, as
+      # ddp), 16-256 MiB: the copies to and from host memory overlapping the ring (pipelined)
+      # against copying before and after it, and gloo; the link's 1.25 GB/s is the bound.
+      stage staged 300 "$PY" -P benchmarks/compare.py --backends ringdist unpipelined=ringdist gloo \
+        --label-env unpipelined:RINGDIST_CUDA_PIPELINE_BYTES=0 --hosts 2 --rate 10gbit \
+        --rounds 1 --min-bytes 16M --max-bytes 256M --sweep-arg=--device=cuda --timeout 120 \
+        --out "/tmp/compare_cuda_staged.json"
+      cp /tmp/compare_cuda_staged.json "$OUT/" 2>/dev/null ;;
     compare4)
       # The same with 4 ranks on the GPU (the 2·P·S bound's second row), fused against IPC.
       stage compare4 300 "$PY" -P benchmarks/compare.py --backends ringdist ipc=ringdist \

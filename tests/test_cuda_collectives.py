@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 # the ranks' scratch. By default allreduce goes GPU to GPU through CUDA IPC buffers from 2 MiB
 # and everything else through pinned host memory; "ipc" and "ipc64K" take the IPC buffers at
 # every size, "ipc64K" with tiny buffers (large allreduces in many pieces); "staged" never
-# leaves the pinned host path.
+# leaves the pinned host path; "pipelined" copies to and from it while the ring runs.
 WORLDS = [(2, "default"), (4, "default"), (2, "tcp"), (3, "64"), (3, "ipc64K"), (2, "staged"),
           (2, "fused"), (4, "fused"), (2, "fused-expandable")]
 WORLD_IDS = [f"ws{w}-{s}" for w, s in WORLDS]
@@ -39,7 +39,11 @@ IPC_ENV = {"ipc": {"RINGDIST_CUDA_IPC_MIN_BYTES": "0"},
            "fused": {"RINGDIST_CUDA_FUSED": "1"},
            "fused-expandable": {"RINGDIST_CUDA_FUSED": "1",
                                 "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-           "staged": {"RINGDIST_CUDA_IPC_BYTES": "0"}}
+           "staged": {"RINGDIST_CUDA_IPC_BYTES": "0"},
+           # Through host memory with the copies overlapping the ring (StageGate) from 64 KiB;
+           # single copy off, so the ring runs as it would between hosts.
+           "pipelined": {"RINGDIST_CUDA_IPC_BYTES": "0", "RINGDIST_CUDA_PIPELINE_BYTES": "64K",
+                         "RINGDIST_SINGLE_COPY": "0"}}
 
 
 def _env(ws, seg):
@@ -84,11 +88,15 @@ def _w_same_bits_as_cpu(rank, ws, counts):
 
 
 @pytest.mark.parametrize("ws,seg", [(2, "fused"), (3, "fused"), (4, "fused"), (2, "ipc"),
-                                    (3, "ipc"), (4, "ipc64K"), (2, "fused-expandable")],
+                                    (3, "ipc"), (4, "ipc64K"), (2, "fused-expandable"),
+                                    (2, "pipelined"), (3, "pipelined")],
                          ids=["ws2-fused", "ws3-fused", "ws4-fused", "ws2-ipc", "ws3-ipc",
-                              "ws4-ipc64K", "ws2-fused-expandable"])
+                              "ws4-ipc64K", "ws2-fused-expandable", "ws2-pipelined",
+                              "ws3-pipelined"])
 def test_cuda_all_reduce_same_bits_as_cpu(world_factory, ws, seg):
     counts = [1, 5, 1000, 16385, 300001]  # both sides of the 64 KiB one-round threshold
+    if seg == "pipelined":
+        counts.append(3000001)  # several 2 MiB pieces per chunk
     tc.assert_cases(world_factory(ws, env=_env(ws, seg)).run(_w_same_bits_as_cpu, counts,
                                                              timeout=240))
 

@@ -67,6 +67,13 @@ class DeviceStage {
   virtual void allreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
                          ReduceOp op) = 0;
 
+  // The allreduce of a CUDA tensor through pinned host memory (across hosts),
+  // run as the body: copied to the host piece by piece in the order the ring
+  // reads it and back as each piece is final, so the copies overlap the
+  // network (StageGate, collectives.h); no host twin of the stage's own.
+  virtual void pipelinedAllreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
+                                  ReduceOp op) = 0;
+
   // Ranks sharing one GPU (csrc/collectives/same_gpu.h). sameGpu(): -1 until
   // the group's set-up ran, then whether its collectives on this device go
   // this way. setUpSameGpu is that set-up, run as an operation of its own

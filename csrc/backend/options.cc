@@ -109,6 +109,8 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
                  o.collectives.deviceBufferBytes);
   o.collectives.deviceMinBytes =
       envBytes("RINGDIST_CUDA_IPC_MIN_BYTES", kDefaultDeviceMinBytes, 0);
+  o.collectives.devicePipelineBytes =
+      envBytes("RINGDIST_CUDA_PIPELINE_BYTES", kDefaultDevicePipelineBytes, 0);
   o.collectives.deviceFused = envFlag("RINGDIST_CUDA_FUSED", false);
   o.collectives.corruptResultAt = envBytes("RINGDIST_TEST_CORRUPT_RESULT", 0, 0);
 

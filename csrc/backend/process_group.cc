@@ -161,6 +161,7 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
                        options.collectives.deviceBufferBytes > 0;
     deviceMinBytes_ = options.collectives.deviceMinBytes;
     deviceFused_ = options.collectives.deviceFused;
+    devicePipelineBytes_ = options.collectives.devicePipelineBytes;
     logDebug(strCat("rank ", rank, "/", size, " ready; kernels: ", kernelFamily(),
                     "; segment bytes: ", options.collectives.segmentBytes));
   } catch (const Error& e) {
@@ -451,6 +452,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceAs(
                    call, stage,
                    [stage, tensor, dtype, reduceOp](Communicator& comm) {
                      stage->allreduce(comm, tensor, dtype, reduceOp);
+                   });
+  }
+  const size_t bytes = static_cast<size_t>(tensors[0].numel() * tensors[0].element_size());
+  if (stage != nullptr && devicePipelineBytes_ > 0 && bytes >= devicePipelineBytes_) {
+    // through host memory, the copies overlapping the ring
+    at::Tensor tensor = tensors[0];
+    return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors, call, stage,
+                   [stage, tensor, dtype, reduceOp](Communicator& comm) {
+                     stage->pipelinedAllreduce(comm, tensor, dtype, reduceOp);
                    });
   }
   Flat flat(tensors[0], stage.get());

@@ -219,6 +219,7 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   bool deviceAllreduce_ = false;
   size_t deviceMinBytes_ = 0;  // smaller ones stage through host memory
   bool deviceFused_ = false;   // the same-GPU path is on (RINGDIST_CUDA_FUSED)
+  size_t devicePipelineBytes_ = 0;  // staged allreduces from here copy while the ring runs
   std::mutex sameGpuSetUp_;    // one thread decides per device
   std::vector<std::string> transports_;
   shm::SameHostCopy sameHostCopy_;

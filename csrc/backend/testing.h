@@ -72,4 +72,17 @@ TORCH_RINGDIST_API std::map<std::string, int64_t> sameGpuHostRun(
 // Drops that group's state (its streams, watch and mappings).
 TORCH_RINGDIST_API void sameGpuHostReset(const std::string& groupName);
 
+// dist.all_reduce of `tensor` in place on the group named groupName through a
+// StageGate on the CPU (testing_gated.cc): the engine's buffer is filled
+// range by range, `delay_us` apart, in the order the gate's plan gives, and
+// the result is taken range by range as the engine says each is final.
+// Returns planned (ranges), needs, produced, produced_early (results taken
+// before the last input range was in), bytes_planned_once and
+// bytes_produced_once.
+TORCH_RINGDIST_API std::map<std::string, int64_t> gatedAllreduce(const std::string& groupName,
+                                                                 at::Tensor& tensor,
+                                                                 const std::string& op,
+                                                                 int64_t delayUs,
+                                                                 int64_t timeoutMs);
+
 }  // namespace ringdist::testing

@@ -122,9 +122,13 @@ std::vector<size_t> streamOrder(size_t first, size_t end, size_t perStep) {
 // `count` elements at `data`: steps 0..n-2 reduce-scatter (position p ends
 // owning chunk p, fully reduced), steps n-1..2n-3 allgather. A partial range
 // starts from data that is final for its first step. divisor > 0: the owner
-// divides its chunk by it after the last reduce step (AVG).
+// divides its chunk by it after the last reduce step (AVG). A gate (the whole
+// ring only) is asked for each segment of the input before its first read,
+// the step-0 send or the reduce into it, and told of each final segment: the
+// owner's after its last reduce, the others' as the allgather brings them.
 void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count, DataType dtype,
-               ReduceFn reduceFn, long firstStep, long endStep, int divisor) {
+               ReduceFn reduceFn, long firstStep, long endStep, int divisor,
+               StageGate* gate = nullptr) {
   const int n = ring.size();
   const size_t elem = elementSize(dtype);
   const ChunkLayout layout(count, n, comm.segmentBytes(), elem);
@@ -148,6 +152,24 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
   const std::vector<size_t> order = streamOrder(first, end, perStep);
   std::vector<size_t> positionOf(total);
   for (size_t k = 0; k < total; ++k) positionOf[order[k] - first] = k;
+  auto needSegment = [&](size_t transfer, bool sending) {
+    size_t offset, length;
+    segmentOf(transfer, sending, &offset, &length);
+    if (length > 0) gate->need(offset * elem, length * elem);
+  };
+  if (gate != nullptr) {
+    std::vector<std::pair<size_t, size_t>> ranges;
+    auto add = [&](size_t transfer, bool sending) {
+      size_t offset, length;
+      segmentOf(transfer, sending, &offset, &length);
+      if (length > 0) ranges.emplace_back(offset * elem, length * elem);
+    };
+    for (size_t t : order) {
+      if (t < perStep) add(t, true);
+      if (t < reduceScatterTransfers) add(t, false);
+    }
+    gate->plan(ranges);
+  }
   std::vector<uint64_t> sendTicket(total, 0);  // indexed by transfer - first
   std::vector<uint64_t> recvTicket(total, 0);
   size_t sent = 0;       // stream positions whose send is posted
@@ -162,6 +184,7 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
       if (t >= first + perStep && positionOf[t - perStep - first] >= processed) {
         break;
       }
+      if (gate != nullptr && t < perStep) needSegment(t, true);
       size_t offset, length;
       segmentOf(t, true, &offset, &length);
       lastSend = sendTicket[t - first] = right.postSend(base + offset * elem, length * elem);
@@ -175,6 +198,7 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
       size_t offset, length;
       segmentOf(t, false, &offset, &length);
       if (t < reduceScatterTransfers) {
+        if (gate != nullptr) needSegment(t, false);
         char* target = base + offset * elem;
         recvTicket[t - first] = left.postRecvReduce(target, target, length * elem, elem, reduceFn);
       } else {
@@ -191,10 +215,13 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
     const size_t t = processed < posted ? order[processed] : 0;
     if (processed < posted && left.recvDone(recvTicket[t - first])) {
       bool lastReduceStep = t / perStep == static_cast<size_t>(n - 2);
+      size_t offset, length;
+      segmentOf(t, false, &offset, &length);
       if (lastReduceStep && divisor > 0) {
-        size_t offset, length;
-        segmentOf(t, false, &offset, &length);
         divideInPlace(base + offset * elem, length, dtype, divisor);  // the owner finalises its chunk
+      }
+      if (gate != nullptr && length > 0 && (lastReduceStep || t >= reduceScatterTransfers)) {
+        gate->produced(offset * elem, length * elem);
       }
       ++processed;
       continue;
@@ -258,10 +285,11 @@ void singleCopyAllreduce(Communicator& comm, void* data, size_t count, DataType 
 }
 
 // Flat ring over every rank (its order visits each host's ranks together).
-void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
+void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
+                   StageGate* gate) {
   const int n = comm.size();
   ringSteps(comm, comm.ring(), data, count, dtype, reduceFunction(dtype, op), 0, 2 * (n - 1),
-            op == ReduceOp::kAvg ? n : 0);
+            op == ReduceOp::kAvg ? n : 0, gate);
 }
 
 // Two levels, for H hosts of L ranks each: reduce-scatter inside the host
@@ -294,7 +322,8 @@ void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataTyp
 
 }  // namespace
 
-void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
+void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
+               StageGate* gate) {
   const int n = comm.size();
   reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
   const size_t bytes = count * elementSize(dtype);
@@ -305,6 +334,18 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
                                          : kRingAllreduce;
   if (comm.singleCopy(bytes) && (n == 2 ? bytes >= kMinSingleCopyAllreduceBytes : !small)) {
     header.variant = kSingleCopyAllreduce;
+  }
+  // A gate follows the flat ring segment by segment; every other path needs
+  // the whole buffer before its first exchange (a peer may read it from then
+  // on) and finishes it whole.
+  StageGate* ringGate =
+      header.variant == kRingAllreduce && n > 1 && count > 0 ? gate : nullptr;
+  StageGate* wholeGate = ringGate == nullptr && bytes > 0 ? gate : nullptr;
+  if (wholeGate != nullptr) {
+    wholeGate->plan({{0, bytes}});
+    wholeGate->need(0, bytes);
+  }
+  if (header.variant == kSingleCopyAllreduce) {
     singleCopyAllreduce(comm, data, count, dtype, op, header);
   } else if (n == 2 && count > 0 && small) {
     pairAllreduce(comm, data, count, dtype, op, header);
@@ -316,10 +357,11 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
       if (header.variant == kHierarchicalAllreduce) {
         hierarchicalAllreduce(comm, data, count, dtype, op);
       } else {
-        ringAllreduce(comm, data, count, dtype, op);
+        ringAllreduce(comm, data, count, dtype, op, ringGate);
       }
     }
   }
+  if (wholeGate != nullptr) wholeGate->produced(0, bytes);
   if (comm.options().checkResults) {
     checkIdenticalResults(comm, data, bytes, "allreduce");
   }

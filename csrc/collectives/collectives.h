@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "csrc/codec/codec.h"
@@ -33,8 +34,30 @@ enum CopyVariant : uint8_t {
   kSameGpuCopy = 2, // ranks sharing one GPU: one fused kernel (same_gpu.h); reduce-scatter too
 };
 
+// Memory that fills and drains while an operation runs: a CUDA tensor's
+// pinned host twin, copied from the GPU piece by piece ahead of the ring and
+// back to it as each piece becomes final, so the copies overlap the network
+// (device_stage.cc). The ring allreduce asks before it first reads input
+// bytes and says when output bytes are final; the other allreduce paths need
+// the whole buffer first and produce it whole at the end. Offsets and
+// lengths in bytes.
+class StageGate {
+ public:
+  virtual ~StageGate() = default;
+  // Every range the operation will need(), in the order it will first need
+  // them; called once, before any need().
+  virtual void plan(const std::vector<std::pair<size_t, size_t>>& ranges) = 0;
+  // Returns once [offset, offset + length) holds the input (bounded by the
+  // operation's deadline).
+  virtual void need(size_t offset, size_t length) = 0;
+  // [offset, offset + length) holds its result and is not written again.
+  virtual void produced(size_t offset, size_t length) = 0;
+};
+
 // In place: data (count elements) becomes the reduction over all ranks.
-void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op);
+// With a gate, data is read and finished range by range (StageGate).
+void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
+               StageGate* gate = nullptr);
 
 // data (count elements) on root is copied to every rank.
 void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int root);

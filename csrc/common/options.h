@@ -141,6 +141,11 @@ constexpr size_t kDefaultDeviceBufferBytes = 64 << 20;
 // sharing a GPU each wait costs a context switch (~270 us measured on an
 // H100). There it wins from 4 MiB and loses at 1 MiB (docs/perf/gpu_h100.md).
 constexpr size_t kDefaultDeviceMinBytes = 2 << 20;
+// From this size a staged CUDA allreduce (across hosts) copies to and from
+// host memory piece by piece while the ring runs (StageGate) instead of
+// before and after it: each wait for a piece is a host wait for the GPU, so
+// small tensors keep the one copy and one wait.
+constexpr size_t kDefaultDevicePipelineBytes = 4 << 20;
 
 struct CollectiveOptions {
   size_t segmentBytes = kDefaultSegmentBytes;  // ranks must agree (checked per op)
@@ -162,6 +167,7 @@ struct CollectiveOptions {
   // 0: CUDA allreduce stages through host memory on one host too.
   size_t deviceBufferBytes = kDefaultDeviceBufferBytes;
   size_t deviceMinBytes = kDefaultDeviceMinBytes;
+  size_t devicePipelineBytes = kDefaultDevicePipelineBytes;  // 0: never pipelined
   // Collectives among ranks that share one GPU: stream-ordered hand-offs and
   // one fused kernel at every size (same_gpu.h). Off until it has run on a GPU.
   bool deviceFused = false;

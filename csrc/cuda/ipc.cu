@@ -83,10 +83,15 @@ StreamWaiter::~StreamWaiter() {
 void StreamWaiter::wait(cudaStream_t stream, std::chrono::steady_clock::time_point deadline,
                         const char* what) {
   check(cudaEventRecord(event_, stream), "cudaEventRecord");
+  waitForEvent(event_, deadline, what);
+}
+
+void waitForEvent(cudaEvent_t event, std::chrono::steady_clock::time_point deadline,
+                  const char* what) {
   const auto spinUntil = std::chrono::steady_clock::now() + kSpin;
   auto sleep = std::chrono::microseconds(1);
   while (true) {
-    cudaError_t status = cudaEventQuery(event_);
+    cudaError_t status = cudaEventQuery(event);
     if (status == cudaSuccess) return;
     if (status != cudaErrorNotReady) check(status, what);
     (void)cudaGetLastError();  // cudaErrorNotReady is not an error: clear it

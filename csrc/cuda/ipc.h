@@ -69,6 +69,11 @@ class MappedBuffer {
 // dst = src (bytes), device or pinned host memory, queued on stream.
 void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t stream);
 
+// Host-side wait, bounded by a deadline, for a recorded event (polls it:
+// yields, then sleeps longer and longer). Throws TimeoutError naming `what`.
+void waitForEvent(cudaEvent_t event, std::chrono::steady_clock::time_point deadline,
+                  const char* what);
+
 // Host-side wait, bounded by a deadline, for everything a stream has queued
 // so far (polls an event; never an unbounded cudaStreamSynchronize).
 class StreamWaiter {

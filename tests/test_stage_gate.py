@@ -1,0 +1,56 @@
+"""The pipelined staging of CUDA tensors across hosts, proven on the CPU: the engine's allreduce
+through a StageGate (csrc/collectives/collectives.h) whose buffer is filled range by range, in
+the order the gate's plan gives, while the ring runs, and whose results are taken range by range
+as the ring says each is final (csrc/backend/testing_gated.cc). The buffer starts as 0xFF bytes,
+so a ring that read a range before asking for it, or called a range final before it was, would
+give other bits than dist.all_reduce, which every case compares against."""
+import pytest
+
+# One round (whole buffer), the ring with few and with many segments; none; fewer than ranks.
+COUNTS = [0, 1, 3, 1000, 70001, (1 << 18) + 5]
+OPS = [("float32", "sum"), ("bfloat16", "avg"), ("int64", "max"), ("float64", "avg")]
+# Single copy off: the flat ring on one host, as between hosts. "4K": many segments.
+WORLDS = [(2, {"RINGDIST_SINGLE_COPY": "0"}),
+          (3, {"RINGDIST_SINGLE_COPY": "0", "RINGDIST_SEGMENT_BYTES": "4K"}),
+          (4, {"RINGDIST_SINGLE_COPY": "0", "RINGDIST_TRANSPORT": "tcp"}),
+          (2, {})]
+
+
+def _case_gated(rank, ws, ring):
+    import torch
+    import torch.distributed as dist
+    from torch_ringdist._C import testing
+
+    name = dist.group.WORLD.group_name
+    for n in COUNTS:
+        for dtype_name, op in OPS:
+            dtype = getattr(torch, dtype_name)
+            g = torch.Generator().manual_seed(31 * rank + n)
+            x = (torch.randn(n, generator=g) * 100).to(dtype)
+            expected = x.clone()
+            dist.all_reduce(expected, op=getattr(dist.ReduceOp, op.upper()))
+            got = x.clone()
+            # A slow copy for the largest case: results must come out before the input is in.
+            delay = 1000 if n == COUNTS[-1] else 0
+            stats = testing.gated_allreduce(name, got, op, delay_us=delay)
+            key = (n, dtype_name, op, stats)
+            assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), key
+            nbytes = got.numel() * got.element_size()
+            assert stats["bytes_planned_once"] == nbytes, key
+            assert stats["bytes_produced_once"] == nbytes, key
+            assert stats["needs"] == stats["planned"], key
+            # The one-round path up to 1 MiB for two ranks, 64 KiB for more (options.h).
+            if not ring or nbytes <= (1 << 20 if ws == 2 else 64 << 10):
+                assert stats["planned"] == (1 if nbytes else 0), key  # the whole buffer
+            else:
+                assert stats["planned"] >= 2 * ws, key  # segment by segment
+                if delay:
+                    assert stats["produced_early"] > 0, key
+    return True
+
+
+@pytest.mark.parametrize("ws,env", WORLDS, ids=["ws2-ring", "ws3-ring-4K", "ws4-tcp", "ws2-auto"])
+def test_gated_allreduce_same_bits_and_pipelined(world_factory, ws, env):
+    ring = env.get("RINGDIST_SINGLE_COPY") == "0"
+    world = world_factory(ws, env=env)
+    assert world.run(_case_gated, ring, timeout=240) == [True] * ws
