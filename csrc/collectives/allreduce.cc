@@ -100,6 +100,17 @@ void oneShotAllreduce(Communicator& comm, void* data, size_t count, DataType dty
   std::memcpy(data, scratch, bytes);
 }
 
+// How one run of ring steps meets the operation's StageGate: `needs`: its
+// step-0 sends and reduce-scatter receives are the operation's first reads of
+// the input (planned, then asked for); `produces`: its final segments are
+// results; `offset`: where its data starts in the gated buffer (bytes).
+struct RingGate {
+  StageGate* gate = nullptr;
+  bool needs = false;
+  bool produces = false;
+  size_t offset = 0;
+};
+
 // The order in which a rank sends (and its right neighbour receives) the
 // transfers of steps [first, end): segment j of step s goes out at key
 // j + (s - first) * kForwardLag, ties by step. So a segment is forwarded
@@ -122,13 +133,11 @@ std::vector<size_t> streamOrder(size_t first, size_t end, size_t perStep) {
 // `count` elements at `data`: steps 0..n-2 reduce-scatter (position p ends
 // owning chunk p, fully reduced), steps n-1..2n-3 allgather. A partial range
 // starts from data that is final for its first step. divisor > 0: the owner
-// divides its chunk by it after the last reduce step (AVG). A gate (the whole
-// ring only) is asked for each segment of the input before its first read,
-// the step-0 send or the reduce into it, and told of each final segment: the
-// owner's after its last reduce, the others' as the allgather brings them.
+// divides its chunk by it after the last reduce step (AVG). `gated` says how
+// these steps meet the operation's StageGate, if any (RingGate).
 void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count, DataType dtype,
                ReduceFn reduceFn, long firstStep, long endStep, int divisor,
-               StageGate* gate = nullptr) {
+               const RingGate& gated = {}) {
   const int n = ring.size();
   const size_t elem = elementSize(dtype);
   const ChunkLayout layout(count, n, comm.segmentBytes(), elem);
@@ -152,23 +161,25 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
   const std::vector<size_t> order = streamOrder(first, end, perStep);
   std::vector<size_t> positionOf(total);
   for (size_t k = 0; k < total; ++k) positionOf[order[k] - first] = k;
+  StageGate* const needs = gated.needs ? gated.gate : nullptr;
+  StageGate* const produces = gated.produces ? gated.gate : nullptr;
   auto needSegment = [&](size_t transfer, bool sending) {
     size_t offset, length;
     segmentOf(transfer, sending, &offset, &length);
-    if (length > 0) gate->need(offset * elem, length * elem);
+    if (length > 0) needs->need(gated.offset + offset * elem, length * elem);
   };
-  if (gate != nullptr) {
+  if (needs != nullptr) {
     std::vector<std::pair<size_t, size_t>> ranges;
     auto add = [&](size_t transfer, bool sending) {
       size_t offset, length;
       segmentOf(transfer, sending, &offset, &length);
-      if (length > 0) ranges.emplace_back(offset * elem, length * elem);
+      if (length > 0) ranges.emplace_back(gated.offset + offset * elem, length * elem);
     };
     for (size_t t : order) {
       if (t < perStep) add(t, true);
       if (t < reduceScatterTransfers) add(t, false);
     }
-    gate->plan(ranges);
+    needs->plan(ranges);
   }
   std::vector<uint64_t> sendTicket(total, 0);  // indexed by transfer - first
   std::vector<uint64_t> recvTicket(total, 0);
@@ -184,7 +195,7 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
       if (t >= first + perStep && positionOf[t - perStep - first] >= processed) {
         break;
       }
-      if (gate != nullptr && t < perStep) needSegment(t, true);
+      if (needs != nullptr && t < perStep) needSegment(t, true);
       size_t offset, length;
       segmentOf(t, true, &offset, &length);
       lastSend = sendTicket[t - first] = right.postSend(base + offset * elem, length * elem);
@@ -198,7 +209,7 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
       size_t offset, length;
       segmentOf(t, false, &offset, &length);
       if (t < reduceScatterTransfers) {
-        if (gate != nullptr) needSegment(t, false);
+        if (needs != nullptr) needSegment(t, false);
         char* target = base + offset * elem;
         recvTicket[t - first] = left.postRecvReduce(target, target, length * elem, elem, reduceFn);
       } else {
@@ -220,8 +231,8 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
       if (lastReduceStep && divisor > 0) {
         divideInPlace(base + offset * elem, length, dtype, divisor);  // the owner finalises its chunk
       }
-      if (gate != nullptr && length > 0 && (lastReduceStep || t >= reduceScatterTransfers)) {
-        gate->produced(offset * elem, length * elem);
+      if (produces != nullptr && length > 0 && (lastReduceStep || t >= reduceScatterTransfers)) {
+        produces->produced(gated.offset + offset * elem, length * elem);
       }
       ++processed;
       continue;
@@ -289,7 +300,7 @@ void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
                    StageGate* gate) {
   const int n = comm.size();
   ringSteps(comm, comm.ring(), data, count, dtype, reduceFunction(dtype, op), 0, 2 * (n - 1),
-            op == ReduceOp::kAvg ? n : 0, gate);
+            op == ReduceOp::kAvg ? n : 0, {gate, true, true, 0});
 }
 
 // Two levels, for H hosts of L ranks each: reduce-scatter inside the host
@@ -301,13 +312,15 @@ void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
 // reduced in one fixed order and then copied, so results stay bitwise
 // identical on all ranks.
 void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
-                           ReduceOp op) {
+                           ReduceOp op, StageGate* gate) {
   const SubRing& host = comm.hostRing();
   const SubRing& cross = comm.crossRing();
   const long l = host.size();
   const long h = cross.size();
   ReduceFn reduceFn = reduceFunction(dtype, op);
-  ringSteps(comm, host, data, count, dtype, reduceFn, 0, l - 1, 0);
+  // A gate: the host's reduce-scatter first reads the input; the cross ring
+  // finishes this rank's chunk and the host's allgather brings the others.
+  ringSteps(comm, host, data, count, dtype, reduceFn, 0, l - 1, 0, {gate, true, false, 0});
   const size_t elem = elementSize(dtype);
   const ChunkLayout layout(count, host.size(), comm.segmentBytes(), elem);
   const size_t own = static_cast<size_t>(host.pos);
@@ -315,9 +328,11 @@ void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataTyp
   if (layout.chunkLength(own) > 0) {
     ringSteps(comm, cross, static_cast<char*>(data) + layout.chunkOffset(own) * elem,
               layout.chunkLength(own), dtype, reduceFn, 0, 2 * (h - 1),
-              op == ReduceOp::kAvg ? comm.size() : 0);
+              op == ReduceOp::kAvg ? comm.size() : 0,
+              {gate, false, true, layout.chunkOffset(own) * elem});
   }
-  ringSteps(comm, host, data, count, dtype, reduceFn, l - 1, 2 * (l - 1), 0);
+  ringSteps(comm, host, data, count, dtype, reduceFn, l - 1, 2 * (l - 1), 0,
+            {gate, false, true, 0});
 }
 
 }  // namespace
@@ -335,11 +350,11 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
   if (comm.singleCopy(bytes) && (n == 2 ? bytes >= kMinSingleCopyAllreduceBytes : !small)) {
     header.variant = kSingleCopyAllreduce;
   }
-  // A gate follows the flat ring segment by segment; every other path needs
-  // the whole buffer before its first exchange (a peer may read it from then
-  // on) and finishes it whole.
-  StageGate* ringGate =
-      header.variant == kRingAllreduce && n > 1 && count > 0 ? gate : nullptr;
+  // A gate follows the rings segment by segment; every other path needs the
+  // whole buffer before its first exchange (a peer may read it from then on)
+  // and finishes it whole.
+  const bool ring = header.variant == kRingAllreduce || header.variant == kHierarchicalAllreduce;
+  StageGate* ringGate = ring && n > 1 && count > 0 ? gate : nullptr;
   StageGate* wholeGate = ringGate == nullptr && bytes > 0 ? gate : nullptr;
   if (wholeGate != nullptr) {
     wholeGate->plan({{0, bytes}});
@@ -355,7 +370,7 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
     comm.exchangeRingHeaders(header);
     if (n > 1 && count > 0) {  // AVG over one rank divides by one
       if (header.variant == kHierarchicalAllreduce) {
-        hierarchicalAllreduce(comm, data, count, dtype, op);
+        hierarchicalAllreduce(comm, data, count, dtype, op, ringGate);
       } else {
         ringAllreduce(comm, data, count, dtype, op, ringGate);
       }

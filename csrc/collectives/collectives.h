@@ -37,10 +37,10 @@ enum CopyVariant : uint8_t {
 // Memory that fills and drains while an operation runs: a CUDA tensor's
 // pinned host twin, copied from the GPU piece by piece ahead of the ring and
 // back to it as each piece becomes final, so the copies overlap the network
-// (device_stage.cc). The ring allreduce asks before it first reads input
-// bytes and says when output bytes are final; the other allreduce paths need
-// the whole buffer first and produce it whole at the end. Offsets and
-// lengths in bytes.
+// (device_stage.cc). The ring allreduces (flat and two-level) ask before
+// they first read input bytes and say when output bytes are final; the other
+// allreduce paths need the whole buffer first and produce it whole at the
+// end. Offsets and lengths in bytes.
 class StageGate {
  public:
   virtual ~StageGate() = default;
