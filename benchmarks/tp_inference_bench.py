@@ -8,8 +8,10 @@ Variants: `dtensor-ringdist`, `dtensor-gloo` (torch's tensor-parallel API on a r
 DeviceMesh), `dtensor-fake` (the same on torch's `fake` backend, whose collectives do nothing:
 DTensor's own bound L), `direct` (the direct operators), `deepspeed` (DeepSpeed's
 `inference_all_reduce_` for the allreduces; only when DeepSpeed is installed), `no-comm` (the
-same shards, collectives skipped: the direct path's bound L) and `sync-only` (each collective a
-one-element direct allreduce: L plus the ranks waiting for each other, next to no data). Per variant: the median over
+same shards, collectives skipped: the direct path's bound L), `sync-only` (each collective a
+one-element direct allreduce: L plus the ranks waiting for each other, next to no data) and
+`spin-barrier` (each collective a spin on counters in shared memory, no backend: the least any
+collective can cost in this model). Per variant: the median over
 --rounds of ms per generated token (rank 0), and whether its tokens equal the one-process run.
 """
 import argparse
@@ -55,8 +57,8 @@ def main():
 
     reference, prompt = None, None
     models = {}
-    for name in ["dtensor-ringdist", "dtensor-gloo", "dtensor-fake", "direct", "deepspeed", "no-comm",
-                 "sync-only"]:
+    for name in ["dtensor-ringdist", "dtensor-gloo", "dtensor-fake", "direct",
+                 "deepspeed", "no-comm", "sync-only", "spin-barrier"]:
         if name == "deepspeed" and not have_deepspeed:
             continue
         model, prompt = tp.build(args)

@@ -14,12 +14,18 @@ DeepSpeed's ``torch.ops.deepspeed.inference_all_reduce_`` (if installed) for the
 --mode no-comm: the same shards with the collectives skipped (wrong tokens; the time per token
 without communication, the bound L). --mode sync-only: each collective replaced by a one-element
 direct allreduce (wrong tokens; the ranks still wait for each other at every collective, so
-this is L plus the synchronisation, with next to no data). Rank 0 also runs the whole model in this process and checks
+this is L plus the synchronisation, with next to no data). --mode spin-barrier: each collective
+replaced by the cheapest wait for the other ranks there is, no backend at all: a counter per
+rank in shared memory, spun on from Python (wrong tokens; no collective can cost less, since no
+rank leaves one before every rank reached it). Rank 0 also runs the whole model in this process and checks
 the tokens are equal (float64 by default, so summation order cannot flip an argmax). Prints
 ``tokens: ...`` and ``ms/token``.
 """
 import argparse
+import ctypes
+import mmap
 import os
+import tempfile
 import time
 
 import torch
@@ -81,7 +87,7 @@ class Decoder(nn.Module):
 
 # ---------------------------------------------------------------- the direct-operator model
 
-def all_reduce_with(mode):
+def all_reduce_with(mode, barrier):
     """The allreduce a row-parallel layer ends with, in place."""
     if mode == "direct":
         return torch_ringdist.direct_all_reduce
@@ -89,11 +95,44 @@ def all_reduce_with(mode):
         return torch.ops.deepspeed.inference_all_reduce_
     if mode == "sync-only":
         return lambda y: torch_ringdist.direct_all_reduce(SYNC_TOKEN)
+    if mode == "spin-barrier":
+        return lambda y: barrier()
     return lambda y: y  # no-comm
 
 
 # sync-only: what each collective all-reduces instead of its data.
 SYNC_TOKEN = torch.zeros(1)
+
+
+class SpinBarrier:
+    """spin-barrier: the ranks of this host wait for each other through a page of shared
+    memory and nothing else. Each call raises this rank's counter (one per cache line) and
+    spins until every rank's counter got there."""
+
+    def __init__(self):
+        rank, self.size = dist.get_rank(), dist.get_world_size()
+        names = [None]
+        if rank == 0:
+            fd, names[0] = tempfile.mkstemp(prefix="ringdist_tp_barrier_", dir="/dev/shm")
+            os.ftruncate(fd, 64 * self.size)
+            os.close(fd)
+        dist.broadcast_object_list(names, src=0)
+        with open(names[0], "r+b") as f:
+            self.page = mmap.mmap(f.fileno(), 64 * self.size)
+        dist.barrier()  # everyone has it mapped
+        if rank == 0:
+            os.unlink(names[0])
+        self.counters = (ctypes.c_int64 * (8 * self.size)).from_buffer(self.page)
+        self.mine = 8 * rank
+        self.generation = 0
+
+    def __call__(self):
+        self.generation += 1
+        reached, counters = self.generation, self.counters
+        counters[self.mine] = reached
+        for r in range(0, 8 * self.size, 8):
+            while counters[r] < reached:
+                pass
 
 
 class RowParallel(nn.Module):
@@ -121,33 +160,38 @@ def column_shard(linear, rank, size, parts=1):
 
 
 class GatheredHead(nn.Module):
-    """Vocabulary-parallel logits, gathered across the ranks (comm "gather"; "none" and "sync"
-    repeat this rank's logits instead, "sync" after a one-element allreduce)."""
+    """Vocabulary-parallel logits, gathered across the ranks (comm "gather"; "none", "sync" and
+    "spin" repeat this rank's logits instead, "sync" after a one-element allreduce, "spin" after
+    the spin barrier)."""
 
-    def __init__(self, linear, rank, size, comm):
+    def __init__(self, linear, rank, size, comm, barrier=None):
         super().__init__()
         self.shard = column_shard(linear, rank, size)
         self.comm = comm
+        self.barrier = barrier
 
     def forward(self, x):
         local = self.shard(x)  # (b, t, VOCAB / size)
         if self.comm != "gather":
             if self.comm == "sync":
                 torch_ringdist.direct_all_reduce(SYNC_TOKEN)
+            elif self.comm == "spin":
+                self.barrier()
             return local.repeat(1, 1, dist.get_world_size())
         parts = torch_ringdist.direct_all_gather(local.movedim(-1, 0).contiguous())
         return parts.movedim(0, -1)
 
 
 def shard_directly(model, rank, size, mode):
-    all_reduce = all_reduce_with(mode)
+    barrier = SpinBarrier() if mode == "spin-barrier" else None
+    all_reduce = all_reduce_with(mode, barrier)
     for block in model.blocks:
         block.attn.qkv = column_shard(block.attn.qkv, rank, size, parts=3)
         block.attn.out = RowParallel(block.attn.out, rank, size, all_reduce)
         block.up = column_shard(block.up, rank, size)
         block.down = RowParallel(block.down, rank, size, all_reduce)
-    comm = {"no-comm": "none", "sync-only": "sync"}.get(mode, "gather")
-    model.lm_head = GatheredHead(model.lm_head, rank, size, comm)
+    comm = {"no-comm": "none", "sync-only": "sync", "spin-barrier": "spin"}.get(mode, "gather")
+    model.lm_head = GatheredHead(model.lm_head, rank, size, comm, barrier)
     return model
 
 
@@ -204,7 +248,8 @@ def add_model_args(p):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", default="dtensor",
-                   choices=["dtensor", "direct", "deepspeed", "no-comm", "sync-only"])
+                   choices=["dtensor", "direct", "deepspeed", "no-comm", "sync-only",
+                            "spin-barrier"])
     p.add_argument("--backend", default="ringdist", help="the process group's backend")
     add_model_args(p)
     p.add_argument("--repeat", type=int, default=3, help="timed generations after a warm-up")
@@ -245,7 +290,7 @@ def main():
               f"{sorted(times)[len(times) // 2] * 1e3:.3f})")
         print("tokens equal the one-process run" if same else
               f"TOKENS DIFFER from the one-process run: {reference}")
-        if not same and mode not in ("no-comm", "sync-only"):  # these two do not sum
+        if not same and mode not in ("no-comm", "sync-only", "spin-barrier"):  # these do not sum
             os._exit(1)
     dist.barrier()
     dist.destroy_process_group()

@@ -19,3 +19,17 @@ def test_tensor_parallel_tokens_equal_one_process(mode):
     assert "tokens equal the one-process run" in out, out[-3000:]
     tokens = re.search(rf"mode {mode}, ringdist, 2 ranks, float64: tokens: \[([0-9, ]+)\]", out)
     assert tokens and len(tokens.group(1).split(",")) == 12, out[-3000:]
+
+
+def test_timing_modes_run_the_same_shards():
+    """--mode no-comm and --mode spin-barrier (the bounds the benchmark measures against) run
+    the same shards with every collective skipped or replaced by a wait: the same (wrong)
+    tokens, and neither hangs."""
+    found = {}
+    for mode in ("no-comm", "spin-barrier"):
+        args = ["--tokens", "6", "--layers", "2", "--repeat", "1", "--mode", mode]
+        out = torchrun_output(EXAMPLE, *args, nproc=2, timeout=240, cwd=REPO)
+        tokens = re.search(rf"mode {mode}, ringdist, 2 ranks, float64: tokens: \[([0-9, ]+)\]", out)
+        assert tokens, out[-3000:]
+        found[mode] = tokens.group(1)
+    assert found["no-comm"] == found["spin-barrier"], found
