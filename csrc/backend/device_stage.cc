@@ -369,7 +369,8 @@ class CudaStage final : public DeviceStage {
     std::vector<at::Tensor> flat;
     int64_t total = 0;
     for (const auto& t : tensors) {
-      flat.push_back(onOurStream(t).reshape({-1}));
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+      if (read) flat.push_back(t.reshape({-1}));
       total += t.numel();
     }
     return read ? at::cat(flat) : at::empty({total}, tensors[0].options());
