@@ -16,6 +16,7 @@
 
 #include "csrc/collectives/collectives.h"
 #include "csrc/collectives/device_allreduce.h"
+#include "csrc/collectives/stage_pieces.h"
 #include "csrc/common/error.h"
 #include "csrc/cuda/codec.h"
 #include "csrc/cuda/same_gpu.h"
@@ -63,23 +64,21 @@ class Event {
 };
 
 // A CUDA tensor's pinned twin, filled and drained while the engine's ring
-// runs (StageGate). The planned ranges are grouped into pieces of up to
-// kPieceBytes (ranges that continue one another, among the few the plan is
-// reading at once); the pieces go to the host on the group's stream in the
-// order first needed, kAhead ahead of the ring, each followed by an event
-// that need() waits for. Final ranges are gathered the same way and go back
-// to the GPU a piece at a time. The copies are ATen's, so the caching host
-// allocator knows the stream still uses the pinned memory.
+// runs (StageGate), in the pieces StagePieces gives: each piece goes to the
+// host on the group's stream followed by an event that need() waits for;
+// each full run of final ranges goes back to the GPU. The copies are ATen's,
+// so the caching host allocator knows the stream still uses the pinned
+// memory. A range is final only after it was read, so its copy back queues
+// after its copy out.
 class PipelinedTwin final : public StageGate {
  public:
   static constexpr size_t kPieceBytes = 2 << 20;
-  static constexpr size_t kAhead = 4;    // pieces copied ahead of the last one needed
-  static constexpr size_t kGrowing = 8;  // pieces being gathered at once
 
   PipelinedTwin(const at::Tensor& device, std::chrono::steady_clock::time_point deadline)
       : device_(device.view({-1}).view(at::kByte)),
         host_(at::empty(device_.sizes(), device_.options().device(at::kCPU).pinned_memory(true))),
-        deadline_(deadline) {}
+        deadline_(deadline),
+        pieces_(kPieceBytes) {}
   ~PipelinedTwin() override {
     for (cudaEvent_t event : events_) (void)cudaEventDestroy(event);
   }
@@ -87,76 +86,45 @@ class PipelinedTwin final : public StageGate {
   void* host() const { return host_.data_ptr(); }
 
   void plan(const std::vector<std::pair<size_t, size_t>>& ranges) override {
-    for (const auto& [offset, length] : ranges) pieceOf_[offset] = gather(pieces_, offset, length);
-    issueThrough(kAhead);
+    pieces_.plan(ranges, [&](size_t offset, size_t bytes) { copyOut(offset, bytes); });
   }
 
-  void need(size_t offset, size_t length) override {
-    const size_t piece = pieceOf_.at(offset);
-    issueThrough(piece + kAhead);
+  void need(size_t offset, size_t) override {
+    const size_t piece =
+        pieces_.need(offset, [&](size_t at, size_t bytes) { copyOut(at, bytes); });
     cuda::waitForEvent(events_[piece], deadline_, "copy the tensor's next piece to host memory");
-    (void)length;  // inside the piece by construction
   }
 
   void produced(size_t offset, size_t length) override {
-    const size_t run = gather(runs_, offset, length);
-    if (runs_[run].second >= kPieceBytes) flush(run);
+    pieces_.produced(offset, length, [&](size_t at, size_t bytes) { copyBack(at, bytes); });
   }
 
   // The final ranges still gathered go back to the GPU.
   void finish() {
-    for (size_t run = 0; run < runs_.size(); ++run) flush(run);
+    pieces_.finish([&](size_t at, size_t bytes) { copyBack(at, bytes); });
   }
 
  private:
-  using Ranges = std::vector<std::pair<size_t, size_t>>;  // (offset, length)
-
-  // Appends [offset, offset + length) to one of the last kGrowing entries of
-  // `pieces` that it continues, if that stays within kPieceBytes, else as a
-  // new entry; returns its index.
-  static size_t gather(Ranges& pieces, size_t offset, size_t length) {
-    const size_t from = pieces.size() > kGrowing ? pieces.size() - kGrowing : 0;
-    for (size_t i = pieces.size(); i-- > from;) {
-      auto& [begin, bytes] = pieces[i];
-      if (bytes > 0 && begin + bytes == offset && bytes + length <= kPieceBytes) {
-        bytes += length;
-        return i;
-      }
-    }
-    pieces.emplace_back(offset, length);
-    return pieces.size() - 1;
+  void copyOut(size_t offset, size_t bytes) {
+    const auto at = static_cast<int64_t>(offset);
+    const auto n = static_cast<int64_t>(bytes);
+    host_.narrow(0, at, n).copy_(device_.narrow(0, at, n), /*non_blocking=*/true);
+    cudaEvent_t event = nullptr;
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    events_.push_back(event);  // events_[k]: piece k's, pieces are copied out in order
+    C10_CUDA_CHECK(cudaEventRecord(event, c10::cuda::getCurrentCUDAStream().stream()));
   }
-
-  void issueThrough(size_t last) {
-    for (; issued_ <= last && issued_ < pieces_.size(); ++issued_) {
-      const auto [offset, bytes] = pieces_[issued_];
-      const auto at = static_cast<int64_t>(offset);
-      const auto n = static_cast<int64_t>(bytes);
-      host_.narrow(0, at, n).copy_(device_.narrow(0, at, n), /*non_blocking=*/true);
-      cudaEvent_t event = nullptr;
-      C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-      events_.push_back(event);
-      C10_CUDA_CHECK(cudaEventRecord(event, c10::cuda::getCurrentCUDAStream().stream()));
-    }
-  }
-
-  void flush(size_t run) {
-    auto& [offset, bytes] = runs_[run];
-    if (bytes == 0) return;
+  void copyBack(size_t offset, size_t bytes) {
     const auto at = static_cast<int64_t>(offset);
     const auto n = static_cast<int64_t>(bytes);
     device_.narrow(0, at, n).copy_(host_.narrow(0, at, n), /*non_blocking=*/true);
-    bytes = 0;  // spent: never continued again
   }
 
   at::Tensor device_;  // bytes, on the group's stream
   at::Tensor host_;
   const std::chrono::steady_clock::time_point deadline_;
-  Ranges pieces_;
-  std::map<size_t, size_t> pieceOf_;  // planned range's offset -> its piece
-  std::vector<cudaEvent_t> events_;   // of pieces_[0..issued_)
-  size_t issued_ = 0;
-  Ranges runs_;  // final ranges gathered for the copy back
+  StagePieces pieces_;
+  std::vector<cudaEvent_t> events_;
 };
 
 // What a group keeps per GPU: its stream (issue order on the GPU), a waiter

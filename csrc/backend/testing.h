@@ -73,15 +73,17 @@ TORCH_RINGDIST_API std::map<std::string, int64_t> sameGpuHostRun(
 TORCH_RINGDIST_API void sameGpuHostReset(const std::string& groupName);
 
 // dist.all_reduce of `tensor` in place on the group named groupName through a
-// StageGate on the CPU (testing_gated.cc): the engine's buffer is filled
-// range by range, `delay_us` apart, in the order the gate's plan gives, and
-// the result is taken range by range as the engine says each is final.
-// Returns planned (ranges), needs, produced, produced_early (results taken
-// before the last input range was in), bytes_planned_once and
-// bytes_produced_once.
+// StageGate on the CPU (testing_gated.cc), moved in the pieces the CUDA twin
+// uses (stage_pieces.h) of at most `pieceBytes`: the engine's buffer is
+// filled piece by piece, `delay_us` apart, in the order issued, and the
+// result is taken in runs as the engine says ranges are final. Returns
+// planned (ranges), pieces, needs, produced (ranges), copies_back (runs),
+// produced_early (ranges final before the last piece was in),
+// bytes_planned_once and bytes_produced_once.
 TORCH_RINGDIST_API std::map<std::string, int64_t> gatedAllreduce(const std::string& groupName,
                                                                  at::Tensor& tensor,
                                                                  const std::string& op,
+                                                                 int64_t pieceBytes,
                                                                  int64_t delayUs,
                                                                  int64_t timeoutMs);
 

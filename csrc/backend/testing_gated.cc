@@ -1,17 +1,20 @@
 // The allreduce through a StageGate (collectives.h) on the CPU, for tests:
 // the gate a CUDA tensor's pinned twin uses across hosts, with host memory
-// standing in for the GPU's. A copier thread fills the engine's buffer from
-// the "device" input range by range in the plan's order, `delay` apart; the
-// buffer starts as 0xFF bytes, so a read before need() returned gives a wrong
-// result. produced() copies a range out to the "device" result (also 0xFF at
-// first) and checks that no byte is produced twice.
+// standing in for the GPU's and the same pieces (stage_pieces.h). A copier
+// thread fills the engine's buffer from the "device" input piece by piece,
+// in the order they are issued, `delay` apart; the buffer starts as 0xFF
+// bytes, so a read before need() returned gives a wrong result. Full runs
+// of final ranges are copied out to the "device" result (also 0xFF at first)
+// as the GPU's would be copied back, and no byte may be produced twice.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
-#include <map>
+#include <deque>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -20,6 +23,7 @@
 #include "csrc/backend/process_group.h"
 #include "csrc/backend/testing.h"
 #include "csrc/collectives/collectives.h"
+#include "csrc/collectives/stage_pieces.h"
 #include "csrc/common/error.h"
 
 namespace ringdist::testing {
@@ -28,51 +32,54 @@ namespace {
 
 class HostGate final : public StageGate {
  public:
-  HostGate(const char* source, char* buffer, char* result, size_t bytes,
+  HostGate(const char* source, char* buffer, char* result, size_t bytes, size_t pieceBytes,
            std::chrono::microseconds delay)
       : source_(source), buffer_(buffer), result_(result), bytes_(bytes), delay_(delay),
-        producedMarks_(bytes, 0), plannedMarks_(bytes, 0) {}
+        pieces_(pieceBytes), producedMarks_(bytes, 0), plannedMarks_(bytes, 0),
+        copier_([this] { copyPieces(); }) {}
   ~HostGate() override {
-    stop_ = true;
-    if (copier_.joinable()) copier_.join();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    copier_.join();
   }
 
   void plan(const std::vector<std::pair<size_t, size_t>>& ranges) override {
-    RINGDIST_CHECK(!copier_.joinable(), "gated allreduce: plan() called twice");
-    ranges_ = ranges;
-    for (size_t i = 0; i < ranges_.size(); ++i) {
-      const auto [offset, length] = ranges_[i];
+    RINGDIST_CHECK(!planned_, "gated allreduce: plan() called twice");
+    planned_ = true;
+    for (const auto& [offset, length] : ranges) {
       RINGDIST_CHECK(offset + length <= bytes_, "gated allreduce: planned range out of bounds");
-      index_[ranges_[i]] = i;
       for (size_t b = offset; b < offset + length; ++b) ++plannedMarks_[b];
     }
-    copier_ = std::thread([this] {
-      for (size_t i = 0; i < ranges_.size() && !stop_; ++i) {
-        std::this_thread::sleep_for(delay_);
-        std::memcpy(buffer_ + ranges_[i].first, source_ + ranges_[i].first, ranges_[i].second);
-        copied_.store(i + 1, std::memory_order_release);
-      }
-    });
+    ranges_ = ranges.size();
+    pieces_.plan(ranges, [&](size_t at, size_t n) { issue(at, n); });
   }
 
   void need(size_t offset, size_t length) override {
-    auto it = index_.find({offset, length});
-    RINGDIST_CHECK(it != index_.end(), "gated allreduce: need(", offset, ", ", length,
-                   ") of a range the plan does not hold");
-    const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (copied_.load(std::memory_order_acquire) <= it->second) {
-      RINGDIST_CHECK(std::chrono::steady_clock::now() < giveUp, "gated allreduce: copy stuck");
-      std::this_thread::sleep_for(std::chrono::microseconds(10));
-    }
+    const size_t piece = pieces_.need(offset, [&](size_t at, size_t n) { issue(at, n); });
+    RINGDIST_CHECK(offset >= issuedRanges_[piece].first &&
+                       offset + length <= issuedRanges_[piece].first + issuedRanges_[piece].second,
+                   "gated allreduce: need(", offset, ", ", length, ") outside its piece");
+    std::unique_lock<std::mutex> lock(mutex_);
+    RINGDIST_CHECK(cv_.wait_for(lock, std::chrono::seconds(30), [&] { return copied_ > piece; }),
+                   "gated allreduce: copy stuck");
     ++needs_;
   }
 
   void produced(size_t offset, size_t length) override {
     RINGDIST_CHECK(offset + length <= bytes_, "gated allreduce: produced range out of bounds");
-    if (copied_.load(std::memory_order_acquire) < ranges_.size()) ++producedEarly_;
-    for (size_t b = offset; b < offset + length; ++b) ++producedMarks_[b];
-    std::memcpy(result_ + offset, buffer_ + offset, length);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (copied_ < pieces_.pieces()) ++producedEarly_;
+    }
     ++produced_;
+    pieces_.produced(offset, length, [&](size_t at, size_t n) { copyBack(at, n); });
+  }
+
+  void finish() {
+    pieces_.finish([&](size_t at, size_t n) { copyBack(at, n); });
   }
 
   std::map<std::string, int64_t> stats() const {
@@ -81,39 +88,80 @@ class HostGate final : public StageGate {
       for (uint8_t m : marks) n += m == times ? 1 : 0;
       return n;
     };
-    return {{"planned", static_cast<int64_t>(ranges_.size())},
+    return {{"planned", static_cast<int64_t>(ranges_)},
+            {"pieces", static_cast<int64_t>(pieces_.pieces())},
             {"needs", needs_},
             {"produced", produced_},
+            {"copies_back", copiesBack_},
             {"produced_early", producedEarly_},
             {"bytes_planned_once", count(plannedMarks_, 1)},
             {"bytes_produced_once", count(producedMarks_, 1)}};
   }
 
  private:
+  // A piece goes to the copier, which copies pieces in the order issued (a stream).
+  void issue(size_t offset, size_t length) {
+    issuedRanges_.emplace_back(offset, length);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.emplace_back(offset, length);
+    }
+    cv_.notify_all();
+  }
+
+  void copyPieces() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      const auto [offset, length] = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      std::this_thread::sleep_for(delay_);
+      std::memcpy(buffer_ + offset, source_ + offset, length);
+      lock.lock();
+      ++copied_;
+      cv_.notify_all();
+    }
+  }
+
+  void copyBack(size_t offset, size_t length) {
+    for (size_t b = offset; b < offset + length; ++b) ++producedMarks_[b];
+    std::memcpy(result_ + offset, buffer_ + offset, length);
+    ++copiesBack_;
+  }
+
   const char* source_;
   char* buffer_;
   char* result_;
   const size_t bytes_;
   const std::chrono::microseconds delay_;
-  std::vector<std::pair<size_t, size_t>> ranges_;
-  std::map<std::pair<size_t, size_t>, size_t> index_;
+  StagePieces pieces_;
+  std::vector<std::pair<size_t, size_t>> issuedRanges_;  // piece k's range
   std::vector<uint8_t> producedMarks_;
   std::vector<uint8_t> plannedMarks_;
-  std::atomic<size_t> copied_{0};
-  std::atomic<bool> stop_{false};
-  std::thread copier_;
+  bool planned_ = false;
+  size_t ranges_ = 0;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::pair<size_t, size_t>> queue_;  // issued, not yet copied
+  size_t copied_ = 0;                             // pieces copied, in issue order
+  bool stop_ = false;
   int64_t needs_ = 0;
   int64_t produced_ = 0;
+  int64_t copiesBack_ = 0;
   int64_t producedEarly_ = 0;
+  std::thread copier_;  // last: starts once everything above exists
 };
 
 }  // namespace
 
 std::map<std::string, int64_t> gatedAllreduce(const std::string& groupName, at::Tensor& tensor,
-                                              const std::string& op, int64_t delayUs,
-                                              int64_t timeoutMs) {
+                                              const std::string& op, int64_t pieceBytes,
+                                              int64_t delayUs, int64_t timeoutMs) {
   TORCH_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
               "gated_allreduce: a contiguous CPU tensor");
+  TORCH_CHECK(pieceBytes > 0, "gated_allreduce: piece_bytes must be positive");
   DataType dtype = DataType::kFloat32;
   TORCH_CHECK(toDataType(tensor.scalar_type(), &dtype), "gated_allreduce: dtype ",
               tensor.scalar_type());
@@ -122,11 +170,12 @@ std::map<std::string, int64_t> gatedAllreduce(const std::string& groupName, at::
   std::vector<char> buffer(bytes, static_cast<char>(0xFF));
   std::vector<char> result(bytes, static_cast<char>(0xFF));
   HostGate gate(static_cast<const char*>(tensor.data_ptr()), buffer.data(), result.data(), bytes,
-                std::chrono::microseconds(delayUs));
+                static_cast<size_t>(pieceBytes), std::chrono::microseconds(delayUs));
   group.runOnWorker(std::chrono::milliseconds(timeoutMs), [&](Communicator& comm) {
     allreduce(comm, buffer.data(), static_cast<size_t>(tensor.numel()), dtype, opFromName(op),
               &gate);
   });
+  gate.finish();
   std::memcpy(tensor.data_ptr(), result.data(), bytes);
   return gate.stats();
 }
