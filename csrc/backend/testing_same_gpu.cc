@@ -4,15 +4,19 @@
 //  - a "stream" is a thread running what was queued on it in order; its
 //    waits spin until the counter is reached, with no deadline of their own
 //    (like the GPU's), so only the watch's abort can release them;
-//  - a rank's "allocation" is a named shared-memory arena that the leader
-//    maps by name (the IPC handle) and caches, and renew() replaces it as the
-//    caching allocator replaces a segment;
+//  - a rank's "allocation" is a shared-memory arena that the leader opens
+//    by its /proc path (the IPC handle) and caches, and renew() replaces it
+//    as the caching allocator replaces a segment;
 //  - the fused kernel is the same span code (fused.h) run by one worker.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
+#include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -118,21 +122,50 @@ class HostStream final : public SignalQueue {
   std::thread thread_;
 };
 
-// Lendable memory: a named shared-memory object.
+// Lendable memory: an anonymous shared-memory file (memfd) that peers open
+// by its path under /proc, so nothing is left in /dev/shm even when a test
+// kills the process.
 struct Arena {
-  std::string name;
+  std::string name;  // /proc/<pid>/fd/<fd>
+  // Told apart from an earlier arena that had the same fd number (the leader
+  // caches mappings by the whole handle, as CUDA IPC handles are unique).
+  uint64_t generation = 0;
+  int fd = -1;
   char* base = nullptr;
   size_t bytes = 0;
 
   void renew(size_t atLeast) {
     release();
     bytes = std::max<size_t>(atLeast, 1 << 20);
-    base = static_cast<char*>(shm::createShared(bytes, &name));
+    fd = ::memfd_create("ringdist-test-arena", MFD_CLOEXEC);
+    RINGDIST_CHECK(fd >= 0, "test arena: memfd_create failed: ", std::strerror(errno));
+    RINGDIST_CHECK(::ftruncate(fd, static_cast<off_t>(bytes)) == 0, "test arena: ftruncate failed");
+    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    RINGDIST_CHECK(mapped != MAP_FAILED, "test arena: mmap failed: ", std::strerror(errno));
+    base = static_cast<char*>(mapped);
+    name = strCat("/proc/", ::getpid(), "/fd/", fd);
+    static std::atomic<uint64_t> arenas{0};
+    generation = ++arenas;
+  }
+  // The handle: the path, then (past its end) the generation.
+  void describe(MemoryRecord* record) const {
+    static_assert(sizeof(record->handle) >= 48 + sizeof(uint64_t), "room for the generation");
+    std::memset(record->handle, 0, sizeof(record->handle));
+    std::memcpy(record->handle, name.data(), std::min<size_t>(name.size(), 47));
+    std::memcpy(record->handle + 48, &generation, sizeof(generation));
+    record->allocationBytes = bytes;
+  }
+  // Peers can no longer open it: its fd now stands for /dev/null (kept open,
+  // so the number is not handed to another file meanwhile).
+  void vanish() {
+    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    ::dup2(null, fd);
+    ::close(null);
   }
   void release() {
     if (base == nullptr) return;
     ::munmap(base, bytes);
-    ::shm_unlink(name.c_str());
+    ::close(fd);
     base = nullptr;
   }
   bool holds(const void* data, size_t length) const {
@@ -147,18 +180,15 @@ class HostPlatform final : public SameGpuPlatform {
  public:
   HostPlatform(std::array<Arena, 3>& arenas, uint8_t device) : arenas_(arenas) { id_.fill(device); }
 
-  // The next lent allocation's name disappears before the leader can open it.
+  // The next lent allocation cannot be opened by the leader.
   void vanish(bool on) { vanish_ = on; }
 
   bool lend(const void* data, size_t bytes, MemoryRecord* record, std::string* why) override {
-    for (const Arena& arena : arenas_) {
+    for (Arena& arena : arenas_) {
       if (!arena.holds(data, bytes)) continue;
-      std::memset(record->handle, 0, sizeof(record->handle));
-      std::memcpy(record->handle, arena.name.data(),
-                  std::min(arena.name.size(), sizeof(record->handle) - 1));
+      arena.describe(record);
       record->offset = static_cast<uint64_t>(static_cast<const char*>(data) - arena.base);
-      record->allocationBytes = arena.bytes;
-      if (vanish_) ::shm_unlink(arena.name.c_str());
+      if (vanish_) arena.vanish();
       return true;
     }
     *why = "the tensor is in no shared arena of this rank";
@@ -171,8 +201,10 @@ class HostPlatform final : public SameGpuPlatform {
   }
   void* open(const MemoryRecord& record) override {
     size_t bytes = 0;
-    void* base = shm::openShared(reinterpret_cast<const char*>(record.handle),
-                                 record.allocationBytes, &bytes);
+    const char* path = reinterpret_cast<const char*>(record.handle);
+    const int fd = ::open(path, O_RDWR | O_CLOEXEC);
+    RINGDIST_CHECK(fd >= 0, "test arena: open(", path, ") failed: ", std::strerror(errno));
+    void* base = shm::mapShared(fd, record.allocationBytes, &bytes, path);
     sizes_[base] = bytes;
     return base;
   }

@@ -69,6 +69,10 @@ void* openShared(const std::string& name, size_t minBytes, size_t* bytes) {
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   RINGDIST_CHECK(fd >= 0, "ringdist: shm_open(", name, ") failed: ", std::strerror(errno),
                  " (is /dev/shm shared between these ranks?)");
+  return mapShared(fd, minBytes, bytes, name);
+}
+
+void* mapShared(int fd, size_t minBytes, size_t* bytes, const std::string& name) {
   struct stat st{};
   ::fstat(fd, &st);
   *bytes = static_cast<size_t>(st.st_size);

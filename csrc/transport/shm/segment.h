@@ -65,6 +65,9 @@ uint64_t processStartTime(int pid);
 // minBytes long). Both throw Error naming what failed.
 void* createShared(size_t bytes, std::string* name);
 void* openShared(const std::string& name, size_t minBytes, size_t* bytes);
+// The whole of the shared memory behind `fd` (named `name` in errors),
+// mapped if at least minBytes long; closes fd.
+void* mapShared(int fd, size_t minBytes, size_t* bytes, const std::string& name);
 
 struct alignas(64) RingControl {
   alignas(64) std::atomic<uint64_t> head;  // bytes written (writer only)
