@@ -40,14 +40,14 @@ def setup(labels):
     on a tensor."""
     import torch_ringdist  # noqa: F401  registers "ringdist"
     if "deepspeed" in labels or "deepspeed-comm" in labels:
-        os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+        from tp_inference import init_deepspeed  # also unlinks DeepSpeed's /dev/shm buffer
         try:
-            import deepspeed
+            deepspeed = init_deepspeed("ringdist")
         except ImportError:
             raise SystemExit("deepspeed_peer: DeepSpeed is not installed (a benchmark-only "
                              "requirement: DS_BUILD_OPS=0 pip install --no-build-isolation "
                              "deepspeed==0.19.8); or leave out the labels `deepspeed` and `deepspeed-comm`")
-        deepspeed.init_distributed(dist_backend="ringdist")  # builds and initializes its shm op
     else:
         dist.init_process_group("ringdist")
     fake = None

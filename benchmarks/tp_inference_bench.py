@@ -43,9 +43,7 @@ def main():
     torch.set_num_threads(1)
     import torch_ringdist  # noqa: F401
     try:
-        import deepspeed
-        os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        deepspeed.init_distributed(dist_backend="ringdist")
+        tp.init_deepspeed("ringdist")
         have_deepspeed = True
     except ImportError:
         dist.init_process_group("ringdist")

@@ -245,6 +245,22 @@ def add_model_args(p):
     p.add_argument("--seed", type=int, default=0)
 
 
+def init_deepspeed(backend):
+    """The default process group through DeepSpeed (its shared-memory allreduce needs
+    LOCAL_SIZE), on `backend`; returns the deepspeed module. DeepSpeed never unlinks the buffer
+    it creates in /dev/shm (66 MB a rank); every rank maps every buffer during the set-up, so
+    once all are through it each rank unlinks its own, and nothing is left however it exits."""
+    import deepspeed  # builds its shared-memory op on first use
+    os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    deepspeed.init_distributed(dist_backend=backend)
+    dist.barrier()
+    buffer = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+              f"{os.environ.get('MASTER_PORT', '')}_{dist.get_rank()}")
+    if os.path.exists(buffer):
+        os.unlink(buffer)
+    return deepspeed
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", default="dtensor",
@@ -256,9 +272,7 @@ def main():
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.mode == "deepspeed":
-        import deepspeed  # builds and initializes its shared-memory op (needs LOCAL_SIZE)
-        os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        deepspeed.init_distributed(dist_backend=args.backend)
+        init_deepspeed(args.backend)
     else:
         dist.init_process_group(args.backend)
     rank, size = dist.get_rank(), dist.get_world_size()
