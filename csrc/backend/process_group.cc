@@ -444,8 +444,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceAs(
                      stage->sameGpuAllreduce(comm, tensor, dtype, reduceOp);
                    });
   }
-  if (stage != nullptr && deviceAllreduce_ &&
-      tensors[0].numel() * tensors[0].element_size() >= static_cast<int64_t>(deviceMinBytes_)) {
+  const size_t bytes = static_cast<size_t>(tensors[0].numel() * tensors[0].element_size());
+  if (stage != nullptr && deviceAllreduce_ && bytes >= deviceMinBytes_) {
     // GPU to GPU, on this host
     at::Tensor tensor = tensors[0];
     return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors,
@@ -454,7 +454,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceAs(
                      stage->allreduce(comm, tensor, dtype, reduceOp);
                    });
   }
-  const size_t bytes = static_cast<size_t>(tensors[0].numel() * tensors[0].element_size());
   if (stage != nullptr && devicePipelineBytes_ > 0 && bytes >= devicePipelineBytes_) {
     // through host memory, the copies overlapping the ring
     at::Tensor tensor = tensors[0];

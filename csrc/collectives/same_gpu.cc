@@ -279,10 +279,11 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
   std::vector<FusedSpan> spans = call.spans;
   if (call.sendCounts != nullptr) {
     checkPairs(comm, lent);
+    const size_t elem = elementSize(static_cast<DataType>(call.header.dtype));
     std::vector<std::vector<uint64_t>> bytes;
     for (const Lent& theirs : lent) {
       bytes.emplace_back(theirs.sends, theirs.sends + comm.size());
-      for (uint64_t& b : bytes.back()) b *= elementSize(static_cast<DataType>(call.header.dtype));
+      for (uint64_t& b : bytes.back()) b *= elem;
     }
     spans = alltoallSpans(bytes);
   }
