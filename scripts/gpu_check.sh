@@ -14,10 +14,10 @@
 #   compare4  the same-GPU path against the IPC buffers with 4 ranks on the GPU
 #   collectives  allgather, reduce-scatter, broadcast, alltoall on CUDA: same-GPU vs staged vs gloo
 #   ddp       the DDP step on CUDA, 2 ranks on the GPU as 2 emulated hosts at 10 Gbit/s
-#   staged    allreduce across 2 emulated hosts at 10 Gbit/s, 16-256 MiB: pipelined staging
-#             against unpipelined and gloo
+#   staged    allreduce (16-256 MiB), allgather and reduce-scatter (16-64 MiB) across 2
+#             emulated hosts at 10 Gbit/s: pipelined staging against unpipelined and gloo
 # With a short lease (15 device-minutes), one call each, in this order: `tests handoff`,
-# `compare`, `fsdp2 collectives`, `ddp staged`, then the rest.
+# `compare`, `fsdp2 collectives`, `ddp`, `staged`, then the rest.
 #   nccl      NCCL with 2 ranks on one GPU (its refusal is the record)
 #   handoff   benchmarks/gpu_handoff.py: the hand-off between two processes' streams on one
 #             GPU (host waits against stream memory operations; issue 31's H)
@@ -100,11 +100,17 @@ for s in $STAGES; do
       # Allreduce of CUDA tensors across 2 emulated hosts at 10 Gbit/s (network namespaces, as
       # ddp), 16-256 MiB: the copies to and from host memory overlapping the ring (pipelined)
       # against copying before and after it, and gloo; the link's 1.25 GB/s is the bound.
-      stage staged 300 "$PY" -P benchmarks/compare.py --backends ringdist unpipelined=ringdist gloo \
-        --label-env unpipelined:RINGDIST_CUDA_PIPELINE_BYTES=0 --hosts 2 --rate 10gbit \
-        --rounds 1 --min-bytes 16M --max-bytes 256M --sweep-arg=--device=cuda --timeout 120 \
+      staged=(--backends ringdist unpipelined=ringdist gloo --hosts 2 --rate 10gbit --rounds 1
+              --label-env unpipelined:RINGDIST_CUDA_PIPELINE_BYTES=0 --min-bytes 16M
+              --sweep-arg=--device=cuda --timeout 120)
+      stage staged 240 "$PY" -P benchmarks/compare.py "${staged[@]}" --max-bytes 256M \
         --out "/tmp/compare_cuda_staged.json"
-      cp /tmp/compare_cuda_staged.json "$OUT/" 2>/dev/null ;;
+      # FSDP2's two collectives across hosts, the same way
+      for c in allgather reduce_scatter; do
+        stage "staged-$c" 150 "$PY" -P benchmarks/compare.py "${staged[@]}" --collective "$c" \
+          --max-bytes 64M --out "/tmp/compare_cuda_staged_$c.json"
+      done
+      cp /tmp/compare_cuda_staged*.json "$OUT/" 2>/dev/null ;;
     compare4)
       # The same with 4 ranks on the GPU (the 2·P·S bound's second row), fused against IPC.
       stage compare4 300 "$PY" -P benchmarks/compare.py --backends ringdist ipc=ringdist \

@@ -87,6 +87,51 @@ def _w_same_bits_as_cpu(rank, ws, counts):
     return out
 
 
+def _w_gather_scatter_same_as_cpu(rank, ws, counts):
+    """all_gather_into_tensor (out of place, and in place as FSDP2 calls it: the input a view
+    of the rank's own block) and reduce_scatter_tensor on CUDA tensors against the same calls
+    on CPU tensors, bit for bit."""
+    torch.cuda.set_device(0)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for n in counts:
+            g = torch.Generator().manual_seed(7919 * rank + n)
+            x = (torch.randn(n * ws, generator=g) * 100).to(dtype)
+            block = x[:n].clone()
+            cpu = torch.empty(n * ws, dtype=dtype)
+            dist.all_gather_into_tensor(cpu, block)
+            gpu = torch.full((n * ws,), 7, dtype=dtype, device="cuda")
+            dist.all_gather_into_tensor(gpu, block.cuda())
+            in_place = torch.full((n * ws,), 7, dtype=dtype, device="cuda")
+            in_place[rank * n:(rank + 1) * n] = block.cuda()
+            dist.all_gather_into_tensor(in_place, in_place[rank * n:(rank + 1) * n])
+            for key, got in ((f"all_gather {dtype} n={n}", gpu),
+                             (f"all_gather in place {dtype} n={n}", in_place)):
+                same = torch.equal(got.cpu(), cpu)
+                out[key] = (None if same else f"{key}: differs from the CPU path",
+                            tc.digest(got.cpu()))
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG) if dtype != torch.int64 else (
+                    dist.ReduceOp.MAX,):
+                cpu = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter_tensor(cpu, x, op=op)
+                gpu = torch.full((n,), 7, dtype=dtype, device="cuda")
+                dist.reduce_scatter_tensor(gpu, x.cuda(), op=op)
+                got = gpu.cpu()
+                same = torch.equal(got.view(torch.uint8), cpu.view(torch.uint8))
+                key = f"reduce_scatter {dtype} {op} n={n}"
+                out[key] = (None if same else f"{key}: differs from the CPU path", tc.digest(got))
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_cuda_pipelined_gather_scatter_same_bits_as_cpu(world_factory, ws):
+    """The staged allgather and reduce-scatter with copies overlapping the ring (single copy
+    off, so the ring runs as between hosts), from 64 KiB, up to several 2 MiB pieces."""
+    counts = [1, 1000, 300001, 1500001]
+    tc.assert_cases(world_factory(ws, env=_env(ws, "pipelined")).run(
+        _w_gather_scatter_same_as_cpu, counts, timeout=240), check_digests=False)
+
+
 @pytest.mark.parametrize("ws,seg", [(2, "fused"), (3, "fused"), (4, "fused"), (2, "ipc"),
                                     (3, "ipc"), (4, "ipc64K"), (2, "fused-expandable"),
                                     (2, "pipelined"), (3, "pipelined")],

@@ -1,10 +1,11 @@
-"""The pipelined staging of CUDA tensors across hosts, proven on the CPU: the engine's allreduce
-through a StageGate (csrc/collectives/collectives.h) whose buffer is filled while the ring runs,
-in the pieces the CUDA twin uses (csrc/collectives/stage_pieces.h), and whose results are taken
-in runs as the ring says ranges are final (csrc/backend/testing_gated.cc). The buffer starts as
-0xFF bytes, so a ring that read a range before asking for it, a piece that did not hold what was
-asked, or a range called final before it was, would give other bits than dist.all_reduce, which
-every case compares against."""
+"""The pipelined staging of CUDA tensors across hosts, proven on the CPU: the engine's allreduce,
+allgather and reduce-scatter through a StageGate (csrc/collectives/collectives.h) whose input is
+filled while the ring runs, in the pieces the CUDA twins use (csrc/collectives/stage_pieces.h),
+and whose results are taken in runs as the ring says ranges are final
+(csrc/backend/testing_gated.cc). The engine's buffers start as 0xFF bytes, so a ring that read a
+range before asking for it, a piece that did not hold what was asked, or a range called final
+before it was, would give other bits than torch.distributed's own call, which every case compares
+against."""
 import pytest
 
 # One round (whole buffer), the ring with few and with many segments; none; fewer than ranks.
@@ -19,50 +20,80 @@ WORLDS = [(2, {"RINGDIST_SINGLE_COPY": "0"}),
           (2, {})]
 
 
+def _expected(collective, x, op):
+    import torch
+    import torch.distributed as dist
+
+    ws = dist.get_world_size()
+    if collective == "allreduce":
+        out = x.clone()
+        dist.all_reduce(out, op=getattr(dist.ReduceOp, op.upper()))
+    elif collective == "all_gather":
+        out = torch.empty(x.numel() * ws, dtype=x.dtype)
+        dist.all_gather_into_tensor(out, x)
+    else:
+        out = torch.empty(x.numel() // ws, dtype=x.dtype)
+        dist.reduce_scatter_tensor(out, x, op=getattr(dist.ReduceOp, op.upper()))
+    return out
+
+
 def _case_gated(rank, ws, env, ring, two_level=False):
     import torch
     import torch.distributed as dist
     from torch_ringdist._C import testing
 
     name = dist.group.WORLD.group_name
-    for n in COUNTS:
-        for dtype_name, op in OPS:
-            dtype = getattr(torch, dtype_name)
-            g = torch.Generator().manual_seed(31 * rank + n)
-            x = (torch.randn(n, generator=g) * 100).to(dtype)
-            expected = x.clone()
-            dist.all_reduce(expected, op=getattr(dist.ReduceOp, op.upper()))
-            got = x.clone()
-            # A slow copy for the largest case: results must come out before the input is in.
-            delay = 1000 if n == COUNTS[-1] else 0
-            # 16 KiB pieces: the 4 KiB segments of the ws3 world are grouped four to a piece.
-            stats = testing.gated_allreduce(name, got, op, piece_bytes=16 << 10, delay_us=delay)
-            key = (n, dtype_name, op, stats)
-            assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), key
-            nbytes = got.numel() * got.element_size()
-            assert stats["bytes_planned_once"] == nbytes, key
-            assert stats["bytes_produced_once"] == nbytes, key
-            assert stats["needs"] == stats["planned"], key
-            assert stats["pieces"] <= stats["planned"], key  # a range is never cut
-            assert stats["copies_back"] <= stats["produced"], key
-            # The one-round path up to 1 MiB for two ranks, 64 KiB for more (options.h).
-            if not ring or nbytes <= (1 << 20 if ws == 2 else 64 << 10):
-                assert stats["planned"] == (1 if nbytes else 0), key  # the whole buffer
-            else:
-                assert stats["planned"] > 1, key  # segment by segment
-                if env.get("RINGDIST_SEGMENT_BYTES") == "4K":
-                    assert stats["pieces"] < stats["planned"], key  # segments grouped
-                # The flat ring finishes its first segments while later ones are still
-                # coming in; the two-level one reads all of them in the host's
+    single_copy = not ring  # the one-host world: single copy from 32 KiB (options.h)
+    for collective in ["allreduce", "all_gather", "reduce_scatter"]:
+        for n in COUNTS:
+            for dtype_name, op in OPS:
+                dtype = getattr(torch, dtype_name)
+                g = torch.Generator().manual_seed(31 * rank + n)
+                # reduce_scatter: n elements per rank out, so n * ws in.
+                x = (torch.randn(n * (ws if collective == "reduce_scatter" else 1),
+                                 generator=g) * 100).to(dtype)
+                expected = _expected(collective, x, op)
+                got = torch.full_like(expected, 7)
+                # A slow copy for the largest case: results must come out before the input is in.
+                delay = 1000 if n == COUNTS[-1] and op == "sum" else 0
+                # 16 KiB pieces: the 4 KiB segments of the ws3 world are grouped four to a piece.
+                stats = testing.gated(name, collective, x, got, op, piece_bytes=16 << 10,
+                                      delay_us=delay)
+                key = (collective, n, dtype_name, op, stats)
+                assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), key
+                in_bytes = x.numel() * x.element_size()
+                block = n * x.element_size()  # one rank's block (all_gather in, reduce_scatter out)
+                assert stats["bytes_planned_once"] == in_bytes, key
+                # all_gather never produces the rank's own block: the device copies it.
+                produced = {"allreduce": in_bytes, "all_gather": (ws - 1) * block,
+                            "reduce_scatter": block}[collective]
+                assert stats["bytes_produced_once"] == produced, key
+                assert stats["needs"] == stats["planned"], key
+                assert stats["pieces"] <= stats["planned"], key  # a range is never cut
+                assert stats["copies_back"] <= stats["produced"], key
+                if collective == "allreduce":
+                    # The one-round path up to 1 MiB for two ranks, 64 KiB for more (options.h).
+                    whole = not ring or in_bytes <= (1 << 20 if ws == 2 else 64 << 10)
+                else:
+                    whole = single_copy and block >= (32 << 10)
+                if whole:
+                    assert stats["planned"] == (1 if in_bytes else 0), key  # the whole buffer
+                    continue
+                if block > (256 << 10):
+                    assert stats["planned"] > 1, key  # segment by segment
+                    if env.get("RINGDIST_SEGMENT_BYTES") == "4K":
+                        assert stats["pieces"] < stats["planned"], key  # segments grouped
+                # The flat rings finish their first segments while later ones are still
+                # coming in; the two-level allreduce reads all of them in the host's
                 # reduce-scatter before its cross ring finishes any.
-                if delay and not two_level:
+                if delay and not (two_level and collective == "allreduce"):
                     assert stats["produced_early"] > 0, key
     return True
 
 
 @pytest.mark.parametrize("ws,env", WORLDS,
                          ids=["ws2-ring", "ws3-ring-4K", "ws4-tcp", "ws4-two-level", "ws2-auto"])
-def test_gated_allreduce_same_bits_and_pipelined(world_factory, ws, env):
+def test_gated_collectives_same_bits_and_pipelined(world_factory, ws, env):
     two_level = "RINGDIST_HOST_ID" in env
     ring = env.get("RINGDIST_SINGLE_COPY") == "0" or two_level
     world = world_factory(ws, env=env)

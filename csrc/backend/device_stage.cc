@@ -63,27 +63,31 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
-// A CUDA tensor's pinned twin, filled and drained while the engine's ring
-// runs (StageGate), in the pieces StagePieces gives: each piece goes to the
-// host on the group's stream followed by an event that need() waits for;
-// each full run of final ranges goes back to the GPU. The copies are ATen's,
-// so the caching host allocator knows the stream still uses the pinned
-// memory. A range is final only after it was read, so its copy back queues
-// after its copy out.
+// The pinned twins of an operation's CUDA input and output, filled and
+// drained while the engine's ring runs (StageGate), in the pieces
+// StagePieces gives: each input piece goes to the host on the group's stream
+// followed by an event that need() waits for; each full run of final output
+// ranges goes back to the GPU. The copies are ATen's, so the caching host
+// allocator knows the stream still uses the pinned memory. Where input and
+// output are one buffer (allreduce), a range is final only after it was
+// read, so its copy back queues after its copy out.
 class PipelinedTwin final : public StageGate {
  public:
   static constexpr size_t kPieceBytes = 2 << 20;
 
-  PipelinedTwin(const at::Tensor& device, std::chrono::steady_clock::time_point deadline)
-      : device_(device.view({-1}).view(at::kByte)),
-        host_(at::empty(device_.sizes(), device_.options().device(at::kCPU).pinned_memory(true))),
-        deadline_(deadline),
-        pieces_(kPieceBytes) {}
+  // Device tensors and their host twins; all contiguous, seen as bytes.
+  PipelinedTwin(const at::Tensor& in, const at::Tensor& hostIn, const at::Tensor& out,
+                const at::Tensor& hostOut, std::chrono::steady_clock::time_point deadline)
+      : in_(bytesOf(in)), hostIn_(bytesOf(hostIn)), out_(bytesOf(out)),
+        hostOut_(bytesOf(hostOut)), deadline_(deadline), pieces_(kPieceBytes) {}
   ~PipelinedTwin() override {
     for (cudaEvent_t event : events_) (void)cudaEventDestroy(event);
   }
 
-  void* host() const { return host_.data_ptr(); }
+  // Pinned memory shaped like a CUDA tensor.
+  static at::Tensor pinned(const at::Tensor& tensor) {
+    return at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+  }
 
   void plan(const std::vector<std::pair<size_t, size_t>>& ranges) override {
     pieces_.plan(ranges, [&](size_t offset, size_t bytes) { copyOut(offset, bytes); });
@@ -105,10 +109,12 @@ class PipelinedTwin final : public StageGate {
   }
 
  private:
+  static at::Tensor bytesOf(const at::Tensor& tensor) { return tensor.view({-1}).view(at::kByte); }
+
   void copyOut(size_t offset, size_t bytes) {
     const auto at = static_cast<int64_t>(offset);
     const auto n = static_cast<int64_t>(bytes);
-    host_.narrow(0, at, n).copy_(device_.narrow(0, at, n), /*non_blocking=*/true);
+    hostIn_.narrow(0, at, n).copy_(in_.narrow(0, at, n), /*non_blocking=*/true);
     cudaEvent_t event = nullptr;
     C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     events_.push_back(event);  // events_[k]: piece k's, pieces are copied out in order
@@ -117,11 +123,13 @@ class PipelinedTwin final : public StageGate {
   void copyBack(size_t offset, size_t bytes) {
     const auto at = static_cast<int64_t>(offset);
     const auto n = static_cast<int64_t>(bytes);
-    device_.narrow(0, at, n).copy_(host_.narrow(0, at, n), /*non_blocking=*/true);
+    out_.narrow(0, at, n).copy_(hostOut_.narrow(0, at, n), /*non_blocking=*/true);
   }
 
-  at::Tensor device_;  // bytes, on the group's stream
-  at::Tensor host_;
+  at::Tensor in_;  // bytes, on the group's stream
+  at::Tensor hostIn_;
+  at::Tensor out_;
+  at::Tensor hostOut_;
   const std::chrono::steady_clock::time_point deadline_;
   StagePieces pieces_;
   std::vector<cudaEvent_t> events_;
@@ -234,10 +242,46 @@ class CudaStage final : public DeviceStage {
   void pipelinedAllreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
                           ReduceOp op) override {
     at::Tensor flat = onOurStream(tensor);
-    PipelinedTwin twin(flat, comm.deadline());
-    ringdist::allreduce(comm, twin.host(), static_cast<size_t>(flat.numel()), dtype, op, &twin);
+    at::Tensor host = PipelinedTwin::pinned(flat);
+    PipelinedTwin twin(flat, host, flat, host, comm.deadline());
+    ringdist::allreduce(comm, host.data_ptr(), static_cast<size_t>(flat.numel()), dtype, op,
+                        &twin);
     twin.finish();
     copyBack(flat, tensor);
+  }
+
+  // The own block goes device to device (not at all in place, as FSDP2 calls
+  // it); its host twin is the engine's input, so only peers' blocks come back.
+  void pipelinedAllgather(Communicator& comm, const at::Tensor& input, const at::Tensor& output,
+                          DataType dtype) override {
+    at::Tensor in = onOurStream(input).view({-1});
+    at::Tensor out = onOurStream(output).view({-1});
+    const int64_t count = in.numel();
+    at::Tensor own = out.narrow(0, comm.rank() * count, count);
+    if (own.data_ptr() != in.data_ptr()) own.copy_(in, /*non_blocking=*/true);
+    at::Tensor hostOut = PipelinedTwin::pinned(out);
+    at::Tensor hostIn = hostOut.narrow(0, comm.rank() * count, count);
+    PipelinedTwin twin(in, hostIn, out, hostOut, comm.deadline());
+    std::vector<void*> outputs = blocks(hostOut, comm.size());
+    ringdist::allgather(comm, hostIn.data_ptr(), outputs.data(), static_cast<size_t>(count),
+                        dtype, &twin);
+    twin.finish();
+    copyBack(out.view(output.sizes()), output);
+  }
+
+  void pipelinedReduceScatter(Communicator& comm, const at::Tensor& input,
+                              const at::Tensor& output, DataType dtype, ReduceOp op) override {
+    at::Tensor in = onOurStream(input);
+    at::Tensor out = onOurStream(output);
+    at::Tensor hostIn = PipelinedTwin::pinned(in);
+    at::Tensor hostOut = PipelinedTwin::pinned(out);
+    PipelinedTwin twin(in, hostIn, out, hostOut, comm.deadline());
+    std::vector<void*> blocks = this->blocks(hostIn, comm.size());
+    std::vector<const void*> inputs(blocks.begin(), blocks.end());
+    ringdist::reduceScatter(comm, inputs.data(), hostOut.data_ptr(),
+                            static_cast<size_t>(out.numel()), dtype, op, &twin);
+    twin.finish();
+    copyBack(out, output);
   }
 
   int sameGpu() const override { return lane_->sameGpuReady.load(); }
@@ -354,6 +398,15 @@ class CudaStage final : public DeviceStage {
       t.copy_(buffer.narrow(0, at, t.numel()).view(t.sizes()), /*non_blocking=*/true);
       at += t.numel();
     }
+  }
+  // A host buffer's `parts` equal blocks, rank by rank.
+  static std::vector<void*> blocks(const at::Tensor& host, int parts) {
+    const size_t bytes = host.nbytes() / static_cast<size_t>(parts);
+    std::vector<void*> at;
+    for (int r = 0; r < parts; ++r) {
+      at.push_back(static_cast<char*>(host.data_ptr()) + static_cast<size_t>(r) * bytes);
+    }
+    return at;
   }
   std::unique_ptr<SignalQueue> queue() { return lane_->sameGpuDevice->queueOn(stream_.stream()); }
 

@@ -73,6 +73,11 @@ class DeviceStage {
   // network (StageGate, collectives.h); no host twin of the stage's own.
   virtual void pipelinedAllreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
                                   ReduceOp op) = 0;
+  // all_gather_into_tensor and reduce_scatter_tensor the same way.
+  virtual void pipelinedAllgather(Communicator& comm, const at::Tensor& input,
+                                  const at::Tensor& output, DataType dtype) = 0;
+  virtual void pipelinedReduceScatter(Communicator& comm, const at::Tensor& input,
+                                      const at::Tensor& output, DataType dtype, ReduceOp op) = 0;
 
   // Ranks sharing one GPU (csrc/collectives/same_gpu.h). sameGpu(): -1 until
   // the group's set-up ran, then whether its collectives on this device go

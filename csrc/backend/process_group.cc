@@ -63,6 +63,12 @@ std::vector<T*> blocksOf(T* base, int parts, size_t bytes) {
   return blocks;
 }
 
+size_t largestBytes(const std::vector<at::Tensor>& tensors) {
+  size_t largest = 0;
+  for (const auto& t : tensors) largest = std::max(largest, static_cast<size_t>(t.nbytes()));
+  return largest;
+}
+
 template <typename T>
 std::vector<T*> dataOf(const std::vector<Flat>& flats) {
   std::vector<T*> ptrs;
@@ -454,7 +460,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceAs(
                      stage->allreduce(comm, tensor, dtype, reduceOp);
                    });
   }
-  if (stage != nullptr && devicePipelineBytes_ > 0 && bytes >= devicePipelineBytes_) {
+  if (pipelined(stage, bytes)) {
     // through host memory, the copies overlapping the ring
     at::Tensor tensor = tensors[0];
     return enqueue(c10d::OpType::ALLREDUCE, OpType::kAllreduce, tensors, call, stage,
@@ -686,6 +692,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allgatherIntoTensors(
                      }
                    }, "", inputs);
   }
+  if (pipelined(stage, largestBytes(outputs))) {
+    return enqueue(type, OpType::kAllgather, outputs, call, stage,
+                   [stage, inputs, outputs, dtypes](Communicator& comm) {
+                     for (size_t i = 0; i < inputs.size(); ++i) {
+                       stage->pipelinedAllgather(comm, inputs[i], outputs[i], dtypes[i]);
+                     }
+                   }, "", inputs);
+  }
   auto ins = flatten(inputs, stage.get());
   auto outs = flatten(outputs, stage.get(), /*read=*/false);
   const int size = getSize();
@@ -824,6 +838,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::reduceScatterTensors(
                    [stage, inputs, outputs, dtypes, ops](Communicator& comm) {
                      for (size_t i = 0; i < inputs.size(); ++i) {
                        stage->sameGpuReduceScatter(comm, inputs[i], outputs[i], dtypes[i], ops[i]);
+                     }
+                   }, "", inputs);
+  }
+  if (pipelined(stage, largestBytes(inputs))) {
+    return enqueue(type, OpType::kReduceScatter, outputs, callOf(opts), stage,
+                   [stage, inputs, outputs, dtypes, ops](Communicator& comm) {
+                     for (size_t i = 0; i < inputs.size(); ++i) {
+                       stage->pipelinedReduceScatter(comm, inputs[i], outputs[i], dtypes[i],
+                                                     ops[i]);
                      }
                    }, "", inputs);
   }

@@ -204,6 +204,11 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // Whether a collective with this stage goes through the same-GPU path
   // (device_stage.h); sets it up first if the group has not yet.
   bool onSameGpu(const std::shared_ptr<DeviceStage>& stage, Call call);
+  // Whether a staged allreduce, allgather or reduce-scatter of CUDA tensors
+  // (the largest `bytes`) copies while its ring runs (DeviceStage::pipelined*).
+  bool pipelined(const std::shared_ptr<DeviceStage>& stage, size_t bytes) const {
+    return stage != nullptr && devicePipelineBytes_ > 0 && bytes >= devicePipelineBytes_;
+  }
   FlightRecorder::Group traceGroup() const;
   void dumpTrace();
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds requested) const;
@@ -219,7 +224,7 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   bool deviceAllreduce_ = false;
   size_t deviceMinBytes_ = 0;  // smaller ones stage through host memory
   bool deviceFused_ = false;   // the same-GPU path is on (RINGDIST_CUDA_FUSED)
-  size_t devicePipelineBytes_ = 0;  // staged allreduces from here copy while the ring runs
+  size_t devicePipelineBytes_ = 0;  // staged operations from here copy while the ring runs
   std::mutex sameGpuSetUp_;    // one thread decides per device
   std::vector<std::string> transports_;
   shm::SameHostCopy sameHostCopy_;

@@ -72,19 +72,20 @@ TORCH_RINGDIST_API std::map<std::string, int64_t> sameGpuHostRun(
 // Drops that group's state (its streams, watch and mappings).
 TORCH_RINGDIST_API void sameGpuHostReset(const std::string& groupName);
 
-// dist.all_reduce of `tensor` in place on the group named groupName through a
-// StageGate on the CPU (testing_gated.cc), moved in the pieces the CUDA twin
-// uses (stage_pieces.h) of at most `pieceBytes`: the engine's buffer is
-// filled piece by piece, `delay_us` apart, in the order issued, and the
-// result is taken in runs as the engine says ranges are final. Returns
-// planned (ranges), pieces, needs, produced (ranges), copies_back (runs),
-// produced_early (ranges final before the last piece was in),
-// bytes_planned_once and bytes_produced_once.
-TORCH_RINGDIST_API std::map<std::string, int64_t> gatedAllreduce(const std::string& groupName,
-                                                                 at::Tensor& tensor,
-                                                                 const std::string& op,
-                                                                 int64_t pieceBytes,
-                                                                 int64_t delayUs,
-                                                                 int64_t timeoutMs);
+// `collective` ("allreduce", "all_gather" as all_gather_into_tensor,
+// "reduce_scatter" as reduce_scatter_tensor) of input into output on the group
+// named groupName through a StageGate on the CPU (testing_gated.cc), moved in
+// the pieces the CUDA twins use (stage_pieces.h) of at most `pieceBytes`: the
+// engine's input is filled piece by piece, `delay_us` apart, in the order
+// issued, and the output is taken in runs as the engine says ranges are
+// final. Returns planned (ranges), pieces, needs, produced (ranges),
+// copies_back (runs), produced_early (ranges final before the last piece was
+// in), bytes_planned_once and bytes_produced_once.
+TORCH_RINGDIST_API std::map<std::string, int64_t> gated(const std::string& groupName,
+                                                        const std::string& collective,
+                                                        const at::Tensor& input,
+                                                        at::Tensor& output, const std::string& op,
+                                                        int64_t pieceBytes, int64_t delayUs,
+                                                        int64_t timeoutMs);
 
 }  // namespace ringdist::testing

@@ -1,11 +1,12 @@
-// The allreduce through a StageGate (collectives.h) on the CPU, for tests:
-// the gate a CUDA tensor's pinned twin uses across hosts, with host memory
+// The collectives through a StageGate (collectives.h) on the CPU, for tests:
+// the gate a CUDA tensor's pinned twins use across hosts, with host memory
 // standing in for the GPU's and the same pieces (stage_pieces.h). A copier
-// thread fills the engine's buffer from the "device" input piece by piece,
-// in the order they are issued, `delay` apart; the buffer starts as 0xFF
-// bytes, so a read before need() returned gives a wrong result. Full runs
-// of final ranges are copied out to the "device" result (also 0xFF at first)
-// as the GPU's would be copied back, and no byte may be produced twice.
+// thread fills the engine's input from the "device" input piece by piece,
+// in the order they are issued, `delay` apart; the engine's buffers start as
+// 0xFF bytes, so a read before need() returned gives a wrong result. Full
+// runs of final ranges are copied out to the "device" output (also 0xFF at
+// first) as the GPU's would be copied back, and no byte may be produced
+// twice.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
@@ -32,10 +33,11 @@ namespace {
 
 class HostGate final : public StageGate {
  public:
-  HostGate(const char* source, char* buffer, char* result, size_t bytes, size_t pieceBytes,
-           std::chrono::microseconds delay)
-      : source_(source), buffer_(buffer), result_(result), bytes_(bytes), delay_(delay),
-        pieces_(pieceBytes), producedMarks_(bytes, 0), plannedMarks_(bytes, 0),
+  // source -> input (inBytes) as asked for; output -> result (outBytes) as final.
+  HostGate(const char* source, char* input, size_t inBytes, const char* output, char* result,
+           size_t outBytes, size_t pieceBytes, std::chrono::microseconds delay)
+      : source_(source), input_(input), output_(output), result_(result), delay_(delay),
+        pieces_(pieceBytes), producedMarks_(outBytes, 0), plannedMarks_(inBytes, 0),
         copier_([this] { copyPieces(); }) {}
   ~HostGate() override {
     {
@@ -47,10 +49,10 @@ class HostGate final : public StageGate {
   }
 
   void plan(const std::vector<std::pair<size_t, size_t>>& ranges) override {
-    RINGDIST_CHECK(!planned_, "gated allreduce: plan() called twice");
+    RINGDIST_CHECK(!planned_, "gated: plan() called twice");
     planned_ = true;
     for (const auto& [offset, length] : ranges) {
-      RINGDIST_CHECK(offset + length <= bytes_, "gated allreduce: planned range out of bounds");
+      RINGDIST_CHECK(offset + length <= plannedMarks_.size(), "gated: planned range out of bounds");
       for (size_t b = offset; b < offset + length; ++b) ++plannedMarks_[b];
     }
     ranges_ = ranges.size();
@@ -61,15 +63,16 @@ class HostGate final : public StageGate {
     const size_t piece = pieces_.need(offset, [&](size_t at, size_t n) { issue(at, n); });
     RINGDIST_CHECK(offset >= issuedRanges_[piece].first &&
                        offset + length <= issuedRanges_[piece].first + issuedRanges_[piece].second,
-                   "gated allreduce: need(", offset, ", ", length, ") outside its piece");
+                   "gated: need(", offset, ", ", length, ") outside its piece");
     std::unique_lock<std::mutex> lock(mutex_);
     RINGDIST_CHECK(cv_.wait_for(lock, std::chrono::seconds(30), [&] { return copied_ > piece; }),
-                   "gated allreduce: copy stuck");
+                   "gated: copy stuck");
     ++needs_;
   }
 
   void produced(size_t offset, size_t length) override {
-    RINGDIST_CHECK(offset + length <= bytes_, "gated allreduce: produced range out of bounds");
+    RINGDIST_CHECK(offset + length <= producedMarks_.size(),
+                   "gated: produced range out of bounds");
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (copied_ < pieces_.pieces()) ++producedEarly_;
@@ -118,7 +121,7 @@ class HostGate final : public StageGate {
       queue_.pop_front();
       lock.unlock();
       std::this_thread::sleep_for(delay_);
-      std::memcpy(buffer_ + offset, source_ + offset, length);
+      std::memcpy(input_ + offset, source_ + offset, length);
       lock.lock();
       ++copied_;
       cv_.notify_all();
@@ -127,14 +130,14 @@ class HostGate final : public StageGate {
 
   void copyBack(size_t offset, size_t length) {
     for (size_t b = offset; b < offset + length; ++b) ++producedMarks_[b];
-    std::memcpy(result_ + offset, buffer_ + offset, length);
+    std::memcpy(result_ + offset, output_ + offset, length);
     ++copiesBack_;
   }
 
   const char* source_;
-  char* buffer_;
+  char* input_;
+  const char* output_;
   char* result_;
-  const size_t bytes_;
   const std::chrono::microseconds delay_;
   StagePieces pieces_;
   std::vector<std::pair<size_t, size_t>> issuedRanges_;  // piece k's range
@@ -156,27 +159,65 @@ class HostGate final : public StageGate {
 
 }  // namespace
 
-std::map<std::string, int64_t> gatedAllreduce(const std::string& groupName, at::Tensor& tensor,
-                                              const std::string& op, int64_t pieceBytes,
-                                              int64_t delayUs, int64_t timeoutMs) {
-  TORCH_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
-              "gated_allreduce: a contiguous CPU tensor");
-  TORCH_CHECK(pieceBytes > 0, "gated_allreduce: piece_bytes must be positive");
+std::map<std::string, int64_t> gated(const std::string& groupName, const std::string& collective,
+                                     const at::Tensor& input, at::Tensor& output,
+                                     const std::string& op, int64_t pieceBytes, int64_t delayUs,
+                                     int64_t timeoutMs) {
+  TORCH_CHECK(input.device().is_cpu() && input.is_contiguous() && output.device().is_cpu() &&
+                  output.is_contiguous() && input.scalar_type() == output.scalar_type(),
+              "gated: contiguous CPU tensors of one dtype");
+  TORCH_CHECK(pieceBytes > 0, "gated: piece_bytes must be positive");
   DataType dtype = DataType::kFloat32;
-  TORCH_CHECK(toDataType(tensor.scalar_type(), &dtype), "gated_allreduce: dtype ",
-              tensor.scalar_type());
-  auto& group = ringdistOf(c10d::resolve_process_group(groupName), "gated_allreduce");
-  const size_t bytes = static_cast<size_t>(tensor.nbytes());
-  std::vector<char> buffer(bytes, static_cast<char>(0xFF));
-  std::vector<char> result(bytes, static_cast<char>(0xFF));
-  HostGate gate(static_cast<const char*>(tensor.data_ptr()), buffer.data(), result.data(), bytes,
+  TORCH_CHECK(toDataType(input.scalar_type(), &dtype), "gated: dtype ", input.scalar_type());
+  auto& group = ringdistOf(c10d::resolve_process_group(groupName), "gated");
+  const int size = group.getSize();
+  const int rank = group.getRank();
+  const size_t inBytes = static_cast<size_t>(input.nbytes());
+  const size_t outBytes = static_cast<size_t>(output.nbytes());
+  const size_t count = static_cast<size_t>(input.numel());
+  const char* source = static_cast<const char*>(input.data_ptr());
+  // The engine's buffers, as the pinned twins: allreduce has one; allgather's
+  // input is its own block of the output.
+  std::vector<char> out(outBytes, static_cast<char>(0xFF));
+  std::vector<char> in(collective == "reduce_scatter" ? inBytes : 0, static_cast<char>(0xFF));
+  char* engineIn = collective == "reduce_scatter" ? in.data()
+                   : collective == "all_gather"   ? out.data() + static_cast<size_t>(rank) * inBytes
+                                                  : out.data();
+  std::vector<char> result(outBytes, static_cast<char>(0xFF));
+  if (collective == "all_gather") {  // the device's own copy of its block (never produced)
+    TORCH_CHECK(outBytes == inBytes * static_cast<size_t>(size), "gated: all_gather sizes");
+    std::memcpy(result.data() + static_cast<size_t>(rank) * inBytes, source, inBytes);
+  }
+  auto blocks = [&](char* base, size_t bytes) {
+    std::vector<char*> at;
+    for (int r = 0; r < size; ++r) at.push_back(base + static_cast<size_t>(r) * bytes);
+    return at;
+  };
+  HostGate gate(source, engineIn, inBytes, out.data(), result.data(), outBytes,
                 static_cast<size_t>(pieceBytes), std::chrono::microseconds(delayUs));
-  group.runOnWorker(std::chrono::milliseconds(timeoutMs), [&](Communicator& comm) {
-    allreduce(comm, buffer.data(), static_cast<size_t>(tensor.numel()), dtype, opFromName(op),
-              &gate);
-  });
+  Worker::Body body;
+  if (collective == "allreduce") {
+    TORCH_CHECK(inBytes == outBytes, "gated: allreduce sizes");
+    body = [&](Communicator& comm) { allreduce(comm, engineIn, count, dtype, opFromName(op), &gate); };
+  } else if (collective == "all_gather") {
+    body = [&](Communicator& comm) {
+      auto outputs = blocks(out.data(), inBytes);
+      allgather(comm, engineIn, reinterpret_cast<void* const*>(outputs.data()), count, dtype,
+                &gate);
+    };
+  } else if (collective == "reduce_scatter") {
+    TORCH_CHECK(inBytes == outBytes * static_cast<size_t>(size), "gated: reduce_scatter sizes");
+    body = [&](Communicator& comm) {
+      auto inputs = blocks(in.data(), outBytes);
+      reduceScatter(comm, reinterpret_cast<const void* const*>(inputs.data()), out.data(),
+                    static_cast<size_t>(output.numel()), dtype, opFromName(op), &gate);
+    };
+  } else {
+    TORCH_CHECK(false, "gated: no collective ", collective);
+  }
+  group.runOnWorker(std::chrono::milliseconds(timeoutMs), body);
   gate.finish();
-  std::memcpy(tensor.data_ptr(), result.data(), bytes);
+  std::memcpy(output.data_ptr(), result.data(), outBytes);
   return gate.stats();
 }
 

@@ -11,7 +11,9 @@
 // arrived. Received bytes land directly in the caller's output blocks.
 // Step 0 sends from the input itself; the copy of the input into this rank's
 // own output block is done segment by segment while waiting for the peers,
-// so it does not delay the ring's start.
+// so it does not delay the ring's start. A StageGate (in place only) is asked
+// for each input segment before its step-0 send and told of each segment
+// that arrived.
 #include <cstring>
 #include <vector>
 
@@ -43,7 +45,7 @@ void allgatherSingleCopy(Communicator& comm, const void* input, void* const* out
 }
 
 void allgatherRing(Communicator& comm, const void* input, void* const* outputs, size_t count,
-                   DataType dtype) {
+                   DataType dtype, StageGate* gate) {
   const int n = comm.size();
   const int rank = comm.rank();
   comm.exchangeRingHeaders(comm.makeHeader(OpType::kAllgather, count, dtype, ReduceOp::kSum, -1));
@@ -79,6 +81,16 @@ void allgatherRing(Communicator& comm, const void* input, void* const* outputs, 
               static_cast<const char*>(input) + offset * elem, length * elem);
   };
 
+  if (gate != nullptr) {
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (size_t t = 0; t < perStep; ++t) {
+      int owner;
+      size_t bytes;
+      size_t at = piece(t, true, &owner, &bytes);
+      ranges.emplace_back(at, bytes);
+    }
+    gate->plan(ranges);
+  }
   // Every receive goes straight to its final place, so all can be posted now.
   std::vector<uint64_t> recvTicket(total);
   for (size_t t = 0; t < total; ++t) {
@@ -90,28 +102,41 @@ void allgatherRing(Communicator& comm, const void* input, void* const* outputs, 
   uint64_t lastSend = 0;
   size_t sent = 0;
   size_t arrived = 0;
-  auto finished = [&] {
-    return sent == total && ownCopied == perStep && left.recvDone(recvTicket[total - 1]) &&
-           right.sendDone(lastSend);
-  };
-  for (;;) {
+  auto countArrivals = [&] {
     while (arrived < total && left.recvDone(recvTicket[arrived])) {
+      if (gate != nullptr) {
+        int owner;
+        size_t bytes;
+        size_t at = piece(arrived, false, &owner, &bytes);
+        gate->produced(static_cast<size_t>(owner) * count * elem + at, bytes);
+      }
       ++arrived;
     }
+  };
+  auto finished = [&] {
+    countArrivals();
+    return sent == total && ownCopied == perStep && arrived == total && right.sendDone(lastSend);
+  };
+  for (;;) {
+    countArrivals();
     // Step 0 sends our input; step s forwards transfer - perStep.
+    bool waited = false;
     while (sent < total && (sent < perStep || arrived > sent - perStep)) {
       int owner;
       size_t bytes;
       size_t at = piece(sent, true, &owner, &bytes);
+      if (gate != nullptr && sent < perStep) gate->need(at, bytes);
       const void* from = sent < perStep ? input : outputs[owner];
       lastSend = right.postSend(static_cast<const char*>(from) + at, bytes);
       ++sent;
+      waited = gate != nullptr && sent <= perStep;
+      if (waited) break;  // between input pieces, forward arrivals
     }
     bool moved = comm.progress();
     if (finished()) {
       return;
     }
-    if (!moved) {
+    if (!moved && !waited) {
       if (ownCopied < perStep) {
         copyOwnSegment();
       } else {
@@ -124,11 +149,18 @@ void allgatherRing(Communicator& comm, const void* input, void* const* outputs, 
 }  // namespace
 
 void allgather(Communicator& comm, const void* input, void* const* outputs, size_t count,
-               DataType dtype) {
-  if (comm.singleCopy(count * elementSize(dtype))) {
-    allgatherSingleCopy(comm, input, outputs, count, dtype);
-  } else {
-    allgatherRing(comm, input, outputs, count, dtype);
+               DataType dtype, StageGate* gate) {
+  const size_t bytes = count * elementSize(dtype);
+  RINGDIST_CHECK(gate == nullptr || input == outputs[comm.rank()],
+                 "allgather: a staged input must be the rank's own output block");
+  if (!comm.singleCopy(bytes)) {
+    allgatherRing(comm, input, outputs, count, dtype, gate);
+    return;
+  }
+  needWhole(gate, bytes);
+  allgatherSingleCopy(comm, input, outputs, count, dtype);
+  for (int r = 0; gate != nullptr && r < comm.size(); ++r) {
+    if (r != comm.rank()) gate->produced(static_cast<size_t>(r) * bytes, bytes);
   }
 }
 

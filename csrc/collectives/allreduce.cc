@@ -356,10 +356,7 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
   const bool ring = header.variant == kRingAllreduce || header.variant == kHierarchicalAllreduce;
   StageGate* ringGate = ring && n > 1 && count > 0 ? gate : nullptr;
   StageGate* wholeGate = ringGate == nullptr && bytes > 0 ? gate : nullptr;
-  if (wholeGate != nullptr) {
-    wholeGate->plan({{0, bytes}});
-    wholeGate->need(0, bytes);
-  }
+  needWhole(wholeGate, bytes);
   if (header.variant == kSingleCopyAllreduce) {
     singleCopyAllreduce(comm, data, count, dtype, op, header);
   } else if (n == 2 && count > 0 && small) {

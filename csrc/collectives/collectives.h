@@ -37,10 +37,12 @@ enum CopyVariant : uint8_t {
 // Memory that fills and drains while an operation runs: a CUDA tensor's
 // pinned host twin, copied from the GPU piece by piece ahead of the ring and
 // back to it as each piece becomes final, so the copies overlap the network
-// (device_stage.cc). The ring allreduces (flat and two-level) ask before
-// they first read input bytes and say when output bytes are final; the other
-// allreduce paths need the whole buffer first and produce it whole at the
-// end. Offsets and lengths in bytes.
+// (device_stage.cc). The rings (allreduce flat and two-level, allgather,
+// reduce-scatter) ask before they first read input bytes and say when output
+// bytes are final; their other paths need the whole input first and produce
+// the whole output at the end. Offsets and lengths in bytes: need() counts
+// them in the operation's input, produced() in its output (one buffer for
+// allreduce; rank r's block at r * block bytes where there are several).
 class StageGate {
  public:
   virtual ~StageGate() = default;
@@ -54,6 +56,14 @@ class StageGate {
   virtual void produced(size_t offset, size_t length) = 0;
 };
 
+// A gate on a path that reads its whole input from its first exchange on
+// (a peer may read it from then): plans and waits for all of it.
+inline void needWhole(StageGate* gate, size_t bytes) {
+  if (gate == nullptr || bytes == 0) return;
+  gate->plan({{0, bytes}});
+  gate->need(0, bytes);
+}
+
 // In place: data (count elements) becomes the reduction over all ranks.
 // With a gate, data is read and finished range by range (StageGate).
 void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
@@ -62,14 +72,17 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
 // data (count elements) on root is copied to every rank.
 void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int root);
 
-// outputs[r] (count elements each) receives rank r's input.
+// outputs[r] (count elements each) receives rank r's input. With a gate,
+// the input must be outputs[rank] (the gate's owner puts it in place), and
+// only the other ranks' blocks are produced.
 void allgather(Communicator& comm, const void* input, void* const* outputs, size_t count,
-               DataType dtype);
+               DataType dtype, StageGate* gate = nullptr);
 
 // output (count elements) receives the reduction of inputs[rank] over all
-// ranks; inputs are left unchanged.
+// ranks; inputs are left unchanged. A gate counts inputs[r] from byte
+// r * count * element size.
 void reduceScatter(Communicator& comm, const void* const* inputs, void* output, size_t count,
-                   DataType dtype, ReduceOp op);
+                   DataType dtype, ReduceOp op, StageGate* gate = nullptr);
 
 // In place on root; other ranks' data is left unchanged.
 void reduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op, int root);

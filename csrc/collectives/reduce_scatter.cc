@@ -12,7 +12,8 @@
 // Before the receive of step s+2 may write an accumulator segment, the send
 // of step s+1 that reads it must be done; that wait only ever points at
 // earlier transfers, so the pipeline cannot deadlock whatever the buffer
-// sizes.
+// sizes. A StageGate is asked for each input segment before the send or
+// receive that first reads it, and told of each final segment.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -27,7 +28,8 @@ namespace ringdist {
 
 // The fully reduced chunk is left in an accumulator when out is null.
 char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chunks,
-                        const ChunkLayout& layout, DataType dtype, ReduceOp op, char* out) {
+                        const ChunkLayout& layout, DataType dtype, ReduceOp op, char* out,
+                        StageGate* gate, const std::vector<size_t>& gateAt) {
   const int n = comm.size();
   const size_t elem = elementSize(dtype);
   const size_t segElems = layout.segmentElems;
@@ -54,19 +56,41 @@ char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chun
     return length;
   };
 
+  // Input segment `seg` of `chunk` in the gate's bytes.
+  auto gated = [&](size_t chunk, size_t seg) {
+    return std::make_pair(gateAt[chunk] + seg * segElems * elem, lengthOf(chunk, seg) * elem);
+  };
+  if (gate != nullptr) {  // step 0's sends all go out first, then the receives
+    std::vector<std::pair<size_t, size_t>> ranges;
+    auto add = [&](size_t chunk, size_t seg) {
+      if (lengthOf(chunk, seg) > 0) ranges.push_back(gated(chunk, seg));
+    };
+    for (size_t t = 0; t < perStep; ++t) add(chunkOf(t, true), t);
+    for (size_t t = 0; t < total; ++t) add(chunkOf(t, false), t % perStep);
+    gate->plan(ranges);
+  }
+  auto need = [&](size_t chunk, size_t seg) {
+    if (gate == nullptr) return false;
+    const auto [offset, bytes] = gated(chunk, seg);
+    if (bytes > 0) gate->need(offset, bytes);
+    return true;
+  };
+
   std::vector<uint64_t> sendTicket(total, 0);
   std::vector<uint64_t> recvTicket(total, 0);
   size_t sent = 0, posted = 0, processed = 0;
   while (processed < total || sent < total) {
-    while (sent < total && (sent < perStep || processed > sent - perStep)) {
+    bool waited = false;  // a gate waits for one input piece per round, so arrivals go on
+    while (sent < total && (sent < perStep || processed > sent - perStep) && !waited) {
       size_t step = sent / perStep, seg = sent % perStep;
       size_t chunk = chunkOf(sent, true);
+      if (step == 0) waited = need(chunk, seg);
       const char* src = step == 0 ? chunks[chunk] + seg * segElems * elem
                                   : acc[(step - 1) % 2] + seg * segElems * elem;
       sendTicket[sent] = right.postSend(src, lengthOf(chunk, seg) * elem);
       ++sent;
     }
-    while (posted < total && posted - processed < kRecvWindow) {
+    while (posted < total && posted - processed < kRecvWindow && !waited) {
       size_t step = posted / perStep, seg = posted % perStep;
       char* dst = step == lastStep ? result : acc[step % 2];
       bool intoAccumulator = dst == acc[0] || dst == acc[1];
@@ -77,6 +101,7 @@ char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chun
         break;
       }
       size_t chunk = chunkOf(posted, false);
+      waited = need(chunk, seg);
       recvTicket[posted] = left.postRecvReduce(
           dst + seg * segElems * elem, chunks[chunk] + seg * segElems * elem,
           lengthOf(chunk, seg) * elem, elem, reduceFn);
@@ -85,14 +110,17 @@ char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chun
     bool moved = comm.progress();
     if (processed < posted && left.recvDone(recvTicket[processed])) {
       size_t step = processed / perStep, seg = processed % perStep;
+      const size_t length = lengthOf(chunkOf(processed, false), seg);
       if (step == lastStep && op == ReduceOp::kAvg) {
-        size_t chunk = chunkOf(processed, false);
-        divideInPlace(result + seg * segElems * elem, lengthOf(chunk, seg), dtype, n);
+        divideInPlace(result + seg * segElems * elem, length, dtype, n);
+      }
+      if (step == lastStep && gate != nullptr && length > 0) {
+        gate->produced(seg * segElems * elem, length * elem);
       }
       ++processed;
       continue;
     }
-    if (!moved) {
+    if (!moved && !waited) {
       comm.waitForActivity();
     }
   }
@@ -149,18 +177,25 @@ void reduceScatterSingleCopy(Communicator& comm, const void* const* inputs, void
 }  // namespace
 
 void reduceScatter(Communicator& comm, const void* const* inputs, void* output, size_t count,
-                   DataType dtype, ReduceOp op) {
+                   DataType dtype, ReduceOp op, StageGate* gate) {
   const int n = comm.size();
-  if (count > 0 && comm.singleCopy(count * elementSize(dtype))) {
-    reduceScatterSingleCopy(comm, inputs, output, count, dtype, op);
+  const size_t elem = elementSize(dtype);
+  const size_t bytes = count * elem;
+  // Paths other than the ring read every input from the start and finish at the end.
+  auto whole = [&](auto run) {
+    needWhole(gate, bytes * static_cast<size_t>(n));
+    run();
+    if (gate != nullptr && bytes > 0) gate->produced(0, bytes);
+  };
+  if (count > 0 && comm.singleCopy(bytes)) {
+    whole([&] { reduceScatterSingleCopy(comm, inputs, output, count, dtype, op); });
     return;
   }
   comm.exchangeRingHeaders(comm.makeHeader(OpType::kReduceScatter, count, dtype, op, -1));
   reduceFunction(dtype, op);  // reject unsupported pairs on every rank alike
-  const size_t elem = elementSize(dtype);
   if (n == 1) {
-    if (output != inputs[0] && count > 0) {
-      copyBytes(output, inputs[0], count * elem);
+    if (count > 0) {
+      whole([&] { if (output != inputs[0]) copyBytes(output, inputs[0], bytes); });
     }
     return;
   }
@@ -170,10 +205,12 @@ void reduceScatter(Communicator& comm, const void* const* inputs, void* output, 
   // Chunks are whole per-rank blocks; position c owns rank ringRank(c)'s.
   const ChunkLayout layout(count * static_cast<size_t>(n), n, comm.segmentBytes(), elem);
   std::vector<const char*> chunks(static_cast<size_t>(n));
+  std::vector<size_t> gateAt(static_cast<size_t>(n));
   for (int c = 0; c < n; ++c) {
     chunks[static_cast<size_t>(c)] = static_cast<const char*>(inputs[comm.ringRank(c)]);
+    gateAt[static_cast<size_t>(c)] = static_cast<size_t>(comm.ringRank(c)) * bytes;
   }
-  ringReduceScatter(comm, chunks, layout, dtype, op, static_cast<char*>(output));
+  ringReduceScatter(comm, chunks, layout, dtype, op, static_cast<char*>(output), gate, gateAt);
 }
 
 }  // namespace ringdist

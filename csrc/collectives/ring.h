@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "csrc/collectives/collectives.h"
 #include "csrc/collectives/communicator.h"
 #include "csrc/common/types.h"
 #include "csrc/reduce/reduce.h"
@@ -63,9 +64,11 @@ inline size_t modPos(long value, int n) {
 // (reduce_scatter.cc). chunks[c] is the input chunk of ring position c
 // (layout gives lengths); inputs are never written. The fully reduced chunk
 // of this rank's position is written to `out`, or left in scratch when out
-// is null; returns where it is.
+// is null; returns where it is. With a gate (and out), chunk c's input
+// starts at byte gateAt[c] of the gate's input.
 char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chunks,
-                        const ChunkLayout& layout, DataType dtype, ReduceOp op, char* out);
+                        const ChunkLayout& layout, DataType dtype, ReduceOp op, char* out,
+                        StageGate* gate = nullptr, const std::vector<size_t>& gateAt = {});
 
 // Single copy (reduce_scatter.cc), shared with the single-copy allreduce:
 // sum = combine(...combine(x[pos+1], x[pos+2])..., x[pos+N-1]), the ring's

@@ -46,12 +46,13 @@ void defineTestingModule(py::module_& parent) {
         py::arg("sends") = std::vector<int64_t>{}, py::arg("receipts") = std::vector<int64_t>{},
         "One collective through the same-GPU protocol run on the CPU (host streams, "
         "shared-memory arenas for IPC): fused (0: the engine ran it), seq, opens, cached");
-  m.def("gated_allreduce", &gatedAllreduce, py::arg("group_name"), py::arg("tensor"),
-        py::arg("op") = "sum", py::arg("piece_bytes") = 2 << 20, py::arg("delay_us") = 0,
-        py::arg("timeout_ms") = 30000,
-        "all_reduce in place through a StageGate run on the CPU, in the CUDA twin's pieces (the "
-        "pipelined staging of CUDA tensors across hosts): planned, pieces, needs, produced, "
-        "copies_back, produced_early, bytes_planned_once, bytes_produced_once");
+  m.def("gated", &gated, py::arg("group_name"), py::arg("collective"), py::arg("input"),
+        py::arg("output"), py::arg("op") = "sum", py::arg("piece_bytes") = 2 << 20,
+        py::arg("delay_us") = 0, py::arg("timeout_ms") = 30000,
+        "allreduce, all_gather (into one tensor) or reduce_scatter (from one tensor) through a "
+        "StageGate run on the CPU, in the CUDA twins' pieces (the pipelined staging of CUDA "
+        "tensors across hosts): planned, pieces, needs, produced, copies_back, produced_early, "
+        "bytes_planned_once, bytes_produced_once");
   m.def("same_gpu_host_reset", &sameGpuHostReset, py::arg("group_name"),
         "Drop that group's same-GPU test state (streams, watch, mappings)");
   m.def("select_kernel_family", &selectKernelFamily, py::arg("name"),
