@@ -165,9 +165,11 @@ int main(int argc, char** argv) {
     float* out = (float*)output;
     for (size_t i = 0; i < bytes / sizeof(float); ++i) in[i] = (float)(rank + 1);
     double perCall = reduceLoop(s, staging, bytes, rank, iterations, in, out);
-    if (bytes >= sizeof(float) && out[0] != 3.0f) {
-      fprintf(stderr, "copy_bound: rank %d's sum is %g, not 3\n", rank, out[0]);
-      return 1;
+    for (size_t i = 0; i < bytes / sizeof(float); ++i) {
+      if (out[i] != 3.0f) {
+        fprintf(stderr, "copy_bound: rank %d's sum %zu is %g, not 3\n", rank, i, out[i]);
+        return 1;
+      }
     }
     if (rank == 1) return 0;
     int status = 0;

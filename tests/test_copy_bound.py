@@ -26,3 +26,16 @@ def test_copy_bound_small(tmp_path):
     # ringdist's own cost is what is left after the copies and torch's floor
     assert row["ringdist_own_us"] == row["ringdist_us"] - row["copy_bound_us"] - data["floor_us"]
     assert (row["mpi_us"] is None) == ("no mpirun or mpi4py" in proc.stdout)
+
+
+def test_copy_bound_reduce_mode(tmp_path):
+    """The bare two-process allreduce (copy_bound.c reduce): it checks each rank's sum of the last
+    call (1 + 2 in every element) and fails on a wrong one; a size that is not whole floats too."""
+    exe = tmp_path / "copy_bound"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), os.path.join(REPO, "benchmarks", "copy_bound.c")],
+                   check=True)
+    for size in ("8", "4096", "100"):
+        proc = subprocess.run([str(exe), "reduce", size, "2000"], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"reduce allreduce {size} B N=2:" in proc.stdout and "us per call" in proc.stdout
