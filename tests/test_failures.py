@@ -256,6 +256,7 @@ def test_work_wait_timeout_raises(world_factory, record_property):
 # ---------------------------------------------- 3. ranks disagree about a collective
 MISMATCH_WS = 4
 COUNT, BAD_COUNT = 4, 5
+LINK_COUNT = 8192  # 32 KiB: past the board (kBoardDataBytes), through the links
 # "large": the others' calls are big enough to read peers' memory on one host (single
 # copy), the odd rank's is not, so the two sides even exchange headers with different peers.
 LARGE_COUNT = 65536
@@ -320,7 +321,9 @@ def _p2p_misuse(rank, ws, scenario):
             else:
                 dist.send(torch.ones(BAD_COUNT), dst=0, group=sub, tag=3)
         else:  # recv_before_collective: the matching send comes after the collective
-            x = torch.ones(COUNT)
+            # Large enough to go through the links: the smallest allreduces on one host go
+            # through the board, where this order works (test_recv_before_small_collective).
+            x = torch.ones(LINK_COUNT)
             if rank == 0:
                 work = dist.irecv(torch.empty(COUNT), src=1, group=sub)
                 dist.all_reduce(x, group=sub)
@@ -337,6 +340,31 @@ def _p2p_misuse(rank, ws, scenario):
     dist.destroy_process_group(sub)
     _check_default_group(ws)
     return out
+
+
+def _recv_before_small_collective(rank, ws):
+    sub = dist.new_group(list(range(ws)), timeout=sec(10))
+    x = torch.full((COUNT,), float(rank + 1))
+    if rank == 0:
+        got = torch.zeros(COUNT)
+        work = dist.irecv(got, src=1, group=sub)
+        dist.all_reduce(x, group=sub)
+        work.wait()
+    else:
+        dist.all_reduce(x, group=sub)
+        dist.send(torch.full((COUNT,), 7.0), dst=0, group=sub)
+        got = torch.full((COUNT,), 7.0)
+    dist.destroy_process_group(sub)
+    return x.tolist(), got.tolist()
+
+
+def test_recv_before_small_collective(world_factory):
+    """On one host over shared memory the smallest allreduces do not use the links
+    (Communicator::publish), so a receive posted before one whose send comes after it
+    completes: the allreduce and the message both arrive."""
+    res = ft_world(world_factory, 2, transport="auto").run(_recv_before_small_collective,
+                                                           timeout=60)
+    assert res == [([3.0] * COUNT, [7.0] * COUNT)] * 2, res
 
 
 P2P_MISUSE = {

@@ -160,7 +160,8 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
                                      [&](int host) { return host == mesh.hostOf[0]; });
     auto comm = std::make_unique<Communicator>(rank, size, std::move(mesh.channels),
                                                std::move(mesh.ring), std::move(mesh.hostOf),
-                                               rendezvous, options.collectives);
+                                               rendezvous, options.collectives,
+                                               std::move(mesh.board));
     worker_ = std::make_unique<Worker>(rank, std::move(comm), recorder_, [this] { dumpTrace(); });
     stages_ = makeDeviceStages(options.collectives);
     deviceAllreduce_ = stages_ != nullptr && size > 1 && oneHost &&

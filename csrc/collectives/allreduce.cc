@@ -60,6 +60,31 @@ void pairAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
   }
 }
 
+// Smallest buffers (kBoardDataBytes at most) when every rank is on this host
+// over shared memory: every rank publishes its header and data on the board
+// (Communicator::publish) and, once every peer's header matched ours,
+// combines the N contributions straight from the ranks' board areas in rank
+// order, as the one-round paths do (so the same bits). One hand-off each way
+// per call and nothing through the channels.
+void boardAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op) {
+  const int n = comm.size();
+  const OpHeader header =
+      comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1, /*publish=*/false);
+  const char* mine = comm.publish(header, data, count * elementSize(dtype));
+  for (int peer = 0; peer < n; ++peer) {
+    if (peer != comm.rank()) comm.published(peer, header);  // every header before the output
+  }
+  auto from = [&](int r) { return r == comm.rank() ? mine : comm.published(r, header); };
+  ReduceFn reduceFn = reduceFunction(dtype, op);
+  reduceFn(data, from(0), from(1), count);
+  for (int r = 2; r < n; ++r) {
+    reduceFn(data, data, from(r), count);
+  }
+  if (op == ReduceOp::kAvg) {
+    divideInPlace(data, count, dtype, n);
+  }
+}
+
 // Latency path for small buffers: one round. Every rank sends its whole
 // buffer, behind the op header, to every peer and receives theirs into
 // scratch (never into the output, so a header mismatch found afterwards
@@ -342,6 +367,13 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
   const int n = comm.size();
   reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
   const size_t bytes = count * elementSize(dtype);
+  if (comm.hasBoard() && n > 1 && count > 0 && bytes <= kBoardDataBytes) {
+    needWhole(gate, bytes);
+    boardAllreduce(comm, data, count, dtype, op);
+    if (gate != nullptr) gate->produced(0, bytes);
+    if (comm.options().checkResults) checkIdenticalResults(comm, data, bytes, "allreduce");
+    return;
+  }
   const bool small = comm.options().oneRoundAllreduce(bytes, n);
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
   header.variant = small                ? kOneShotAllreduce

@@ -69,9 +69,10 @@ const char* opTypeName(OpType type) {
 Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
                            std::vector<int> ring, std::vector<int> hostOf,
                            std::shared_ptr<Rendezvous> rendezvous,
-                           const CollectiveOptions& options)
+                           const CollectiveOptions& options, std::shared_ptr<Board> board)
     : rank_(rank), size_(size), channels_(std::move(channels)), rendezvous_(std::move(rendezvous)),
-      ring_{std::move(ring)}, hostOf_(std::move(hostOf)), options_(options) {
+      ring_{std::move(ring)}, hostOf_(std::move(hostOf)), options_(options),
+      board_(std::move(board)) {
   RINGDIST_CHECK(ring_.size() == size_, "ringdist: ring order has ", ring_.size(),
                  " ranks, expected ", size_);
   const auto& order = ring_.members;
@@ -216,7 +217,7 @@ void Communicator::beginOp(OpType type, std::chrono::milliseconds timeout) {
 }
 
 OpHeader Communicator::makeHeader(OpType type, uint64_t count, DataType dtype, ReduceOp op,
-                                  int root) {
+                                  int root, bool publish) {
   OpHeader h{};
   h.magic = kOpMagic;
   h.type = static_cast<uint8_t>(type);
@@ -229,7 +230,93 @@ OpHeader Communicator::makeHeader(OpType type, uint64_t count, DataType dtype, R
   // would read each other's segments at the wrong lengths.
   h.segmentBytes = type == OpType::kSend
       ? 0 : static_cast<uint32_t>(std::min<size_t>(options_.segmentBytes, UINT32_MAX));
+  if (publish && board_ != nullptr && type != OpType::kSend) {
+    this->publish(h, nullptr, 0);
+  }
   return h;
+}
+
+namespace {
+
+// A rank's board area (Board::area): written by its owner only.
+struct BoardArea {
+  alignas(64) std::atomic<uint64_t> published;  // seq of the last collective published, 0 at first
+  struct alignas(64) Entry {
+    OpHeader header;
+    alignas(64) char data[kBoardDataBytes];
+  } entry[2];  // by seq parity: a peer may still read the previous one
+};
+static_assert(sizeof(BoardArea) <= Board::kAreaBytes, "a board area holds two entries");
+
+BoardArea* areaOf(Board& board, int rank) { return reinterpret_cast<BoardArea*>(board.area(rank)); }
+
+}  // namespace
+
+const char* Communicator::publish(const OpHeader& header, const void* data, size_t bytes) {
+  RINGDIST_CHECK(bytes <= kBoardDataBytes, "ringdist: ", bytes, " bytes do not fit the board");
+  // This entry last held seq - 2, which a peer reads until it starts seq - 1.
+  for (int peer = 0; peer < size_ && header.seq > 1; ++peer) {
+    if (peer != rank_) waitForPublished(peer, header.seq - 1);
+  }
+  BoardArea* mine = areaOf(*board_, rank_);
+  BoardArea::Entry& entry = mine->entry[header.seq & 1];
+  entry.header = header;
+  if (bytes > 0) std::memcpy(entry.data, data, bytes);
+  mine->published.store(header.seq, std::memory_order_release);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) board_->wake(peer);
+  }
+  return entry.data;
+}
+
+const char* Communicator::published(int peer, const OpHeader& mine) {
+  waitForPublished(peer, mine.seq);
+  // Its entry for our seq: it cannot overwrite it before we publish seq + 1.
+  const BoardArea::Entry& entry = areaOf(*board_, peer)->entry[mine.seq & 1];
+  checkHeader(mine, entry.header, peer);
+  return entry.data;
+}
+
+void Communicator::waitForPublished(int peer, uint64_t seq) {
+  const BoardArea* area = areaOf(*board_, peer);
+  auto ready = [&] { return area->published.load(std::memory_order_acquire) >= seq; };
+  if (ready()) return;
+  boardWaitsFor_ = peer;  // named if the wait times out
+  struct Clear {
+    int& peer;
+    ~Clear() { peer = -1; }
+  } clear{boardWaitsFor_};
+  if (spin_) {
+    const auto spinUntil = Clock::now() + kSpinBeforeSleep;
+    for (unsigned looks = 1;; ++looks) {
+      if (ready()) return;
+      if (looks % 64 == 0) {
+        throwIfStopped();
+        if (Clock::now() >= spinUntil) break;
+      }
+      if (spinYields_) {
+        sched_yield();  // as in sleepOnDoorbell: our caller thread may need the core
+      } else {
+        cpuRelax();
+      }
+    }
+  }
+  for (;;) {
+    throwIfStopped();
+    uint32_t armed = localBell_->arm();
+    if (ready()) {  // published before arm(): seen here; after it: it rang
+      localBell_->disarm();
+      return;
+    }
+    const auto sleepFor = std::min<std::chrono::microseconds>(
+        std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - Clock::now()),
+        kMaxSleep);
+    const auto before = Clock::now();
+    if (sleepFor.count() > 0) localBell_->sleep(armed, sleepFor);
+    localBell_->disarm();
+    if (ready()) return;
+    if (Clock::now() - before >= sleepFor) channels_[static_cast<size_t>(peer)]->checkAlive();
+  }
 }
 
 void Communicator::exchangeHeaders(const OpHeader& mine, const std::vector<int>& sendTo,
@@ -388,7 +475,7 @@ bool Communicator::hasPending() const {
 std::string Communicator::pendingPeers() const {
   std::string peers;
   for (const auto& ch : channels_) {
-    if (ch && ch->hasPending()) {
+    if (ch && (ch->hasPending() || ch->peer() == boardWaitsFor_)) {
       peers += strCat(peers.empty() ? "" : ", ", ch->peer());
     }
   }

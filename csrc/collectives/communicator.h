@@ -12,6 +12,7 @@
 #include "csrc/common/options.h"
 #include "csrc/common/rendezvous.h"
 #include "csrc/common/types.h"
+#include "csrc/transport/board.h"
 #include "csrc/transport/channel.h"
 
 namespace ringdist {
@@ -61,6 +62,10 @@ constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
 // Longest single sleep; between sleeps dead peers and deadlines are checked.
 constexpr auto kMaxSleep = std::chrono::milliseconds(50);
 
+// Data of a small operation published on the board (Communicator::publish),
+// at most this many bytes; the allreduce takes that way up to it.
+constexpr size_t kBoardDataBytes = 16 << 10;
+
 // Ranks arranged in a ring (members by position; we sit at pos): all of a
 // group, or part of it for the two-level allreduce.
 struct SubRing {
@@ -78,9 +83,11 @@ class Communicator {
  public:
   // ring: ranks in ring order (a permutation of 0..size-1), the ranks of
   // each host consecutive; hostOf: host index of each rank.
+  // board: every rank on this host over shared memory (Mesh::board), else null.
   Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
                std::vector<int> ring, std::vector<int> hostOf,
-               std::shared_ptr<Rendezvous> rendezvous, const CollectiveOptions& options);
+               std::shared_ptr<Rendezvous> rendezvous, const CollectiveOptions& options,
+               std::shared_ptr<Board> board = nullptr);
   ~Communicator();
 
   int rank() const { return rank_; }
@@ -119,7 +126,26 @@ class Communicator {
   const char* opName() const { return opTypeName(opType_); }
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
 
-  OpHeader makeHeader(OpType type, uint64_t count, DataType dtype, ReduceOp op, int root);
+  // The operation's header; a collective's is published on the board (if
+  // any) unless `publish` is false, so that ranks taking the board for a
+  // small operation see what every peer called (publish()).
+  OpHeader makeHeader(OpType type, uint64_t count, DataType dtype, ReduceOp op, int root,
+                      bool publish = true);
+
+  // The board (Board): each rank's area holds the number (seq) of the last
+  // collective it published and, by that number's parity, its header and up
+  // to kBoardDataBytes of data. Every collective publishes its header there,
+  // so a rank that takes the board for a small operation meets a peer that
+  // took another path as a header mismatch, not a timeout.
+  bool hasBoard() const { return board_ != nullptr; }
+  // Publishes `header` with `bytes` of `data` (waiting, bounded, until every
+  // peer published the one before, so that no one still reads the entry this
+  // overwrites) and wakes the peers that sleep.
+  // Returns where our data sits on the board.
+  const char* publish(const OpHeader& header, const void* data, size_t bytes);
+  // The data `peer` published with the collective `mine` (waits, bounded,
+  // until it published it), after checking its header against ours.
+  const char* published(int peer, const OpHeader& mine);
   // Sends `mine` to each of sendTo and checks the header from each of
   // recvFrom. sendCount/expectCount (indexed by rank) override `count` per
   // peer for operations with per-peer sizes.
@@ -236,6 +262,10 @@ class Communicator {
   static void cpuRelax();
   void sleepOnDoorbell(Doorbell* bell, bool coreShared, std::chrono::milliseconds left,
                        const uint64_t* wakesSeen);
+  // Until peer's board area has published at least `seq`: spins, then sleeps
+  // on our doorbell (peers wake it when they publish); deadline, abort and
+  // the peer's liveness checked.
+  void waitForPublished(int peer, uint64_t seq);
   // Bytes on a watched link: what progress() reports for queued receives.
   bool watchedArrival();
   bool wokenSince(const uint64_t* wakesSeen) const {
@@ -267,6 +297,8 @@ class Communicator {
   bool peersCopyable_ = false;  // every peer's channel copiesPeerMemory()
   uint64_t singleCopyBytes_ = 0;
   std::vector<char> watched_;  // by peer, see setWatched
+  std::shared_ptr<Board> board_;
+  int boardWaitsFor_ = -1;  // the peer a board wait is for (pendingPeers)
   int wakeFd_ = -1;            // eventfd written by wake(), polled by idle waits
   Doorbell* localBell_ = nullptr;  // rung by wake() when idle waits sleep on it
   std::atomic<bool> idleWaiting_{false};

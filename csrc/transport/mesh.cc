@@ -104,7 +104,9 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
   const std::vector<PeerRecord> records = exchangeRecords(rendezvous, rank, size, options);
   const std::vector<int> local = chooseTransports(records, rank, mesh);
   if (local.size() > 1) {
-    mesh.sameHostCopy = shm::connectLocal(rendezvous, rank, local, options, mesh.channels);
+    std::shared_ptr<Board> board;
+    mesh.sameHostCopy = shm::connectLocal(rendezvous, rank, local, options, mesh.channels, &board);
+    if (static_cast<int>(local.size()) == size) mesh.board = std::move(board);
   } else {
     mesh.sameHostCopy.why = "no other rank of the group shares memory with this one";
   }

@@ -17,6 +17,7 @@ struct Mesh {
   std::vector<int> hostOf;                          // by rank: host index, numbered in ring order
   std::vector<std::string> transportOf;             // by rank: "tcp", "shm" or "self"
   shm::SameHostCopy sameHostCopy;                   // this host's ranks, over shared memory
+  std::shared_ptr<Board> board;  // every rank on this host over shared memory, else null
 };
 
 // Connects this rank to every other rank of the group through the

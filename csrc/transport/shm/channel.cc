@@ -43,6 +43,9 @@ void copyOut(char* dst, const char* ring, uint64_t size, uint64_t pos, size_t n)
 uint32_t LocalDoorbell::arm() {
   uint32_t seq = bell_->seq.load(std::memory_order_acquire);
   bell_->sleeping.store(1, std::memory_order_seq_cst);
+  // Before the caller's last look: a wakeIfSleeping() that missed `sleeping`
+  // wrote before it, so that look sees what it wrote.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   return seq;
 }
 
@@ -60,6 +63,13 @@ void ring(Bell* bell) {
   bell->seq.fetch_add(1, std::memory_order_seq_cst);
   if (bell->sleeping.load(std::memory_order_seq_cst) != 0) {
     futex(&bell->seq, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+}
+
+void wakeIfSleeping(Bell* bell) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // our writes before the look (arm())
+  if (bell->sleeping.load(std::memory_order_relaxed) != 0) {
+    ring(bell);
   }
 }
 

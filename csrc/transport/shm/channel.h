@@ -17,7 +17,11 @@ class LocalDoorbell final : public Doorbell {
   void sleep(uint32_t armed, std::chrono::microseconds timeout) override;
   void disarm() override;
   void ring() override;
-  void publishCpu(int cpu) override { bell_->cpu.store(cpu, std::memory_order_relaxed); }
+  void publishCpu(int cpu) override {
+    if (bell_->cpu.load(std::memory_order_relaxed) != cpu) {  // a write only when it moved
+      bell_->cpu.store(cpu, std::memory_order_relaxed);
+    }
+  }
   int hostCores() const override { return hostCores_; }
 
  private:
@@ -28,6 +32,9 @@ class LocalDoorbell final : public Doorbell {
 // Rings a peer's doorbell: bump its sequence; a futex wake only when it
 // may be sleeping, so the busy path costs no syscall.
 void ring(Bell* bell);
+// ring() only if the owner may be sleeping: no write to its line while it
+// spins (Board::wake).
+void wakeIfSleeping(Bell* bell);
 
 // How long closing a link waits for the peer's write into our memory (a few
 // hundred microseconds at most while the peer runs; a stopped peer is given up).

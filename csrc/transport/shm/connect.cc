@@ -246,6 +246,22 @@ SameHostCopy chooseCopy(const Segment& segment, int self, const std::vector<int>
   return choice;
 }
 
+// The segment's board areas, by rank for the host's ranks.
+class ShmBoard final : public Board {
+ public:
+  ShmBoard(std::shared_ptr<Segment> segment, const std::vector<int>& local)
+      : segment_(std::move(segment)), localOf_(static_cast<size_t>(local.back()) + 1, -1) {
+    for (size_t i = 0; i < local.size(); ++i) localOf_[static_cast<size_t>(local[i])] = static_cast<int>(i);
+  }
+  char* area(int rank) const override { return segment_->board(localOf(rank)); }
+  void wake(int rank) override { wakeIfSleeping(segment_->bell(localOf(rank))); }
+
+ private:
+  int localOf(int rank) const { return localOf_[static_cast<size_t>(rank)]; }
+  std::shared_ptr<Segment> segment_;
+  std::vector<int> localOf_;  // by rank: its local index
+};
+
 // Our affinity into the bell, before agreeSingleCopy publishes it to the peers.
 void publishCpus(Bell* bell) {
   if (::sched_getaffinity(0, sizeof(bell->cpus), &bell->cpus) != 0) {
@@ -270,7 +286,8 @@ int unionOfCpus(const Segment& segment) {
 
 SameHostCopy connectLocal(Rendezvous& rendezvous, int rank, const std::vector<int>& local,
                           const MeshOptions& options,
-                          std::vector<std::unique_ptr<Channel>>& channels) {
+                          std::vector<std::unique_ptr<Channel>>& channels,
+                          std::shared_ptr<Board>* board) {
   const int leader = local.front();
   const int count = static_cast<int>(local.size());
   const int self = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
@@ -300,6 +317,7 @@ SameHostCopy connectLocal(Rendezvous& rendezvous, int rank, const std::vector<in
                                        copy.singleCopy);
     }
   }
+  *board = std::make_shared<ShmBoard>(segment, local);
   return copy;
 }
 

@@ -6,6 +6,7 @@
 
 #include "csrc/common/options.h"
 #include "csrc/common/rendezvous.h"
+#include "csrc/transport/board.h"
 #include "csrc/transport/channel.h"
 
 namespace ringdist {
@@ -26,9 +27,12 @@ struct SameHostCopy {
 // others map it, and the creator unlinks the name as soon as every local
 // rank has mapped it, so nothing stays in /dev/shm, crash or not. Returns
 // only once the name is gone, on every local rank. Sets channels[peer] for
-// each local peer. Every local rank returns the same choice of copy.
+// each local peer, and `board` to the local ranks' board areas (by rank).
+// Every local rank returns the same choice of copy.
 SameHostCopy connectLocal(Rendezvous& rendezvous, int rank, const std::vector<int>& local,
-                  const MeshOptions& options, std::vector<std::unique_ptr<Channel>>& channels);
+                          const MeshOptions& options,
+                          std::vector<std::unique_ptr<Channel>>& channels,
+                          std::shared_ptr<Board>* board);
 
 }  // namespace shm
 }  // namespace ringdist

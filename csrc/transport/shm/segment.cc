@@ -19,14 +19,18 @@ namespace ringdist {
 namespace shm {
 
 namespace {
-constexpr uint64_t kSegmentMagic = 0x5244534847303032ull;  // "RDSHG002"
+constexpr uint64_t kSegmentMagic = 0x5244534847303033ull;  // "RDSHG003"
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 size_t bellsOffset() { return align64(sizeof(SegmentHeader)); }
 size_t controlsOffset(int l) { return bellsOffset() + align64(sizeof(Bell) * static_cast<size_t>(l)); }
+size_t boardsOffset(int l) {
+  return align64(controlsOffset(l) +
+                 sizeof(RingControl) * static_cast<size_t>(l) * static_cast<size_t>(l));
+}
 size_t dataOffset(int l) {
   // Page-align the rings so each starts on its own pages.
-  size_t end = controlsOffset(l) + sizeof(RingControl) * static_cast<size_t>(l) * static_cast<size_t>(l);
+  size_t end = boardsOffset(l) + Board::kAreaBytes * static_cast<size_t>(l);
   return (end + 4095) / 4096 * 4096;
 }
 
@@ -195,6 +199,11 @@ RingControl* Segment::control(int from, int to) const {
   int l = localRanks();
   return reinterpret_cast<RingControl*>(static_cast<char*>(base_) + controlsOffset(l)) +
       (from * l + to);
+}
+
+char* Segment::board(int local) const {
+  return static_cast<char*>(base_) + boardsOffset(localRanks()) +
+         static_cast<size_t>(local) * Board::kAreaBytes;
 }
 
 char* Segment::data(int from, int to) const {

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "csrc/transport/board.h"
+
 namespace ringdist {
 namespace shm {
 
@@ -16,6 +18,7 @@ namespace shm {
 //   SegmentHeader
 //   Bell[L]              one futex doorbell per local rank
 //   RingControl[L * L]   (from, to) -> head/tail of the byte ring from -> to
+//   board[L]             Board::kAreaBytes each, written by its owner only
 //   data[L * L]          ringBytes each; the diagonal is never touched, and
 //                        tmpfs only backs pages that are written
 // The creator (lowest local rank) unlinks the name as soon as every local
@@ -27,7 +30,9 @@ struct alignas(64) Bell {
   std::atomic<uint32_t> sleeping;  // set while the owner may sleep
   int32_t pid;                     // owner's pid and its start time (clock
   uint64_t startTime;              // ticks since boot), for liveness checks
-  std::atomic<int32_t> cpu;        // the CPU the owner last began an op or a wait on, -1 before
+  // The CPU the owner last began an op or a wait on, -1 before; on a line of
+  // its own, which the owner writes often, away from the words wakers read.
+  alignas(64) std::atomic<int32_t> cpu;
   // The CPUs the owner may run on (its affinity at connect time); the host's
   // ranks together may use the union of their sets.
   cpu_set_t cpus;
@@ -107,6 +112,7 @@ class Segment {
   size_t ringBytes() const { return header()->ringBytes; }
   Bell* bell(int local) const;
   RingControl* control(int from, int to) const;
+  char* board(int local) const;
   char* data(int from, int to) const;
 
  private:
