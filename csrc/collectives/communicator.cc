@@ -292,6 +292,7 @@ void Communicator::waitForPublished(int peer, uint64_t seq) {
       if (ready()) return;
       if (looks % 64 == 0) {
         throwIfStopped();
+        channel(peer).checkOpen();
         if (Clock::now() >= spinUntil) break;
       }
       if (spinYields_) {
@@ -303,6 +304,7 @@ void Communicator::waitForPublished(int peer, uint64_t seq) {
   }
   for (;;) {
     throwIfStopped();
+    channel(peer).checkOpen();  // a peer that aborted closed its links and rang us
     uint32_t armed = localBell_->arm();
     if (ready()) {  // published before arm(): seen here; after it: it rang
       localBell_->disarm();
@@ -315,7 +317,7 @@ void Communicator::waitForPublished(int peer, uint64_t seq) {
     if (sleepFor.count() > 0) localBell_->sleep(armed, sleepFor);
     localBell_->disarm();
     if (ready()) return;
-    if (Clock::now() - before >= sleepFor) channels_[static_cast<size_t>(peer)]->checkAlive();
+    if (Clock::now() - before >= sleepFor) channel(peer).checkAlive();
   }
 }
 

@@ -103,6 +103,9 @@ class Channel {
   // Throws when the peer is known to be gone (for transports that cannot
   // see a hang-up on a file descriptor).
   virtual void checkAlive() const {}
+  // Throws when the peer closed the link (it aborted): for waits that do
+  // not go through the link (the board, Communicator::publish).
+  virtual void checkOpen() const {}
   // True when the peer's process is known to be gone (same host: its pid no
   // longer runs the process that connected); false when alive or unknown.
   // Safe from any thread, also after close().

@@ -140,6 +140,12 @@ void ShmChannel::checkAlive() const {
   }
 }
 
+void ShmChannel::checkOpen() const {
+  if (in_->closed.load(std::memory_order_acquire) != 0) {
+    failClosed();
+  }
+}
+
 bool ShmChannel::progressSends() {
   bool moved = false;
   while (!sends_.empty()) {

@@ -57,6 +57,7 @@ class ShmChannel final : public QueuedChannel {
   Doorbell* doorbell() const override { return doorbell_.get(); }
   int peerCpu() const override { return peerBell_->cpu.load(std::memory_order_relaxed); }
   void checkAlive() const override;
+  void checkOpen() const override;
   bool peerDead() const override;
   bool copiesPeerMemory() const override { return singleCopy_; }
   void readPeerMemory(uint64_t from, void* dst, size_t bytes) override;
