@@ -263,6 +263,7 @@ const char* Communicator::publish(const OpHeader& header, const void* data, size
   entry.header = header;
   if (bytes > 0) std::memcpy(entry.data, data, bytes);
   mine->published.store(header.seq, std::memory_order_release);
+  boardBytesPublished_ += bytes;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_) board_->wake(peer);
   }
@@ -274,6 +275,7 @@ const char* Communicator::published(int peer, const OpHeader& mine) {
   // Its entry for our seq: it cannot overwrite it before we publish seq + 1.
   const BoardArea::Entry& entry = areaOf(*board_, peer)->entry[mine.seq & 1];
   checkHeader(mine, entry.header, peer);
+  boardBytesRead_ += mine.count * elementSize(static_cast<DataType>(mine.dtype));
   return entry.data;
 }
 
@@ -286,7 +288,12 @@ void Communicator::waitForPublished(int peer, uint64_t seq) {
     int& peer;
     ~Clear() { peer = -1; }
   } clear{boardWaitsFor_};
-  if (spin_) {
+  // As waitForActivity: no spin for a peer that last waited on our CPU.
+  const int cpu = sched_getcpu();
+  localBell_->publishCpu(cpu);
+  const bool coreShared = channel(peer).peerCpu() == cpu;
+  sharedCoreWaits_ += spin_ && coreShared ? 1 : 0;
+  if (spin_ && !coreShared) {
     const auto spinUntil = Clock::now() + kSpinBeforeSleep;
     for (unsigned looks = 1;; ++looks) {
       if (ready()) return;
@@ -668,7 +675,7 @@ void Communicator::progressIdle(std::chrono::milliseconds maxWait, uint64_t wake
 }
 
 uint64_t Communicator::bytesSent() const {
-  uint64_t total = 0;
+  uint64_t total = boardBytesPublished_;
   for (const auto& ch : channels_) {
     total += ch ? ch->bytesSent() : 0;
   }
@@ -676,7 +683,7 @@ uint64_t Communicator::bytesSent() const {
 }
 
 uint64_t Communicator::bytesReceived() const {
-  uint64_t total = 0;
+  uint64_t total = boardBytesRead_;
   for (const auto& ch : channels_) {
     total += ch ? ch->bytesReceived() : 0;
   }

@@ -209,7 +209,7 @@ class Communicator {
   void requestAbort();
   uint64_t wakeCount() const { return wakes_.load(); }
 
-  // Bytes moved over all channels so far (statistics).
+  // Bytes moved over all channels and through the board so far (statistics).
   uint64_t bytesSent() const;
   uint64_t bytesReceived() const;
   // Waits that slept without spinning because a peer shared this CPU.
@@ -299,6 +299,8 @@ class Communicator {
   std::vector<char> watched_;  // by peer, see setWatched
   std::shared_ptr<Board> board_;
   int boardWaitsFor_ = -1;  // the peer a board wait is for (pendingPeers)
+  uint64_t boardBytesPublished_ = 0;  // counted in bytesSent() / bytesReceived()
+  uint64_t boardBytesRead_ = 0;
   int wakeFd_ = -1;            // eventfd written by wake(), polled by idle waits
   Doorbell* localBell_ = nullptr;  // rung by wake() when idle waits sleep on it
   std::atomic<bool> idleWaiting_{false};
