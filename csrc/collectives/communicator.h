@@ -64,7 +64,7 @@ constexpr auto kMaxSleep = std::chrono::milliseconds(50);
 
 // Data of a small operation published on the board (Communicator::publish),
 // at most this many bytes; the allreduce takes that way up to it.
-constexpr size_t kBoardDataBytes = 16 << 10;
+constexpr size_t kBoardDataBytes = 4 << 10;
 
 // Ranks arranged in a ring (members by position; we sit at pos): all of a
 // group, or part of it for the two-level allreduce.

@@ -10,7 +10,7 @@ namespace ringdist {
 // rank of the group is on this host and reached over shared memory.
 class Board {
  public:
-  static constexpr size_t kAreaBytes = 40 << 10;
+  static constexpr size_t kAreaBytes = 16 << 10;
 
   virtual ~Board() = default;
   // Rank's area: kAreaBytes, 64-byte aligned, zero at first.
