@@ -262,7 +262,8 @@ class CudaStage final : public DeviceStage {
     at::Tensor hostOut = PipelinedTwin::pinned(out);
     at::Tensor hostIn = hostOut.narrow(0, comm.rank() * count, count);
     PipelinedTwin twin(in, hostIn, out, hostOut, comm.deadline());
-    std::vector<void*> outputs = blocks(hostOut, comm.size());
+    std::vector<void*> outputs =
+        blocksOf(hostOut.data_ptr(), comm.size(), hostIn.nbytes());
     ringdist::allgather(comm, hostIn.data_ptr(), outputs.data(), static_cast<size_t>(count),
                         dtype, &twin);
     twin.finish();
@@ -276,8 +277,8 @@ class CudaStage final : public DeviceStage {
     at::Tensor hostIn = PipelinedTwin::pinned(in);
     at::Tensor hostOut = PipelinedTwin::pinned(out);
     PipelinedTwin twin(in, hostIn, out, hostOut, comm.deadline());
-    std::vector<void*> blocks = this->blocks(hostIn, comm.size());
-    std::vector<const void*> inputs(blocks.begin(), blocks.end());
+    std::vector<const void*> inputs =
+        blocksOf(static_cast<const void*>(hostIn.data_ptr()), comm.size(), hostOut.nbytes());
     ringdist::reduceScatter(comm, inputs.data(), hostOut.data_ptr(),
                             static_cast<size_t>(out.numel()), dtype, op, &twin);
     twin.finish();
@@ -398,15 +399,6 @@ class CudaStage final : public DeviceStage {
       t.copy_(buffer.narrow(0, at, t.numel()).view(t.sizes()), /*non_blocking=*/true);
       at += t.numel();
     }
-  }
-  // A host buffer's `parts` equal blocks, rank by rank.
-  static std::vector<void*> blocks(const at::Tensor& host, int parts) {
-    const size_t bytes = host.nbytes() / static_cast<size_t>(parts);
-    std::vector<void*> at;
-    for (int r = 0; r < parts; ++r) {
-      at.push_back(static_cast<char*>(host.data_ptr()) + static_cast<size_t>(r) * bytes);
-    }
-    return at;
   }
   std::unique_ptr<SignalQueue> queue() { return lane_->sameGpuDevice->queueOn(stream_.stream()); }
 

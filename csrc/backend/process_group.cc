@@ -51,18 +51,6 @@ struct Flat {
   at::Tensor flat;
 };
 
-// The `parts` consecutive blocks of `bytes` each that make up one buffer
-// (the rank-by-rank layout of all_gather_into_tensor / reduce_scatter_tensor).
-template <typename T>
-std::vector<T*> blocksOf(T* base, int parts, size_t bytes) {
-  std::vector<T*> blocks;
-  for (int r = 0; r < parts; ++r) {
-    blocks.push_back(reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(base) +
-                                          static_cast<size_t>(r) * bytes));
-  }
-  return blocks;
-}
-
 size_t largestBytes(const std::vector<at::Tensor>& tensors) {
   size_t largest = 0;
   for (const auto& t : tensors) largest = std::max(largest, static_cast<size_t>(t.nbytes()));

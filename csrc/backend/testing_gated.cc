@@ -188,11 +188,6 @@ std::map<std::string, int64_t> gated(const std::string& groupName, const std::st
     TORCH_CHECK(outBytes == inBytes * static_cast<size_t>(size), "gated: all_gather sizes");
     std::memcpy(result.data() + static_cast<size_t>(rank) * inBytes, source, inBytes);
   }
-  auto blocks = [&](char* base, size_t bytes) {
-    std::vector<char*> at;
-    for (int r = 0; r < size; ++r) at.push_back(base + static_cast<size_t>(r) * bytes);
-    return at;
-  };
   HostGate gate(source, engineIn, inBytes, out.data(), result.data(), outBytes,
                 static_cast<size_t>(pieceBytes), std::chrono::microseconds(delayUs));
   Worker::Body body;
@@ -201,15 +196,14 @@ std::map<std::string, int64_t> gated(const std::string& groupName, const std::st
     body = [&](Communicator& comm) { allreduce(comm, engineIn, count, dtype, opFromName(op), &gate); };
   } else if (collective == "all_gather") {
     body = [&](Communicator& comm) {
-      auto outputs = blocks(out.data(), inBytes);
-      allgather(comm, engineIn, reinterpret_cast<void* const*>(outputs.data()), count, dtype,
-                &gate);
+      auto outputs = blocksOf(static_cast<void*>(out.data()), size, inBytes);
+      allgather(comm, engineIn, outputs.data(), count, dtype, &gate);
     };
   } else if (collective == "reduce_scatter") {
     TORCH_CHECK(inBytes == outBytes * static_cast<size_t>(size), "gated: reduce_scatter sizes");
     body = [&](Communicator& comm) {
-      auto inputs = blocks(in.data(), outBytes);
-      reduceScatter(comm, reinterpret_cast<const void* const*>(inputs.data()), out.data(),
+      auto inputs = blocksOf(static_cast<const void*>(in.data()), size, outBytes);
+      reduceScatter(comm, inputs.data(), out.data(),
                     static_cast<size_t>(output.numel()), dtype, opFromName(op), &gate);
     };
   } else {

@@ -102,6 +102,18 @@ void alltoall(Communicator& comm, const void* const* inputs, const std::vector<u
 
 void barrier(Communicator& comm);
 
+// The `parts` consecutive blocks of `bytes` each that make up one buffer
+// (the rank-by-rank layout of all_gather_into_tensor / reduce_scatter_tensor).
+template <typename T>
+std::vector<T*> blocksOf(T* base, int parts, size_t bytes) {
+  std::vector<T*> blocks;
+  for (int r = 0; r < parts; ++r) {
+    blocks.push_back(reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(base) +
+                                          static_cast<size_t>(r) * bytes));
+  }
+  return blocks;
+}
+
 // Every rank's `mine` (a plain value), by rank: an allgather of its bytes.
 template <typename T>
 std::vector<T> allgatherValue(Communicator& comm, const T& mine) {
