@@ -70,15 +70,16 @@ void boardAllreduce(Communicator& comm, void* data, size_t count, DataType dtype
   const int n = comm.size();
   const OpHeader header =
       comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1, /*publish=*/false);
-  const char* mine = comm.publish(header, data, count * elementSize(dtype));
+  std::vector<const char*> from(static_cast<size_t>(n));  // by rank
+  from[static_cast<size_t>(comm.rank())] = comm.publish(header, data, count * elementSize(dtype));
   for (int peer = 0; peer < n; ++peer) {
-    if (peer != comm.rank()) comm.published(peer, header);  // every header before the output
+    // Every peer's header checked before the output is written.
+    if (peer != comm.rank()) from[static_cast<size_t>(peer)] = comm.published(peer, header);
   }
-  auto from = [&](int r) { return r == comm.rank() ? mine : comm.published(r, header); };
   ReduceFn reduceFn = reduceFunction(dtype, op);
-  reduceFn(data, from(0), from(1), count);
-  for (int r = 2; r < n; ++r) {
-    reduceFn(data, data, from(r), count);
+  reduceFn(data, from[0], from[1], count);
+  for (size_t r = 2; r < from.size(); ++r) {
+    reduceFn(data, data, from[r], count);
   }
   if (op == ReduceOp::kAvg) {
     divideInPlace(data, count, dtype, n);
