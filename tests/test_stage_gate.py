@@ -55,7 +55,9 @@ def _case_gated(rank, ws, env, ring, two_level=False):
                 expected = _expected(collective, x, op)
                 got = torch.full_like(expected, 7)
                 # A slow copy for the largest case: results must come out before the input is in.
-                delay = 1000 if n == COUNTS[-1] and op == "sum" else 0
+                # 8 ms a piece: with four ranks on CI's two loaded cores, ranks entered the call
+                # over 5 ms apart, so a 1 ms copy of 5 pieces was in before anything arrived.
+                delay = 8000 if n == COUNTS[-1] and op == "sum" else 0
                 # 16 KiB pieces: the 4 KiB segments of the ws3 world are grouped four to a piece.
                 stats = testing.gated(name, collective, x, got, op, piece_bytes=16 << 10,
                                       delay_us=delay)
