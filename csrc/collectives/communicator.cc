@@ -288,43 +288,20 @@ void Communicator::waitForPublished(int peer, uint64_t seq) {
     int& peer;
     ~Clear() { peer = -1; }
   } clear{boardWaitsFor_};
-  // As waitForActivity: no spin for a peer that last waited on our CPU.
   const int cpu = sched_getcpu();
   localBell_->publishCpu(cpu);
   const bool coreShared = channel(peer).peerCpu() == cpu;
   sharedCoreWaits_ += spin_ && coreShared ? 1 : 0;
-  if (spin_ && !coreShared) {
-    const auto spinUntil = Clock::now() + kSpinBeforeSleep;
-    for (unsigned looks = 1;; ++looks) {
-      if (ready()) return;
-      if (looks % 64 == 0) {
-        throwIfStopped();
-        channel(peer).checkOpen();
-        if (Clock::now() >= spinUntil) break;
-      }
-      if (spinYields_) {
-        sched_yield();  // as in sleepOnDoorbell: our caller thread may need the core
-      } else {
-        cpuRelax();
-      }
-    }
-  }
+  bool spin = spin_ && !coreShared;  // the first wait only
   for (;;) {
     throwIfStopped();
     channel(peer).checkOpen();  // a peer that aborted closed its links and rang us
-    uint32_t armed = localBell_->arm();
-    if (ready()) {  // published before arm(): seen here; after it: it rang
-      localBell_->disarm();
-      return;
-    }
-    const auto sleepFor = std::min<std::chrono::microseconds>(
-        std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - Clock::now()),
-        kMaxSleep);
-    const auto before = Clock::now();
-    if (sleepFor.count() > 0) localBell_->sleep(armed, sleepFor);
-    localBell_->disarm();
-    if (ready()) return;
-    if (Clock::now() - before >= sleepFor) channel(peer).checkAlive();
+    const auto left = std::min<std::chrono::microseconds>(
+        std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - Clock::now()), kMaxSleep);
+    const BellWait waited = waitOnBell(localBell_, spin, left, ready);
+    if (waited == BellWait::kDone) return;
+    if (waited == BellWait::kQuiet) channel(peer).checkAlive();
+    spin = false;
   }
 }
 
@@ -491,19 +468,15 @@ std::string Communicator::pendingPeers() const {
   return peers.empty() ? "none" : peers;
 }
 
-void Communicator::sleepOnDoorbell(Doorbell* bell, bool coreShared,
-                                   std::chrono::milliseconds left, const uint64_t* wakesSeen) {
-  // Spin first: a peer on another core answers within microseconds, and a
-  // sleep costs a wake-up (against a busy process, under load). Not when
-  // ranks outnumber cores (spin_), nor when a peer we wait for last waited
-  // on this very CPU: the scheduler put it beside us, and it runs only once
-  // we leave the core.
-  if (spin_ && !coreShared) {
-    auto spinUntil = Clock::now() + kSpinBeforeSleep;
-    while (Clock::now() < spinUntil) {
-      if (progress() || watchedArrival() || wokenSince(wakesSeen)) {
-        return;
-      }
+template <typename Done>
+Communicator::BellWait Communicator::waitOnBell(Doorbell* bell, bool spin,
+                                                std::chrono::microseconds left, const Done& done) {
+  if (spin) {
+    const auto spinUntil = Clock::now() + kSpinBeforeSleep;
+    for (unsigned looks = 1;; ++looks) {
+      if (done()) return BellWait::kDone;
+      // A yield may last a time slice: look at the clock after each one.
+      if ((spinYields_ || looks % 16 == 0) && Clock::now() >= spinUntil) break;
       if (spinYields_) {
         // Our own process's other threads (the Python caller that enqueues
         // the next op or waits for this one) may need this core more than we do.
@@ -515,18 +488,26 @@ void Communicator::sleepOnDoorbell(Doorbell* bell, bool coreShared,
       }
     }
   }
-  uint32_t armed = bell->arm();
+  const uint32_t armed = bell->arm();
   // A final look after arming: a peer that rang before arm() is seen here,
   // one that rings after it bumps the word futex_wait compares against.
-  if (progress() || watchedArrival() || wokenSince(wakesSeen)) {
+  if (done()) {
     bell->disarm();
-    return;
+    return BellWait::kDone;
   }
-  auto sleepFor = std::min<std::chrono::milliseconds>(left, kMaxSleep);
-  auto before = Clock::now();
-  bell->sleep(armed, sleepFor);
+  const auto before = Clock::now();
+  if (left.count() > 0) bell->sleep(armed, left);
   bell->disarm();
-  if (Clock::now() - before >= sleepFor) {
+  if (Clock::now() - before < left) return BellWait::kWoken;
+  return done() ? BellWait::kDone : BellWait::kQuiet;
+}
+
+void Communicator::sleepOnDoorbell(Doorbell* bell, bool coreShared,
+                                   std::chrono::milliseconds left, const uint64_t* wakesSeen) {
+  const BellWait waited =
+      waitOnBell(bell, spin_ && !coreShared, std::min<std::chrono::milliseconds>(left, kMaxSleep),
+                 [&] { return progress() || watchedArrival() || wokenSince(wakesSeen); });
+  if (waited == BellWait::kQuiet) {
     // Quiet for a whole sleep: make sure the peers we wait for are alive.
     for (size_t p = 0; p < channels_.size(); ++p) {
       if (channels_[p] && (channels_[p]->hasPending() || watched_[p])) {

@@ -260,11 +260,22 @@ class Communicator {
   template <typename Copy>
   void copyInPieces(size_t bytes, Copy copy);
   static void cpuRelax();
+  // One wait of a shared-memory waiter: spins kSpinBeforeSleep if `spin`
+  // (not when ranks outnumber cores, nor for a peer that last waited on this
+  // CPU: the scheduler put it beside us, and it runs only once we leave the
+  // core; a spinning peer answers within microseconds, a sleep costs a
+  // wake-up), then sleeps on `bell` for at most `left`. kQuiet: a whole
+  // sleep passed with done() still false and no wake-up.
+  enum class BellWait { kDone, kWoken, kQuiet };
+  template <typename Done>
+  BellWait waitOnBell(Doorbell* bell, bool spin, std::chrono::microseconds left, const Done& done);
+  // waitForActivity's wait on shared-memory links: until a transfer moved, a
+  // watched link got bytes, or a wake-up since wakesSeen; or one sleep.
   void sleepOnDoorbell(Doorbell* bell, bool coreShared, std::chrono::milliseconds left,
                        const uint64_t* wakesSeen);
-  // Until peer's board area has published at least `seq`: spins, then sleeps
-  // on our doorbell (peers wake it when they publish); deadline, abort and
-  // the peer's liveness checked.
+  // Until peer's board area has published at least `seq` (peers ring our
+  // doorbell when they publish); deadline, abort and the peer's liveness
+  // checked.
   void waitForPublished(int peer, uint64_t seq);
   // Bytes on a watched link: what progress() reports for queued receives.
   bool watchedArrival();
