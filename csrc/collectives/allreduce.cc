@@ -361,20 +361,11 @@ void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataTyp
             {gate, false, true, 0});
 }
 
-}  // namespace
-
-void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
-               StageGate* gate) {
+// Through the links: the one-round, single-copy or ring paths by size.
+void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
+                   StageGate* gate) {
   const int n = comm.size();
-  reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
   const size_t bytes = count * elementSize(dtype);
-  if (comm.hasBoard() && n > 1 && count > 0 && bytes <= kBoardDataBytes) {
-    needWhole(gate, bytes);
-    boardAllreduce(comm, data, count, dtype, op);
-    if (gate != nullptr) gate->produced(0, bytes);
-    if (comm.options().checkResults) checkIdenticalResults(comm, data, bytes, "allreduce");
-    return;
-  }
   const bool small = comm.options().oneRoundAllreduce(bytes, n);
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
   header.variant = small                ? kOneShotAllreduce
@@ -407,9 +398,22 @@ void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, Red
     }
   }
   if (wholeGate != nullptr) wholeGate->produced(0, bytes);
-  if (comm.options().checkResults) {
-    checkIdenticalResults(comm, data, bytes, "allreduce");
+}
+
+}  // namespace
+
+void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
+               StageGate* gate) {
+  reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
+  const size_t bytes = count * elementSize(dtype);
+  if (comm.hasBoard() && comm.size() > 1 && count > 0 && bytes <= kBoardDataBytes) {
+    needWhole(gate, bytes);
+    boardAllreduce(comm, data, count, dtype, op);
+    if (gate != nullptr) gate->produced(0, bytes);
+  } else {
+    linkAllreduce(comm, data, count, dtype, op, gate);
   }
+  if (comm.options().checkResults) checkIdenticalResults(comm, data, bytes, "allreduce");
 }
 
 }  // namespace ringdist
