@@ -22,10 +22,9 @@ constexpr const char* kDumpVersion = "2.10";
 // op name; ringdist is a CPU backend with gloo's semantics.
 constexpr const char* kNamePrefix = "gloo:";
 
-int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
+template <typename TimePoint>
+int64_t nsSinceEpoch(TimePoint time) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(time.time_since_epoch()).count();
 }
 
 c10::impl::GenericDict newDict() {
@@ -34,13 +33,16 @@ c10::impl::GenericDict newDict() {
 
 c10::impl::GenericList newList() { return c10::impl::GenericList(c10::AnyType::get()); }
 
-c10::IValue sizesList(const std::vector<std::vector<int64_t>>& sizes) {
+c10::IValue sizesList(const c10::SmallVector<int64_t, 4>& dims) {
   auto list = newList();
-  for (const auto& s : sizes) list.push_back(c10::IValue(s));
+  for (size_t i = 0; i < dims.size(); i += 1 + static_cast<size_t>(dims[i])) {
+    list.push_back(c10::IValue(std::vector<int64_t>(dims.begin() + i + 1,
+                                                    dims.begin() + i + 1 + dims[i])));
+  }
   return list;
 }
 
-c10::IValue dtypeList(const std::vector<c10::ScalarType>& dtypes) {
+c10::IValue dtypeList(const c10::SmallVector<c10::ScalarType, 1>& dtypes) {
   auto list = newList();
   for (auto t : dtypes) list.push_back(c10::IValue(std::string(c10::toString(t))));
   return list;
@@ -54,17 +56,21 @@ const char* stateName(int state) {
 }  // namespace
 
 FlightRecorder::FlightRecorder(size_t capacity, std::string dumpPrefix)
-    : capacity_(capacity), dumpPrefix_(std::move(dumpPrefix)), slots_(capacity) {}
+    : capacity_(capacity),
+      dumpPrefix_(std::move(dumpPrefix)),
+      wallMinusSteadyNs_(nsSinceEpoch(std::chrono::system_clock::now()) -
+                         nsSinceEpoch(std::chrono::steady_clock::now())),
+      slots_(capacity) {}
 
 namespace {
 
-void describe(const std::vector<at::Tensor>& tensors, std::vector<std::vector<int64_t>>* sizes,
-              std::vector<c10::ScalarType>* dtypes) {
-  sizes->resize(tensors.size());
-  dtypes->resize(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    (*sizes)[i].assign(tensors[i].sizes().begin(), tensors[i].sizes().end());
-    (*dtypes)[i] = tensors[i].scalar_type();
+void describe(const std::vector<at::Tensor>& tensors, FlightRecorder::Shapes* shapes) {
+  shapes->dims.clear();
+  shapes->dtypes.clear();
+  for (const auto& t : tensors) {
+    shapes->dims.push_back(t.dim());
+    shapes->dims.append(t.sizes().begin(), t.sizes().end());
+    shapes->dtypes.push_back(t.scalar_type());
   }
 }
 
@@ -74,7 +80,6 @@ uint64_t FlightRecorder::add(const char* name, uint64_t seq, int peer,
                              const std::vector<at::Tensor>& inputs,
                              const std::vector<at::Tensor>& outputs, int64_t timeoutMs) {
   if (capacity_ == 0) return 0;
-  const int64_t now = nowNs();
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t id = nextId_++;
   Entry& e = slots_[id % capacity_];
@@ -82,11 +87,10 @@ uint64_t FlightRecorder::add(const char* name, uint64_t seq, int peer,
   e.seq = seq;
   e.peer = peer;
   e.name = name;
-  describe(inputs, &e.inSizes, &e.inDtypes);
-  describe(outputs, &e.outSizes, &e.outDtypes);
+  describe(inputs, &e.in);
+  describe(outputs, &e.out);
   e.state = State::kScheduled;
-  e.createdNs = now;
-  e.startedNs = e.completedNs = 0;
+  e.createdNs = e.startedNs = e.completedNs = 0;
   e.timeoutMs = timeoutMs;
   return id;
 }
@@ -97,17 +101,28 @@ FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
   return e.id == id && id < nextId_ ? &e : nullptr;
 }
 
-void FlightRecorder::started(uint64_t id) { mark(id, State::kStarted, &Entry::startedNs); }
-
-void FlightRecorder::completed(uint64_t id) { mark(id, State::kCompleted, &Entry::completedNs); }
-
-void FlightRecorder::mark(uint64_t id, State state, int64_t Entry::*stamp) {
+void FlightRecorder::queued(uint64_t id, Time at) {
   if (capacity_ == 0) return;
-  const int64_t now = nowNs();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* e = find(id)) e->createdNs = wallNs(at);
+}
+
+void FlightRecorder::started(uint64_t id, Time at) {
+  if (capacity_ == 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (Entry* e = find(id)) {
-    e->state = state;
-    e->*stamp = now;
+    e->state = State::kStarted;
+    e->startedNs = wallNs(at);
+    if (e->createdNs == 0) e->createdNs = e->startedNs;  // run as soon as issued
+  }
+}
+
+void FlightRecorder::completed(uint64_t id, Time at) {
+  if (capacity_ == 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* e = find(id)) {
+    e->state = State::kCompleted;
+    e->completedNs = wallNs(at);
   }
 }
 
@@ -136,10 +151,10 @@ std::string FlightRecorder::pickled(const Group& group) const {
       d.insert("op_id", static_cast<int64_t>(e.seq));
       d.insert("profiling_name", profilingName(e, group.rank));
       d.insert("time_created_ns", e.createdNs);
-      d.insert("input_sizes", sizesList(e.inSizes));
-      d.insert("input_dtypes", dtypeList(e.inDtypes));
-      d.insert("output_sizes", sizesList(e.outSizes));
-      d.insert("output_dtypes", dtypeList(e.outDtypes));
+      d.insert("input_sizes", sizesList(e.in.dims));
+      d.insert("input_dtypes", dtypeList(e.in.dtypes));
+      d.insert("output_sizes", sizesList(e.out.dims));
+      d.insert("output_dtypes", dtypeList(e.out.dtypes));
       d.insert("state", std::string(stateName(static_cast<int>(e.state))));
       d.insert("time_discovered_started_ns",
                e.startedNs ? c10::IValue(e.startedNs) : c10::IValue());

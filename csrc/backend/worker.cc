@@ -204,6 +204,7 @@ void Worker::push(Task task) {
     run(task);
     return;
   }
+  if (!task.statsKey.empty()) recorder_->queued(task.traceId, std::chrono::steady_clock::now());
   {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!stop_, "ringdist ", opTypeName(task.type), ": rank ", rank_,
@@ -293,11 +294,12 @@ void Worker::run(Task& task) {
     task.body(*comm_);  // a settings change reports its own errors
     return;
   }
+  // Two clock reads per op: here and at the end.
   const auto started = std::chrono::steady_clock::now();
   const Counters before = counters();
-  recorder_->started(task.traceId);
+  recorder_->started(task.traceId, started);
   try {
-    comm_->beginOp(task.type, task.timeout);
+    comm_->beginOp(task.type, task.timeout, started);
     DeviceStage* stage = task.work ? task.work->stage() : nullptr;
     if (stage == nullptr) {
       task.body(*comm_);
@@ -314,7 +316,7 @@ void Worker::run(Task& task) {
       comm_->abort(message);
     }
     task.body = nullptr;
-    recordStats(task, started, before);
+    recordStats(task, std::chrono::steady_clock::now() - started, before);
     fail(task.work, message);
     if (!task.work) {
       task.error = asDistError(message);
@@ -325,9 +327,10 @@ void Worker::run(Task& task) {
   // returns, the process may exit, and dropping a tensor needs the GIL.
   task.body = nullptr;
   // Before completion: callbacks may run further (inline) operations.
-  recordStats(task, started, before);
+  const auto finished = std::chrono::steady_clock::now();
+  recordStats(task, finished - started, before);
   if (task.completesOnReturn) {
-    recorder_->completed(task.traceId);
+    recorder_->completed(task.traceId, finished);
     if (task.work) {
       task.work->markSuccess();
     }
@@ -377,7 +380,7 @@ void Worker::reapTransfers() {
       if (*done.source >= 0) {
         done.work->setSourceRank(*done.source);
       }
-      recorder_->completed(done.traceId);
+      recorder_->completed(done.traceId, std::chrono::steady_clock::now());
       done.work->markSuccess();
     } catch (const std::exception&) {
       done.work->markError(std::current_exception());
@@ -421,10 +424,9 @@ Worker::Counters Worker::counters() const {
           comm_->singleCopyBytes()};
 }
 
-void Worker::recordStats(const Task& task, std::chrono::steady_clock::time_point started,
+void Worker::recordStats(const Task& task, std::chrono::duration<double> elapsed,
                          const Counters& before) {
   const uint64_t payload = task.completesOnReturn ? task.payloadBytes : 0;
-  std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - started;
   const Counters now = counters();
   std::lock_guard<std::mutex> lock(statsMutex_);
   OpStats& s = stats_[task.statsKey];

@@ -144,7 +144,7 @@ class Worker {
     uint64_t sent, received, sharedCoreWaits, singleCopyBytes;
   };
   Counters counters() const;
-  void recordStats(const Task& task, std::chrono::steady_clock::time_point started,
+  void recordStats(const Task& task, std::chrono::duration<double> elapsed,
                    const Counters& before);
   // After an error the group is unusable (streams may be out of step):
   // every pending transfer fails with the same message.

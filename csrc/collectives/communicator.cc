@@ -201,7 +201,8 @@ Channel& Communicator::channel(int peer) {
   return *channels_[static_cast<size_t>(peer)];
 }
 
-void Communicator::beginOp(OpType type, std::chrono::milliseconds timeout) {
+void Communicator::beginOp(OpType type, std::chrono::milliseconds timeout,
+                           std::chrono::steady_clock::time_point now) {
   if (aborted_) {
     RINGDIST_FAIL("ringdist ", opTypeName(type), ": rank ", rank_,
                   ": the process group was aborted by an earlier error: ", abortReason_);
@@ -210,7 +211,7 @@ void Communicator::beginOp(OpType type, std::chrono::milliseconds timeout) {
                  ": the process group has been shut down");
   opType_ = type;
   opTimeout_ = timeout;
-  deadline_ = Clock::now() + timeout;
+  deadline_ = now + timeout;
   if (localBell_ != nullptr) {
     localBell_->publishCpu(sched_getcpu());  // fresh for the peers' first waits of this op
   }

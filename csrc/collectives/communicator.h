@@ -122,7 +122,9 @@ class Communicator {
   size_t segmentBytes() const { return options_.segmentBytes; }
 
   // Starts an operation: names it in errors and arms its deadline.
-  void beginOp(OpType type, std::chrono::milliseconds timeout);
+  // `now`: the caller's clock reading, when it has one (one read per op).
+  void beginOp(OpType type, std::chrono::milliseconds timeout,
+               std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
   const char* opName() const { return opTypeName(opType_); }
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
 

@@ -292,9 +292,12 @@ def trace_desync(rank, ws, store, dist, torch):
     """3 ranks record a few ops (checked live with torch_ringdist.trace()), then rank 1 calls
     all_reduce with 7 elements where the others pass 8; with RINGDIST_TRACE_DUMP set every
     rank dumps its trace."""
+    import time
+
     import torch_ringdist
 
     _init(rank, ws, store, dist)
+    wall_before = time.time_ns()
     dist.all_reduce(torch.ones(8))
     dist.all_reduce(torch.ones(8))
     out = torch.empty(ws * 5)
@@ -306,9 +309,12 @@ def trace_desync(rank, ws, store, dist, torch):
     dist.barrier()
     dist.all_reduce(torch.ones(8))
     dist.all_reduce(torch.ones(8))
+    wall_after = time.time_ns()
     keys = ("profiling_name", "collective_seq_id", "p2p_seq_id", "input_sizes", "output_sizes",
-            "state", "is_p2p")
-    result = {"live": [{k: e[k] for k in keys} for e in torch_ringdist.trace()["entries"]]}
+            "state", "is_p2p", "time_created_ns", "time_discovered_started_ns",
+            "time_discovered_completed_ns")
+    result = {"live": [{k: e[k] for k in keys} for e in torch_ringdist.trace()["entries"]],
+              "wall": (wall_before, wall_after)}
     try:
         dist.all_reduce(torch.ones(7 if rank == 1 else 8))
         result["error"] = None
