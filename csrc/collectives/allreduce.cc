@@ -70,15 +70,18 @@ void boardAllreduce(Communicator& comm, void* data, size_t count, DataType dtype
   const int n = comm.size();
   const OpHeader header =
       comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1, /*publish=*/false);
-  std::vector<const char*> from(static_cast<size_t>(n));  // by rank
-  from[static_cast<size_t>(comm.rank())] = comm.publish(header, data, count * elementSize(dtype));
+  // By rank; on the stack for a few ranks (no allocation on the latency path).
+  const char* few[8];
+  std::vector<const char*> many(n > 8 ? static_cast<size_t>(n) : 0);
+  const char** from = n > 8 ? many.data() : few;
+  from[comm.rank()] = comm.publish(header, data, count * elementSize(dtype));
   for (int peer = 0; peer < n; ++peer) {
     // Every peer's header checked before the output is written.
-    if (peer != comm.rank()) from[static_cast<size_t>(peer)] = comm.published(peer, header);
+    if (peer != comm.rank()) from[peer] = comm.published(peer, header);
   }
   ReduceFn reduceFn = reduceFunction(dtype, op);
   reduceFn(data, from[0], from[1], count);
-  for (size_t r = 2; r < from.size(); ++r) {
+  for (int r = 2; r < n; ++r) {
     reduceFn(data, data, from[r], count);
   }
   if (op == ReduceOp::kAvg) {

@@ -61,6 +61,8 @@ constexpr size_t kRecvWindow = 4;
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
 // Longest single sleep; between sleeps dead peers and deadlines are checked.
 constexpr auto kMaxSleep = std::chrono::milliseconds(50);
+// Looks at the board before a timed wait (a pause each, ~1 us in all).
+constexpr int kQuickLooks = 64;
 
 // Data of a small operation published on the board (Communicator::publish),
 // at most this many bytes; the allreduce takes that way up to it.
