@@ -107,22 +107,19 @@ void FlightRecorder::queued(uint64_t id, Time at) {
   if (Entry* e = find(id)) e->createdNs = wallNs(at);
 }
 
-void FlightRecorder::started(uint64_t id, Time at) {
-  if (capacity_ == 0) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (Entry* e = find(id)) {
-    e->state = State::kStarted;
-    e->startedNs = wallNs(at);
-    if (e->createdNs == 0) e->createdNs = e->startedNs;  // run as soon as issued
-  }
-}
+void FlightRecorder::started(uint64_t id, Time at) { mark(id, State::kStarted, &Entry::startedNs, at); }
 
 void FlightRecorder::completed(uint64_t id, Time at) {
+  mark(id, State::kCompleted, &Entry::completedNs, at);
+}
+
+void FlightRecorder::mark(uint64_t id, State state, int64_t Entry::*stamp, Time at) {
   if (capacity_ == 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (Entry* e = find(id)) {
-    e->state = State::kCompleted;
-    e->completedNs = wallNs(at);
+    e->state = state;
+    e->*stamp = wallNs(at);
+    if (e->createdNs == 0) e->createdNs = e->*stamp;  // run as soon as issued
   }
 }
 

@@ -70,6 +70,7 @@ class FlightRecorder {
     int64_t timeoutMs = 0;
   };
   Entry* find(uint64_t id);
+  void mark(uint64_t id, State state, int64_t Entry::*stamp, Time at);
   // Wall-clock ns (torch's trace times) of a steady-clock reading.
   int64_t wallNs(Time at) const {
     return wallMinusSteadyNs_ +
