@@ -27,6 +27,7 @@ def _case_board(rank, ws):
 
     import torch
     import torch.distributed as dist
+    import torch_ringdist
 
     out = {}
     # 1. A board allreduce of a prefix equals the same prefix of a one-round allreduce.
@@ -47,6 +48,7 @@ def _case_board(rank, ws):
     #    host's, so the ranks' clocks compare). Three times: a wake left to the slice would
     #    pass once by chance, hardly three times.
     late = ws - 1
+    torch_ringdist.reset_stats()
     for attempt in range(3):
         if rank == late:
             time.sleep(0.12)
@@ -59,6 +61,9 @@ def _case_board(rank, ws):
         out[f"late peer sum {attempt}"] = x.tolist() == [ws * (ws + 1) / 2] * 3
         out[f"woken promptly {attempt}"] = (rank == late or returned - when.item() < 0.03,
                                             returned - when.item())
+    # Each of those waits went to sleep (torch_ringdist.stats()'s "sleeps").
+    sleeps = torch_ringdist.stats()["allreduce"]["sleeps"]
+    out["slept while late"] = (rank == late or sleeps >= 3, sleeps)
     # 3. A root that runs ahead: broadcasts from rank 0 complete there without the others, so
     #    rank 0 may publish several operations ahead; every result must still be right.
     if rank != 0:

@@ -127,11 +127,14 @@ def stats(group=None) -> dict:
 
     Returns:
         ``{op_name: {"calls", "bytes_sent", "bytes_received", "payload_bytes",
-        "seconds", "inline_calls", "shared_core_waits", "single_copy_bytes",
+        "seconds", "inline_calls", "shared_core_waits", "sleeps", "single_copy_bytes",
         "wire_ratio"}}``.
         ``inline_calls`` counts the calls that took the latency path (run on the
         calling thread); ``shared_core_waits`` the waits that slept at once
         because a peer on the same host last waited on the same CPU;
+        ``sleeps`` the shared-memory waits that went to sleep on their doorbell
+        (after spinning ~50 us, or at once as above: a peer that wakes a
+        sleeper adds a wake-up to the call);
         ``single_copy_bytes`` the bytes this rank copied straight from or into
         same-host peers' memory (broadcast and allgather from
         ``RINGDIST_SINGLE_COPY_BYTES``). Compressed allreduces appear per codec

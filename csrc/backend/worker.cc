@@ -420,7 +420,7 @@ std::vector<std::vector<int>> Worker::allreduceRings() const {
 }
 
 Worker::Counters Worker::counters() const {
-  return {comm_->bytesSent(), comm_->bytesReceived(), comm_->sharedCoreWaits(),
+  return {comm_->bytesSent(), comm_->bytesReceived(), comm_->sharedCoreWaits(), comm_->sleeps(),
           comm_->singleCopyBytes()};
 }
 
@@ -434,6 +434,7 @@ void Worker::recordStats(const Task& task, std::chrono::duration<double> elapsed
   s.bytesSent += now.sent - before.sent;
   s.bytesReceived += now.received - before.received;
   s.sharedCoreWaits += now.sharedCoreWaits - before.sharedCoreWaits;
+  s.sleeps += now.sleeps - before.sleeps;
   s.singleCopyBytes += now.singleCopyBytes - before.singleCopyBytes;
   s.payloadBytes += payload;
   s.seconds += elapsed.count();

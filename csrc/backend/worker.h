@@ -29,6 +29,7 @@ struct OpStats {
   double seconds = 0;          // wall time of the operation on the worker
   uint64_t inlineCalls = 0;    // calls the caller's thread ran (the latency path)
   uint64_t sharedCoreWaits = 0;  // waits that slept at once: a peer was on this CPU
+  uint64_t sleeps = 0;           // shared-memory waits that slept on their doorbell
   uint64_t singleCopyBytes = 0;  // bytes copied straight from or into peers' memory (same host)
 };
 
@@ -141,7 +142,7 @@ class Worker {
   void run(Task& task);
   // The communicator's running totals, taken around each operation.
   struct Counters {
-    uint64_t sent, received, sharedCoreWaits, singleCopyBytes;
+    uint64_t sent, received, sharedCoreWaits, sleeps, singleCopyBytes;
   };
   Counters counters() const;
   void recordStats(const Task& task, std::chrono::duration<double> elapsed,

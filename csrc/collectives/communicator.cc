@@ -503,7 +503,10 @@ Communicator::BellWait Communicator::waitOnBell(Doorbell* bell, bool spin,
     return BellWait::kDone;
   }
   const auto before = Clock::now();
-  if (left.count() > 0) bell->sleep(armed, left);
+  if (left.count() > 0) {
+    ++sleeps_;
+    bell->sleep(armed, left);
+  }
   bell->disarm();
   if (Clock::now() - before < left) return BellWait::kWoken;
   return done() ? BellWait::kDone : BellWait::kQuiet;

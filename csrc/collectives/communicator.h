@@ -218,6 +218,8 @@ class Communicator {
   uint64_t bytesReceived() const;
   // Waits that slept without spinning because a peer shared this CPU.
   uint64_t sharedCoreWaits() const { return sharedCoreWaits_; }
+  // Shared-memory waits that went to sleep on their doorbell.
+  uint64_t sleeps() const { return sleeps_; }
 
   // Whether a collective of `bytes` per rank copies peers' memory
   // directly (every peer on this host, the host agreed at connect time, and
@@ -309,6 +311,7 @@ class Communicator {
   bool spin_ = false;  // busy-poll briefly before sleeping (a core per local rank)
   bool spinYields_ = true;
   uint64_t sharedCoreWaits_ = 0;
+  uint64_t sleeps_ = 0;
   bool peersCopyable_ = false;  // every peer's channel copiesPeerMemory()
   uint64_t singleCopyBytes_ = 0;
   std::vector<char> watched_;  // by peer, see setWatched
