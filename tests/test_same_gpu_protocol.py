@@ -3,7 +3,8 @@ stream-ordered signals, the leader's one fused pass over every rank's memory, th
 cache, the scratch fallback, the set-up's verdict and the deadline watch are the code that
 drives a GPU; host threads stand in for streams and shared-memory arenas for IPC-mapped
 allocations. Results are compared bit for bit with dist.all_reduce, reduce_scatter_tensor,
-all_gather_into_tensor, broadcast, reduce and all_to_all_single on the same inputs."""
+all_gather_into_tensor, broadcast, reduce and all_to_all_single on the same inputs; point-to-point
+messages with what their senders sent."""
 import contextlib
 
 import pytest
@@ -276,6 +277,131 @@ def _case_unmappable_memory(rank, ws):
     return True
 
 
+MESSAGE_DTYPES = ["float32", "bfloat16", "int64", "int8"]
+
+
+def _payload(sender, receiver, tag, n):
+    return _inputs(sender, n, MESSAGE_DTYPES[tag % len(MESSAGE_DTYPES)], 100 * receiver + tag)
+
+
+def _messages(name, sends, receives, **kwargs):
+    """sends: [(peer, tag, tensor)]; receives: [(source or -1, tag, out)]; the hook's info."""
+    from torch_ringdist._C import testing
+
+    return testing.same_gpu_host_messages(
+        name, [t for _, _, t in sends], [p for p, _, _ in sends], [g for _, g, _ in sends],
+        [t for _, _, t in receives], [s for s, _, _ in receives], [g for _, g, _ in receives],
+        **kwargs)
+
+
+def _unaligned(like):
+    """An output of like's shape and dtype one element past an allocation's start."""
+    import torch
+
+    return torch.full((like.numel() + 1,), 3, dtype=like.dtype)[1:]
+
+
+def _case_messages(rank, ws, split=False):
+    """Every rank sends every other rank messages of several sizes and dtypes; receivers take
+    them in reverse tag order, by source or from any source, into unaligned outputs. The data
+    lands late on the senders' streams; no receiver reads it early, no sender is done before
+    its receiver took the data, and every byte arrives."""
+    import torch
+
+    where = {"device": rank % 2, "peer_access": True} if split else {}
+    sizes = [0, 1, 7, 1000, 70001]
+    with _fresh_group() as name:
+        peers = [r for r in range(ws) if r != rank]
+        sends = [(p, tag, _payload(rank, p, tag, n))
+                 for p in peers for tag, n in enumerate(sizes)]
+        receives, expected = [], []
+        for s in peers:
+            for tag in reversed(range(len(sizes))):
+                want = _payload(s, rank, tag, sizes[tag])
+                # Half of them from any source: the lowest rank with that tag left.
+                receives.append((-1 if (s + tag) % 2 else s, tag, _unaligned(want)))
+                expected.append(want)
+        # Any-source receives take the lowest sender first: order them as the hook matches.
+        info = _messages(name, sends, receives, **where)
+        assert info["waiting_senders"] == len(peers), info
+        for (source, tag, got), want in zip(receives, expected):
+            assert source == -1 or torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (source, tag)
+        # Any-source: compare as multisets per tag (each peer's payload arrives exactly once).
+        for tag in range(len(sizes)):
+            got = sorted(bytes(t.view(torch.uint8).tolist()) for s, g, t in receives if g == tag)
+            want = sorted(bytes(_payload(s, rank, tag, sizes[tag]).view(torch.uint8).tolist())
+                          for s in peers)
+            assert got == want, tag
+        # One allocation per sender, mapped once by each receiver.
+        assert info["message_opens"] == len(peers), info
+        # More messages to one peer than it has slots, taken in order: the later ones wait on
+        # their sender's stream for the earlier to be taken.
+        many = 40
+        if rank == 0:
+            info = _messages(name, [(1, t, _payload(0, 1, t, 100 + t)) for t in range(many)], [],
+                             **where)
+            assert info["waiting_senders"] == 1, info
+        elif rank == 1:
+            outs = [torch.zeros(100 + t, dtype=_payload(0, 1, t, 1).dtype) for t in range(many)]
+            _messages(name, [], [(0, t, o) for t, o in enumerate(outs)], **where)
+            for t, o in enumerate(outs):
+                assert torch.equal(o.view(torch.uint8), _payload(0, 1, t, 100 + t).view(torch.uint8)), t
+        else:
+            _messages(name, [], [], **where)
+    return True
+
+
+def _refused_message(name, ws):
+    """The error of the next message on an aborted group (which must not be sent)."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        _messages(name, [((dist.get_rank() + 1) % ws, 0, torch.ones(8))], [])
+    except RuntimeError as e:
+        return str(e)
+    raise AssertionError("an aborted group sent another message")
+
+
+def _case_message_failures(rank, ws):
+    """A send nobody receives fails the group at its deadline instead of hanging its stream;
+    a receive of another size fails and releases the sender at once. Every later call names
+    the cause."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    with _fresh_group() as name:
+        start = time.monotonic()
+        sends = [(1, 5, torch.ones(64))] if rank == 0 else []
+        info = _messages(name, sends, [], timeout_ms=1500)
+        took = time.monotonic() - start
+        assert 1.0 < took < 15 or rank != 0, (info, took)
+        dist.barrier()  # every rank past the abort
+        message = _refused_message(name, ws)
+        assert "GPU message #1 (send or receive) unfinished at its deadline" in message, message
+    with _fresh_group() as name:
+        sends = [(1, 0, torch.ones(64))] if rank == 0 else []
+        receives = [(0, 0, torch.zeros(65))] if rank == 1 else []
+        try:
+            _messages(name, sends, receives, timeout_ms=20000)
+            first = None
+        except RuntimeError as e:
+            first = str(e)
+        mismatch = "rank 1 expects 260 bytes of float32 from rank 0, which sent 256 bytes"
+        if rank == 1:
+            assert mismatch in first, first
+        else:
+            assert first is None, first
+            # Named by the aborted hand-offs, or by the group's first error when this rank's
+            # call met rank 1's closed links first.
+            later = _refused_message(name, ws)
+            assert "rank 1 received GPU message #1 with another size or type" in later or (
+                mismatch in later), later
+    return True
+
+
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_same_bits_as_the_host_path(world_factory, ws):
     assert world_factory(ws).run(_case_bits) == [True] * ws
@@ -302,6 +428,14 @@ def test_cache_and_fallbacks(world_factory, ws):
     world = world_factory(ws)
     assert world.run(_case_cache) == [True] * ws
     assert world.run(_case_fallbacks) == [True] * ws
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_messages(world_factory, ws):
+    world = world_factory(ws)
+    assert world.run(_case_messages) == [True] * ws
+    assert world.run(_case_messages, True) == [True] * ws  # split over two GPUs
+    assert world.run(_case_message_failures, timeout=120) == [True] * ws
 
 
 def test_a_stalled_rank_fails_the_group_instead_of_hanging(world_factory):

@@ -70,6 +70,17 @@ TORCH_RINGDIST_API std::map<std::string, int64_t> sameGpuHostRun(
     bool renew, bool stall, bool vanish, int64_t device, bool peerAccess, int64_t timeoutMs,
     const std::vector<int64_t>& sends, const std::vector<int64_t>& receipts);
 // Drops that group's state (its streams, watch and mappings).
+// Device messages through the same protocol: this rank sends each of `sends`
+// to its peer with its tag, the ranks exchange the messages' records, then
+// each fills `receives` in order, taking the oldest unclaimed message of the
+// tag from the source (-1: any). waiting_senders: the peers sent to whose
+// done streams still waited when no receive had been queued; message_opens:
+// senders' allocations mapped.
+TORCH_RINGDIST_API std::map<std::string, int64_t> sameGpuHostMessages(
+    const std::string& groupName, const std::vector<at::Tensor>& sends,
+    const std::vector<int64_t>& sendPeers, const std::vector<int64_t>& sendTags,
+    std::vector<at::Tensor>& receives, const std::vector<int64_t>& receiveSources,
+    const std::vector<int64_t>& receiveTags, int64_t device, bool peerAccess, int64_t timeoutMs);
 TORCH_RINGDIST_API void sameGpuHostReset(const std::string& groupName);
 
 // `collective` ("allreduce", "all_gather" as all_gather_into_tensor,

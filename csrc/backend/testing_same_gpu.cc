@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "csrc/backend/dtypes.h"
@@ -80,6 +81,15 @@ class HostStream final : public SignalQueue {
 
   void copy(void* dst, const void* src, size_t bytes) override {
     push([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  }
+
+  // Holds the stream up, as a slow kernel before what is queued next.
+  void delay(std::chrono::milliseconds pause) {
+    push([pause] { std::this_thread::sleep_for(pause); });
+  }
+  bool idle() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return items_.empty() && !busy_;
   }
 
   // The host waiting for the stream, as a caller syncing its CUDA stream.
@@ -229,9 +239,22 @@ class HostPlatform final : public SameGpuPlatform {
 struct Sim {
   explicit Sim(uint8_t device) : platform(new HostPlatform(arenas, device)),
                                  gpu(std::unique_ptr<SameGpuPlatform>(platform)) {}
+  // A side stream of this rank's messages, made on first use (as the backend's
+  // per-peer streams): kind 0 posts sends, 1 waits for them to be taken, 2
+  // receives; by peer.
+  HostStream& side(int kind, int peer) {
+    auto& held = sides[kind * kMaxFusedRanks + peer];
+    if (!held) held = std::make_unique<HostStream>();
+    return *held;
+  }
+  void drainAll(std::chrono::milliseconds timeout) {
+    stream.drain(timeout);
+    for (auto& [key, held] : sides) held->drain(timeout);
+  }
   std::array<Arena, 3> arenas;
   HostPlatform* platform;  // owned by gpu
   HostStream stream;  // members go in reverse order: gpu (and its watch) first
+  std::map<int, std::unique_ptr<HostStream>> sides;
   SameGpu gpu;
   bool setUp = false;
 };
@@ -240,6 +263,37 @@ std::mutex simsMutex;
 std::map<std::string, std::unique_ptr<Sim>> sims;
 
 size_t roundUp(size_t n) { return (n + 63) / 64 * 64; }
+
+Sim& simFor(const std::string& groupName, ProcessGroupRingdist& group, uint8_t device,
+            std::chrono::milliseconds timeout, bool peerAccess) {
+  Sim* sim = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(simsMutex);
+    auto& slot = sims[groupName];
+    if (!slot) slot = std::make_unique<Sim>(device);
+    sim = slot.get();
+  }
+  if (!sim->setUp) {  // as the backend does: once, before the group's first device operation
+    sim->platform->peerAccess(peerAccess);
+    group.runOnWorker(timeout, [&](Communicator& comm) {
+      sim->gpu.setUp(comm);
+    });
+    sim->setUp = true;
+  }
+  return *sim;
+}
+
+// What one rank sent, for every rank to match its receives against (the
+// backend sends each DeviceMessage through the host's point-to-point path).
+constexpr int kMaxTestMessages = 40;
+struct SentList {
+  int count;
+  struct {
+    int to;
+    int tag;
+    DeviceMessage message;
+  } sent[kMaxTestMessages];
+};
 
 }  // namespace
 
@@ -259,19 +313,8 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, cons
   const ReduceOp reduceOp = opFromName(op);
   auto& group = ringdistOf(c10d::resolve_process_group(groupName), "same_gpu_host_run");
   const int n = group.getSize();
-  Sim* sim = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(simsMutex);
-    auto& slot = sims[groupName];
-    if (!slot) slot = std::make_unique<Sim>(static_cast<uint8_t>(device));
-    sim = slot.get();
-  }
   const auto timeout = std::chrono::milliseconds(timeoutMs);
-  if (!sim->setUp) {  // as the backend does: once, before the group's first device collective
-    sim->platform->peerAccess(peerAccess);
-    group.runOnWorker(timeout, [&](Communicator& comm) { sim->gpu.setUp(comm); });
-    sim->setUp = true;
-  }
+  Sim* sim = &simFor(groupName, group, static_cast<uint8_t>(device), timeout, peerAccess);
   // The tensors, lent from this rank's arena (or not at all): in place when
   // input and output are the same tensor.
   const bool inPlace = input.is_same(output);
@@ -347,6 +390,83 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, cons
           {"seq", sim->gpu.lastSeq()},
           {"opens", static_cast<int64_t>(sim->gpu.opens())},
           {"cached", static_cast<int64_t>(sim->gpu.cached())}};
+}
+
+std::map<std::string, int64_t> sameGpuHostMessages(
+    const std::string& groupName, const std::vector<at::Tensor>& sends,
+    const std::vector<int64_t>& sendPeers, const std::vector<int64_t>& sendTags,
+    std::vector<at::Tensor>& receives, const std::vector<int64_t>& receiveSources,
+    const std::vector<int64_t>& receiveTags, int64_t device, bool peerAccess, int64_t timeoutMs) {
+  TORCH_CHECK(sends.size() == sendPeers.size() && sends.size() == sendTags.size() &&
+                  sends.size() <= kMaxTestMessages && receives.size() == receiveSources.size() &&
+                  receives.size() == receiveTags.size(),
+              "same_gpu_host_messages: a peer and a tag for each tensor, at most ",
+              kMaxTestMessages, " sends");
+  auto dtypeOf = [](const at::Tensor& t) {
+    DataType dtype = DataType::kFloat32;
+    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && toDataType(t.scalar_type(), &dtype),
+                "same_gpu_host_messages: contiguous CPU tensors of ringdist's types");
+    return dtype;
+  };
+  auto& group = ringdistOf(c10d::resolve_process_group(groupName), "same_gpu_host_messages");
+  const auto timeout = std::chrono::milliseconds(timeoutMs);
+  Sim& sim = simFor(groupName, group, static_cast<uint8_t>(device), timeout, peerAccess);
+  // The sends' data, one after another in the lent arena.
+  size_t need = 0;
+  for (const auto& t : sends) need += roundUp(static_cast<size_t>(t.nbytes()));
+  Arena& arena = sim.arenas[0];
+  if (arena.bytes < need) arena.renew(need);
+  int64_t waitingSenders = 0;
+  group.runOnWorker(timeout, [&](Communicator& comm) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    SentList mine{};
+    size_t at = 0;
+    std::set<int> peers;
+    for (size_t i = 0; i < sends.size(); ++i) {
+      const size_t bytes = static_cast<size_t>(sends[i].nbytes());
+      const int peer = static_cast<int>(sendPeers[i]);
+      // The data lands on the post stream, late: a receiver that did not wait
+      // for it would read the 0xFF bytes.
+      std::memset(arena.base + at, 0xFF, bytes);
+      if (peers.insert(peer).second) sim.side(0, peer).delay(std::chrono::milliseconds(20));
+      sim.side(0, peer).copy(arena.base + at, sends[i].data_ptr(), bytes);
+      std::string why;
+      auto& entry = mine.sent[mine.count++];
+      entry.to = peer;
+      entry.tag = static_cast<int>(sendTags[i]);
+      RINGDIST_CHECK(sim.gpu.send(sim.side(0, peer), sim.side(1, peer), arena.base + at, bytes,
+                                  dtypeOf(sends[i]), peer, deadline, &entry.message, &why),
+                     "same_gpu_host_messages: ", why);
+      at += roundUp(bytes);
+    }
+    const std::vector<SentList> all = allgatherValue(comm, mine);
+    // No receive is queued before every rank looked: each sender's done stream
+    // must still wait for its receiver.
+    for (int peer : peers) waitingSenders += !sim.side(1, peer).idle();
+    ringdist::barrier(comm);
+    // Each receive takes the oldest unclaimed message of its tag from its source (the
+    // lowest such rank for any source), as the host path matches them.
+    std::vector<std::vector<bool>> claimed(all.size(), std::vector<bool>(kMaxTestMessages));
+    for (size_t j = 0; j < receives.size(); ++j) {
+      const int wanted = static_cast<int>(receiveSources[j]);
+      bool found = false;
+      for (int s = 0; s < comm.size() && !found; ++s) {
+        if (wanted >= 0 && s != wanted) continue;
+        for (int i = 0; i < all[s].count && !found; ++i) {
+          const auto& entry = all[s].sent[i];
+          if (claimed[s][i] || entry.to != comm.rank() || entry.tag != receiveTags[j]) continue;
+          claimed[s][i] = found = true;
+          sim.gpu.receive(sim.side(2, s), entry.message, s, receives[j].data_ptr(),
+                          static_cast<size_t>(receives[j].nbytes()), dtypeOf(receives[j]),
+                          deadline);
+        }
+      }
+      RINGDIST_CHECK(found, "same_gpu_host_messages: no message for receive ", j);
+    }
+  });
+  sim.drainAll(3 * timeout + std::chrono::seconds(5));
+  return {{"waiting_senders", waitingSenders},
+          {"message_opens", static_cast<int64_t>(sim.gpu.messageOpens())}};
 }
 
 void sameGpuHostReset(const std::string& groupName) {

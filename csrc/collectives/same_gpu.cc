@@ -30,6 +30,7 @@ constexpr int kLeader = 0;
 // Mappings of peers' allocations the leader keeps beyond those in use (the
 // caching allocator holds few, long-lived segments).
 constexpr size_t kCachedAllocations = 64;
+constexpr uint64_t kMessageMagic = 0x5244534d53473031ull;  // "RDMSG01"
 
 struct PageName {
   char text[64];
@@ -67,14 +68,16 @@ SameGpu::~SameGpu() {
     // A stream still waiting on the page must not outlive it: give the last
     // operation a moment, then release every stream.
     const uint32_t last = signals_->lastSeq();
+    auto over = [&] { return signals_->finished(last) && watch_->idle(); };
     const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (!signals_->finished(last) && std::chrono::steady_clock::now() < giveUp) {
+    while (!over() && std::chrono::steady_clock::now() < giveUp) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    if (!signals_->finished(last)) signals_->abort(AbortCause::kShutdown, last, last);
+    if (!over()) signals_->abort(AbortCause::kShutdown, last, last);
   }
   watch_.reset();
   cache_.reset();
+  messageCache_.reset();
   if (attached_) platform_->detach(page_);
 }
 
@@ -137,6 +140,7 @@ bool SameGpu::setUp(Communicator& comm) {
   }
   signals_ = std::make_unique<StreamSignals>(page_.signals(), comm.rank(), n, leader);
   if (signals_->runsKernel()) cache_ = std::make_unique<PeerMemoryCache>(*platform_, kCachedAllocations);
+  messageCache_ = std::make_unique<PeerMemoryCache>(*platform_, kCachedAllocations);
   watch_ = std::make_unique<Watch>(*signals_, comm.rank());
   state_ = State::kReady;
   return true;
@@ -228,13 +232,16 @@ void SameGpu::alltoall(Communicator& comm, SignalQueue& queue, const void* input
   run(comm, queue, call);
 }
 
-void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
-  RINGDIST_CHECK(ready(), "ringdist ", comm.opName(), ": the same-GPU path was not set up");
+void SameGpu::checkUsable(const char* op, int rank) const {
+  RINGDIST_CHECK(ready(), "ringdist ", op, ": the same-GPU path was not set up");
   if (signals_->aborted()) {
-    RINGDIST_FAIL("ringdist ", comm.opName(), ": rank ", comm.rank(),
-                  ": the GPU hand-offs of this group were aborted (", signals_->abortReason(),
-                  "); later device operations on this group fail");
+    RINGDIST_FAIL("ringdist ", op, ": rank ", rank, ": the GPU hand-offs of this group were aborted (",
+                  signals_->abortReason(), "); later device operations on this group fail");
   }
+}
+
+void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
+  checkUsable(comm.opName(), comm.rank());
   // The leader reaches the others' memory through what they lend; memory that
   // cannot be lent goes through the rank's scratch slot, copied in (`fill`) on
   // its queue. Nothing is lent for no bytes (the record stays invalid).
@@ -318,6 +325,68 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
   if (cache_) cache_->trim([&](uint32_t s) { return signals_->finished(s); });
 }
 
+// ---------------------------------------------------------------- messages
+
+bool SameGpu::send(SignalQueue& post, SignalQueue& done, const void* data, size_t bytes,
+                   DataType dtype, int peer, std::chrono::steady_clock::time_point deadline,
+                   DeviceMessage* message, std::string* why) {
+  checkUsable("send", signals_->rank());
+  *message = DeviceMessage{};
+  if (bytes > 0) {
+    if (!platform_->lend(data, bytes, &message->data, why)) return false;
+    message->data.valid = 1;
+  }
+  message->magic = kMessageMagic;
+  message->bytes = bytes;
+  message->dtype = static_cast<uint32_t>(dtype);
+  message->index = signals_->queueSend(post, done, peer);
+  watch_->add(message->index, deadline, signals_->rank(), peer);
+  return true;
+}
+
+void SameGpu::receive(SignalQueue& queue, const DeviceMessage& message, int source, void* data,
+                      size_t bytes, DataType dtype, std::chrono::steady_clock::time_point deadline) {
+  const int rank = signals_->rank();
+  checkUsable("recv", rank);
+  RINGDIST_CHECK(message.magic == kMessageMagic, "ringdist recv: rank ", rank, " got a message from rank ",
+                 source, " that is not a GPU message");
+  if (message.bytes != bytes || message.dtype != static_cast<uint32_t>(dtype)) {
+    // The sender's stream waits for this message: release it, and fail the group.
+    signals_->abort(AbortCause::kMessageMismatch, message.index, signals_->lastSeq());
+    RINGDIST_FAIL("ringdist recv: rank ", rank, " expects ", bytes, " bytes of ", dataTypeName(dtype),
+                  " from rank ", source, ", which sent ", message.bytes, " bytes of ",
+                  dataTypeName(static_cast<DataType>(message.dtype)));
+  }
+  FusedArgs copy;
+  copy.ranks = 2;  // 0: the sender's memory, 1: this rank's
+  copy.abort = reinterpret_cast<const volatile uint32_t*>(&page_.signals()->abort.value);
+  if (bytes > 0) {
+    const uint32_t use = ++receives_;
+    try {
+      copy.inputs[0] = messageCache_->map(message.data, use);
+    } catch (const Error&) {
+      signals_->abort(AbortCause::kMapping, message.index, signals_->lastSeq());
+      throw;
+    }
+    copy.outputs[1] = data;
+    std::vector<FusedSpan> spans = broadcastSpans(bytes, 0);
+    spans[0].writer = 1;
+    copy.spanCount = 1;
+    copy.spans[0] = spans[0];
+    alignSpans(copy, 1);
+    receiving_.emplace_back(source, message.index);
+  }
+  signals_->queueReceive(queue, source, message.index, copy);
+  watch_->add(message.index, deadline, source, rank);
+  // Mappings whose receives were all taken may close.
+  while (!receiving_.empty() &&
+         signals_->delivered(receiving_.front().first, rank, receiving_.front().second)) {
+    receiving_.pop_front();
+    ++receivesDone_;
+  }
+  messageCache_->trim([&](uint32_t use) { return static_cast<int32_t>(receivesDone_ - use) >= 0; });
+}
+
 // ---------------------------------------------------------------- Watch
 
 SameGpu::Watch::Watch(StreamSignals& signals, int rank)
@@ -332,42 +401,71 @@ SameGpu::Watch::~Watch() {
   thread_.join();
 }
 
-void SameGpu::Watch::add(uint32_t seq, std::chrono::steady_clock::time_point deadline) {
+void SameGpu::Watch::add(uint32_t seq, std::chrono::steady_clock::time_point deadline, int from,
+                         int to) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    while (!pending_.empty() && signals_.finished(pending_.front().first)) pending_.pop_front();
-    pending_.emplace_back(seq, deadline);
+    dropFinished();
+    pending_.push_back(Entry{seq, from, to, deadline});
   }
   cv_.notify_all();
+}
+
+bool SameGpu::Watch::idle() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  dropFinished();
+  return pending_.empty();
+}
+
+bool SameGpu::Watch::finished(const Entry& entry) const {
+  return entry.from < 0 ? signals_.finished(entry.seq)
+                        : signals_.delivered(entry.from, entry.to, entry.seq);
+}
+
+void SameGpu::Watch::dropFinished() {
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                [&](const Entry& entry) { return finished(entry); }),
+                 pending_.end());
 }
 
 void SameGpu::Watch::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
-    while (!pending_.empty() && signals_.finished(pending_.front().first)) pending_.pop_front();
+    dropFinished();
     if (pending_.empty()) {
       cv_.wait(lock);
       continue;
     }
-    const auto [seq, deadline] = pending_.front();
-    if (std::chrono::steady_clock::now() < deadline) {
-      cv_.wait_until(lock, deadline);
+    const Entry first = *std::min_element(
+        pending_.begin(), pending_.end(),
+        [](const Entry& a, const Entry& b) { return a.deadline < b.deadline; });
+    if (std::chrono::steady_clock::now() < first.deadline) {
+      cv_.wait_until(lock, first.deadline);
       continue;
     }
     // Missed: fail the group and release every stream's waits, again and again
-    // until this rank's last operation got through (a write still queued on a
-    // stream could lower a counter we raised).
-    const uint32_t last = pending_.back().first;
-    logWarning(strCat("ringdist: rank ", rank_, ": GPU operation #", seq, " did not finish by its "
-                      "deadline; aborting the group's GPU hand-offs so that no stream waits "
-                      "forever. Results of this and later operations are invalid"));
-    pending_.clear();
-    const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!stop_ && !signals_.finished(last) && std::chrono::steady_clock::now() < giveUp) {
-      signals_.abort(AbortCause::kDeadline, seq, last);
-      cv_.wait_for(lock, std::chrono::milliseconds(1));
+    // until everything pending got through (a write still queued on a stream
+    // could lower a counter we raised).
+    const std::string what =
+        first.from < 0 ? strCat("GPU operation #", first.seq)
+                       : strCat("GPU message #", first.seq, " from rank ", first.from, " to rank ",
+                                first.to);
+    logWarning(strCat("ringdist: rank ", rank_, ": ", what, " did not finish by its deadline; "
+                      "aborting the group's GPU hand-offs so that no stream waits forever. "
+                      "Results of this and later operations are invalid"));
+    const AbortCause cause = first.from < 0 ? AbortCause::kDeadline : AbortCause::kMessageDeadline;
+    uint32_t last = first.from < 0 ? first.seq : 0;  // the latest operation pending
+    for (const Entry& entry : pending_) {
+      if (entry.from < 0 && reached(entry.seq, last)) last = entry.seq;
     }
-    signals_.abort(AbortCause::kDeadline, seq, last);
+    const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!stop_ && !pending_.empty() && std::chrono::steady_clock::now() < giveUp) {
+      signals_.abort(cause, first.seq, last);
+      cv_.wait_for(lock, std::chrono::milliseconds(1));
+      dropFinished();
+    }
+    signals_.abort(cause, first.seq, last);
+    pending_.clear();
   }
 }
 

@@ -52,6 +52,17 @@ class SameGpuPlatform : public PeerMemoryOpener {
   virtual bool reaches(const std::array<uint8_t, 16>& device) = 0;
 };
 
+// What a device send tells its receiver (through the host's point-to-point
+// path, as the message's payload): where the data is, and which message of
+// the pair it is.
+struct DeviceMessage {
+  uint64_t magic;
+  MemoryRecord data;  // invalid for no bytes
+  uint64_t bytes;
+  uint32_t dtype;     // a DataType
+  uint32_t index;     // k: the pair's message number (stream_signals.h)
+};
+
 class SameGpu {
  public:
   explicit SameGpu(std::unique_ptr<SameGpuPlatform> platform);
@@ -88,7 +99,30 @@ class SameGpu {
                 const std::vector<uint64_t>& sendCounts, void* output,
                 const std::vector<uint64_t>& recvCounts, DataType dtype);
 
+  // Point-to-point between two ranks of the group (any of them, leader or
+  // not), with no host wait either: the receiver's stream copies straight
+  // from the sender's memory. send() lends `data` (false, with the reason,
+  // when it cannot be lent: the caller then sends a copy in lendable memory),
+  // queues on `post` the message's "in place" signal (the data must be in
+  // place on that queue) and on `done` the wait for the receiver's copy,
+  // after which the sender may reuse its memory; it fills `message` for the
+  // receiver. receive() checks the message against the receive (size and
+  // type; a mismatch fails the group's hand-offs and throws), maps the
+  // sender's memory (cached) and queues the wait, the copy into `data` and
+  // the taken signal on `queue`, one queue per source. Both are bounded by
+  // `deadline` (the watch), and throw once the hand-offs were aborted.
+  bool send(SignalQueue& post, SignalQueue& done, const void* data, size_t bytes, DataType dtype,
+            int peer, std::chrono::steady_clock::time_point deadline, DeviceMessage* message,
+            std::string* why);
+  void receive(SignalQueue& queue, const DeviceMessage& message, int source, void* data,
+               size_t bytes, DataType dtype, std::chrono::steady_clock::time_point deadline);
+  // Whether message `index` from `source` to `receiver` was taken.
+  bool delivered(int source, int receiver, uint32_t index) const {
+    return signals_->delivered(source, receiver, index);
+  }
+
   uint64_t opens() const { return cache_ ? cache_->opens() : 0; }
+  uint64_t messageOpens() const { return messageCache_ ? messageCache_->opens() : 0; }
   size_t cached() const { return cache_ ? cache_->size() : 0; }
   uint32_t lastSeq() const { return signals_ ? signals_->lastSeq() : 0; }
 
@@ -113,23 +147,37 @@ class SameGpu {
     bool copyInput = false;  // read the input from a copy (it overlaps the output)
   };
   void run(Communicator& comm, SignalQueue& queue, const Call& call);
+  void checkUsable(const char* op, int rank) const;
 
-  // Fails the group if an operation's device part misses its deadline: a
-  // thread that sleeps until the earliest deadline of the operations still
-  // on the device (no polling while they finish in time).
+  // Fails the group if a device part misses its deadline: a thread that
+  // sleeps until the earliest deadline of what is still on the device (no
+  // polling while everything finishes in time). An entry is an operation
+  // (seq), or a message (seq = its index, from -> to), finished by its own
+  // signal: messages finish in any order.
   class Watch {
    public:
     Watch(StreamSignals& signals, int rank);
     ~Watch();
-    void add(uint32_t seq, std::chrono::steady_clock::time_point deadline);
+    void add(uint32_t seq, std::chrono::steady_clock::time_point deadline, int from = -1,
+             int to = -1);
+    // Whether everything added has finished.
+    bool idle();
 
    private:
+    struct Entry {
+      uint32_t seq;
+      int from;  // -1: an operation
+      int to;
+      std::chrono::steady_clock::time_point deadline;
+    };
+    bool finished(const Entry& entry) const;
+    void dropFinished();
     void loop();
     StreamSignals& signals_;
     const int rank_;
     std::mutex mutex_;
     std::condition_variable cv_;
-    std::deque<std::pair<uint32_t, std::chrono::steady_clock::time_point>> pending_;
+    std::vector<Entry> pending_;
     bool stop_ = false;
     std::thread thread_;
   };
@@ -140,6 +188,13 @@ class SameGpu {
   bool attached_ = false;
   std::unique_ptr<StreamSignals> signals_;
   std::unique_ptr<PeerMemoryCache> cache_;  // the leader's
+  // Senders' memory this rank received messages from, and its receives in
+  // flight in issue order (source, index): a mapping's last use is a receive
+  // number, over once every receive up to it was taken.
+  std::unique_ptr<PeerMemoryCache> messageCache_;
+  std::deque<std::pair<int, uint32_t>> receiving_;
+  uint32_t receives_ = 0;  // receives queued
+  uint32_t receivesDone_ = 0;  // the first receivesDone_ of them were taken
   std::unique_ptr<Watch> watch_;
 };
 

@@ -13,6 +13,14 @@ namespace ringdist {
 namespace {
 constexpr uint64_t kPageMagic = 0x5244534947303031ull;  // "RDSIG001"
 static_assert(sizeof(SignalPage) <= SharedPage::kBytes, "the signals fit one page");
+
+// Raises a counter to `value` (cyclically), never lowering it.
+void raiseTo(SignalWord& word, uint32_t value) {
+  uint32_t now = word.value.load(std::memory_order_acquire);
+  while (!reached(now, value) &&
+         !word.value.compare_exchange_weak(now, value, std::memory_order_acq_rel)) {
+  }
+}
 }  // namespace
 
 SharedPage SharedPage::create() {
@@ -98,6 +106,29 @@ uint32_t StreamSignals::queueOp(SignalQueue& queue, const FusedArgs& args, DataT
   return seq;
 }
 
+uint32_t StreamSignals::queueSend(SignalQueue& post, SignalQueue& done, int peer) {
+  MessageWords& words = page_->messages[rank_][peer];
+  const uint32_t k = ++sent_[peer];
+  words.sent.value.store(k, std::memory_order_release);  // before any rank waits for k
+  SignalWord* slot = &words.taken[k % kMessageSlots];
+  if (k > static_cast<uint32_t>(kMessageSlots)) post.waitFor(slot, k - kMessageSlots);
+  post.write(&words.posted, k);
+  done.waitFor(slot, k);
+  return k;
+}
+
+void StreamSignals::queueReceive(SignalQueue& queue, int source, uint32_t k, const FusedArgs& copy) {
+  MessageWords& words = page_->messages[source][rank_];
+  queue.waitFor(&words.posted, k);
+  queue.combine(copy, DataType::kUInt8, ReduceOp::kSum);
+  queue.write(&words.taken[k % kMessageSlots], k);
+}
+
+bool StreamSignals::delivered(int source, int receiver, uint32_t k) const {
+  const SignalWord& slot = page_->messages[source][receiver].taken[k % kMessageSlots];
+  return reached(slot.value.load(std::memory_order_acquire), k);
+}
+
 bool StreamSignals::finished(uint32_t seq) const {
   auto done = [&](int r) { return reached(page_->done[r].value.load(std::memory_order_acquire), seq); };
   if (!split()) return done(leader_);
@@ -118,6 +149,12 @@ std::string StreamSignals::abortReason() const {
   switch (static_cast<AbortCause>(page_->abortCause.value.load(std::memory_order_acquire))) {
     case AbortCause::kMapping:
       return strCat("rank ", by - 1, " could not map another rank's memory for GPU operation #", at);
+    case AbortCause::kMessageDeadline:
+      return strCat("rank ", by - 1, " found its GPU message #", at,
+                    " (send or receive) unfinished at its deadline");
+    case AbortCause::kMessageMismatch:
+      return strCat("rank ", by - 1, " received GPU message #", at,
+                    " with another size or type than its receive expected");
     case AbortCause::kShutdown:
       return strCat("rank ", by - 1, " ended the group with GPU operation #", at, " unfinished");
     default:
@@ -137,15 +174,18 @@ void StreamSignals::abort(AbortCause cause, uint32_t at, uint32_t seq) {
   // set before any wait is released (the kernel reads it to skip its work).
   while (page_->abort.value.load(std::memory_order_acquire) == 0) {
   }
-  auto raise = [seq](SignalWord& word) {
-    uint32_t now = word.value.load(std::memory_order_acquire);
-    while (!reached(now, seq) &&
-           !word.value.compare_exchange_weak(now, seq, std::memory_order_acq_rel)) {
-    }
-  };
   for (int r = 0; r < ranks_; ++r) {
-    raise(page_->ready[r]);
-    raise(page_->done[r]);
+    raiseTo(page_->ready[r], seq);
+    raiseTo(page_->done[r], seq);
+  }
+  // Every wait on a pair's words is for a message up to its sent count.
+  for (int s = 0; s < ranks_; ++s) {
+    for (int r = 0; r < ranks_; ++r) {
+      MessageWords& words = page_->messages[s][r];
+      const uint32_t sent = words.sent.value.load(std::memory_order_acquire);
+      raiseTo(words.posted, sent);
+      for (SignalWord& slot : words.taken) raiseTo(slot, sent);
+    }
   }
 }
 

@@ -23,6 +23,22 @@
 // own stream's waits (abort()): a rank that misses its deadline sets the
 // group's abort word and writes the counters the others wait for; the kernel
 // skips its work when the word is set, and every rank's op fails.
+//
+// Point-to-point messages (send/recv) have words of their own per ordered
+// pair (sender s, receiver r), apart from the operations' counters: a send
+// and its receive are not collective, and receives complete in the order
+// they are matched (tags), not the order of the sends. Message k (1, 2, ...
+// per pair):
+//   the sender's host  sets sent = k before it queues anything;
+//   its post stream    waits for the slot's previous message (k - kMessageSlots)
+//                      to be taken, then writes posted = k once the data is in place;
+//   its done stream    waits for taken[k % kMessageSlots] >= k (the sender's
+//                      memory is in use until then);
+//   the receiver       (its stream for that sender) waits for posted >= k,
+//                      copies, and writes taken[k % kMessageSlots] = k.
+// Sends are posted on a stream that waits for nothing of the receiver's
+// (beyond a full ring of slots), so a receive queued before the matching send
+// on both ranks still completes.
 
 #include <atomic>
 #include <cstddef>
@@ -37,6 +53,17 @@ struct alignas(64) SignalWord {
   std::atomic<uint32_t> value;
 };
 
+// Device messages one rank may have in flight to one peer; the next waits
+// for the oldest to be taken.
+constexpr int kMessageSlots = 16;
+
+// One ordered pair's message words (see above).
+struct MessageWords {
+  SignalWord sent;    // the sender's host: messages issued (an abort releases up to it)
+  SignalWord posted;  // the sender's post stream: messages whose data is in place
+  SignalWord taken[kMessageSlots];  // the receiver's stream: message k copied, in slot k % kMessageSlots
+};
+
 struct SignalPage {
   uint64_t magic;
   SignalWord abort;                    // 0, or 1 + the rank that aborted
@@ -45,6 +72,7 @@ struct SignalPage {
   SignalWord done[kMaxFusedRanks];     // done[r] written by rank r's stream after its kernel
   SignalWord ready[kMaxFusedRanks];    // ready[r] written by rank r's stream (not the leader's)
   SignalWord probe[kMaxFusedRanks];    // probe[r]: rank r's set-up tries the stream operations
+  MessageWords messages[kMaxFusedRanks][kMaxFusedRanks];  // [sender][receiver]
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "signals are plain 32-bit words");
 static_assert(sizeof(std::atomic<uint32_t>) == 4, "the GPU writes signals as 32-bit words");
@@ -54,6 +82,8 @@ enum class AbortCause : uint32_t {
   kDeadline = 1,  // an operation was unfinished at its deadline
   kMapping = 2,   // the leader could not map another rank's memory
   kShutdown = 3,  // the group ended with an operation unfinished
+  kMessageDeadline = 4,  // a point-to-point message was unfinished at its deadline
+  kMessageMismatch = 5,  // a receive got a message of another size or type
 };
 
 // a >= b in the cyclic order of 32-bit counters (what the GPU's GEQ wait uses).
@@ -90,7 +120,7 @@ class SharedPage {
   const std::string& name() const { return name_; }
   void unlinkName();  // once every rank opened it; the mapping stays
 
-  static constexpr size_t kBytes = 4096;
+  static constexpr size_t kBytes = 20 * 4096;
 
  private:
   std::string name_;
@@ -106,12 +136,23 @@ class StreamSignals {
  public:
   StreamSignals(SignalPage* page, int rank, int ranks, int leader);
 
+  int rank() const { return rank_; }
   int leader() const { return leader_; }
   bool isLeader() const { return rank_ == leader_; }
   bool split() const { return leader_ == kSplit; }
   // Whether this rank's kernel runs work (the leader's, or every rank's when split).
   bool runsKernel() const { return split() || isLeader(); }
   uint32_t lastSeq() const { return seq_; }
+
+  // Queues the sender's part of the next message to `peer` (post: the data is
+  // in place, on a queue where it already is; done: the receiver took it) and
+  // returns its number k.
+  uint32_t queueSend(SignalQueue& post, SignalQueue& done, int peer);
+  // Queues the receiver's part of message k from `source`: the wait for it,
+  // `copy` (the fused pass of one copy span, skipped once aborted) and taken.
+  void queueReceive(SignalQueue& queue, int source, uint32_t k, const FusedArgs& copy);
+  // Whether message k from `source` to `receiver` was taken (read from the page).
+  bool delivered(int source, int receiver, uint32_t k) const;
 
   // Queues the next operation on this rank's queue and returns its seq.
   // args: this rank's kernel's work (ignored where it runs none).
@@ -125,7 +166,7 @@ class StreamSignals {
   // Fails the group: sets the abort word (naming this rank, the cause and
   // `at`, the operation concerned; the first abort's are kept) and writes every
   // counter up to seq (never lowering one), so every rank's queued waits up to
-  // seq return.
+  // seq return, and every message word up to its pair's sent count.
   void abort(AbortCause cause, uint32_t at, uint32_t seq);
 
  private:
@@ -134,6 +175,7 @@ class StreamSignals {
   int ranks_;
   int leader_;
   uint32_t seq_ = 0;
+  uint32_t sent_[kMaxFusedRanks] = {};  // messages issued to each peer
 };
 
 }  // namespace ringdist

@@ -53,6 +53,12 @@ void defineTestingModule(py::module_& parent) {
         "StageGate run on the CPU, in the CUDA twins' pieces (the pipelined staging of CUDA "
         "tensors across hosts): planned, pieces, needs, produced, copies_back, produced_early, "
         "bytes_planned_once, bytes_produced_once");
+  m.def("same_gpu_host_messages", &sameGpuHostMessages, py::arg("group_name"), py::arg("sends"),
+        py::arg("send_peers"), py::arg("send_tags"), py::arg("receives"),
+        py::arg("receive_sources"), py::arg("receive_tags"), py::arg("device") = 0,
+        py::arg("peer_access") = false, py::arg("timeout_ms") = 30000,
+        "Point-to-point GPU messages through the same-GPU protocol run on the CPU: sends, an "
+        "exchange of their records, then receives in order; waiting_senders, message_opens");
   m.def("same_gpu_host_reset", &sameGpuHostReset, py::arg("group_name"),
         "Drop that group's same-GPU test state (streams, watch, mappings)");
   m.def("select_kernel_family", &selectKernelFamily, py::arg("name"),
