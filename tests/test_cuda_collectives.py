@@ -204,6 +204,74 @@ def test_cuda_send_recv(world_factory, ws, seg):
                          ["float32", "int8", "bool"], tc.counts_for(seg, True)))
 
 
+def _w_device_messages(rank, ws):
+    """Same-GPU point-to-point (RINGDIST_CUDA_FUSED=1, after the set-up that the group's first
+    CUDA collective runs): every message GPU to GPU (device_messages counts them), bits equal
+    what was sent, in the orders a stream-ordered design could deadlock on."""
+    import torch_ringdist
+
+    torch.cuda.set_device(0)
+    dist.all_reduce(torch.ones(4, device="cuda"))  # the set-up
+    torch_ringdist.reset_stats()
+    out = {}
+    nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+    sent = 0
+
+    def data(sender, tag, n, dtype=torch.float32):
+        g = torch.Generator().manual_seed(1000 * sender + tag)
+        return (torch.randn(n, generator=g) * 100).to(dtype).cuda()
+
+    # Both ranks post their receive before their send (NCCL's streams would hang here).
+    for n in (0, 1, 1000, (1 << 20) + 3):
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            got = torch.full((n,), 7, dtype=dtype, device="cuda")
+            r = dist.irecv(got, src=prv, tag=3)
+            s = dist.isend(data(rank, 3, n, dtype), dst=nxt, tag=3)
+            r.wait()
+            s.wait()
+            sent += 1
+            ok = torch.equal(got.cpu(), data(prv, 3, n, dtype).cpu())
+            out[f"recv before send n={n} {dtype}"] = None if ok else "wrong bytes"
+    # Tags taken in the opposite order; any source; into a strided view.
+    a, b = data(rank, 11, 5000), data(rank, 12, 5000)
+    ra, rb = torch.empty_like(a), torch.empty_like(b)
+    works = [dist.isend(a, dst=nxt, tag=11), dist.isend(b, dst=nxt, tag=12),
+             dist.irecv(rb, src=prv, tag=12), dist.irecv(ra, tag=11)]
+    for w in works:
+        w.wait()
+    sent += 2
+    out["tags reversed, any source"] = None if torch.equal(ra, data(prv, 11, 5000)) and \
+        torch.equal(rb, data(prv, 12, 5000)) else "wrong bytes"
+    strided = torch.zeros(2 * 3000, device="cuda")[::2]
+    r = dist.irecv(strided, src=prv, tag=13)
+    dist.send(data(rank, 13, 3000), dst=nxt, tag=13)
+    r.wait()
+    sent += 1
+    out["strided receive"] = None if torch.equal(strided, data(prv, 13, 3000)) else "wrong bytes"
+    # The data is written behind slow work on the caller's stream; the sender reuses its buffer
+    # right after wait(): the receiver sees exactly what was there at the send.
+    x = torch.zeros(1 << 20, device="cuda")
+    torch.cuda._sleep(50_000_000)
+    x.fill_(rank + 1.0)
+    got = torch.zeros_like(x)
+    r = dist.irecv(got, src=prv, tag=14)
+    s = dist.isend(x, dst=nxt, tag=14)
+    s.wait()
+    x.fill_(-1.0)
+    r.wait()
+    sent += 1
+    out["stream order"] = None if bool((got == prv + 1.0).all()) else f"got {got[:3]}"
+    counted = sum(v["device_messages"] for v in torch_ringdist.stats().values())
+    out["every send GPU to GPU"] = None if counted == sent else f"{counted} of {sent}"
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_cuda_same_gpu_messages(world_factory, ws):
+    tc.assert_cases(world_factory(ws, env={"RINGDIST_CUDA_FUSED": "1"}).run(
+        _w_device_messages, timeout=180), check_digests=False)
+
+
 # ------------------------------------------------------------ stream semantics
 def _w_streams(rank, ws):
     torch.cuda.set_device(0)

@@ -402,6 +402,67 @@ def _case_message_failures(rank, ws):
     return True
 
 
+def _case_device_message_matching(rank, ws):
+    """A device message (the record a same-GPU send passes through the host) is matched by tag
+    and source like any message: by a receive already waiting, arriving before its receive, from
+    any source, and mixed with bytes on the same tag; a receive that cannot take one, or expects
+    another size, fails naming both ranks."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch_ringdist._C import testing
+
+    def send(name, tag, index, nbytes=256):
+        testing.p2p_device_message(name, True, 1, tag, nbytes, index)
+
+    def recv(name, peer, tag, nbytes=256, takes_device=True):
+        return testing.p2p_device_message(name, False, peer, tag, nbytes,
+                                          takes_device=takes_device)
+
+    out = []
+    with _fresh_group() as name:
+        if rank == 0:
+            time.sleep(0.2)  # rank 1's receive waits first
+            send(name, 1, 7)
+            send(name, 2, 8)
+            send(name, 3, 9)
+            send(name, 4, 10)
+            group = dist.distributed_c10d._resolve_process_group(name)
+            dist.send(torch.full((64,), 1.0), 1, group=group, tag=5)
+            send(name, 5, 11)
+        elif rank == 1:
+            out.append(recv(name, 0, 1))
+            time.sleep(0.2)  # tags 2 and 3 arrive before their receives
+            out.append(recv(name, 0, 2))
+            out.append(recv(name, 0, 3))
+            out.append(recv(name, -1, 4))
+            out.append(recv(name, 0, 5))  # bytes, then a device message, on one tag
+            out.append(recv(name, 0, 5))
+        dist.barrier()
+    if rank == 1:
+        device = [(g["device"], g.get("index"), g["source"]) for g in out]
+        assert device == [(1, 7, 0), (1, 8, 0), (1, 9, 0), (1, 10, 0), (0, None, 0), (1, 11, 0)], out
+        # 64 float32 ones: bytes 0, 0, 0x80, 0x3f each.
+        assert out[4]["byte_sum"] == 64 * (0x80 + 0x3F), out[4]
+    errors = {}
+    for case, (tag, nbytes, takes_device) in {"host": (6, 256, False), "size": (7, 260, True)}.items():
+        with _fresh_group() as name:
+            if rank == 0:
+                send(name, tag, 1)
+            elif rank == 1:
+                with pytest.raises(RuntimeError) as caught:
+                    recv(name, 0, tag, nbytes, takes_device)
+                errors[case] = str(caught.value)
+            dist.barrier()
+    if rank == 1:
+        assert "rank 1 receives into host memory from rank 0 (tag 6), which sent GPU memory" in \
+            errors["host"], errors
+        assert "expects 260 bytes of float32 from rank 0 with tag 7 but rank 0 sent 256 bytes" in \
+            errors["size"], errors
+    return True
+
+
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_same_bits_as_the_host_path(world_factory, ws):
     assert world_factory(ws).run(_case_bits) == [True] * ws
@@ -436,6 +497,10 @@ def test_messages(world_factory, ws):
     assert world.run(_case_messages) == [True] * ws
     assert world.run(_case_messages, True) == [True] * ws  # split over two GPUs
     assert world.run(_case_message_failures, timeout=120) == [True] * ws
+
+
+def test_device_messages_match_like_bytes(world_factory):
+    assert world_factory(2).run(_case_device_message_matching, timeout=120) == [True] * 2
 
 
 def test_a_stalled_rank_fails_the_group_instead_of_hanging(world_factory):

@@ -128,7 +128,7 @@ def stats(group=None) -> dict:
     Returns:
         ``{op_name: {"calls", "bytes_sent", "bytes_received", "payload_bytes",
         "seconds", "inline_calls", "shared_core_waits", "sleeps", "single_copy_bytes",
-        "wire_ratio"}}``.
+        "device_messages", "wire_ratio"}}``.
         ``inline_calls`` counts the calls that took the latency path (run on the
         calling thread); ``shared_core_waits`` the waits that slept at once
         because a peer on the same host last waited on the same CPU;
@@ -137,7 +137,9 @@ def stats(group=None) -> dict:
         sleeper adds a wake-up to the call);
         ``single_copy_bytes`` the bytes this rank copied straight from or into
         same-host peers' memory (broadcast and allgather from
-        ``RINGDIST_SINGLE_COPY_BYTES``). Compressed allreduces appear per codec
+        ``RINGDIST_SINGLE_COPY_BYTES``); ``device_messages`` the sends handed
+        over GPU to GPU (ranks sharing a GPU: the receiver copies from the
+        sender's memory). Compressed allreduces appear per codec
         (``"compressed_allreduce/int8"``). ``wire_ratio`` is bytes sent divided
         by what a plain ring allreduce of the same payload sends
         (``2 (N-1)/N`` x payload): ~0.5 for fp16/bf16, ~0.254 for int8; it is

@@ -135,18 +135,44 @@ class PipelinedTwin final : public StageGate {
   std::vector<cudaEvent_t> events_;
 };
 
+// The streams of a group's device messages on one GPU, made on first use
+// (the worker's only): their own, not the pool's, which other code shares.
+class MessageStreams {
+ public:
+  enum Kind { kPost = 0, kTaken = 1, kReceive = 2 };
+  explicit MessageStreams(c10::DeviceIndex device) : device_(device) {}
+  ~MessageStreams() {
+    c10::cuda::CUDAGuard guard(device_);
+    for (auto& [key, stream] : streams_) (void)cudaStreamDestroy(stream);
+  }
+  c10::cuda::CUDAStream get(Kind kind, int peer) {
+    cudaStream_t& stream = streams_[{kind, peer}];
+    if (stream == nullptr) {
+      c10::cuda::CUDAGuard guard(device_);
+      C10_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    }
+    return c10::cuda::getStreamFromExternal(stream, device_);
+  }
+
+ private:
+  c10::DeviceIndex device_;
+  std::map<std::pair<int, int>, cudaStream_t> streams_;
+};
+
 // What a group keeps per GPU: its stream (issue order on the GPU), a waiter
-// for host-side waits, the same-GPU collectives and the same-host device
-// allreduce's shared buffers.
+// for host-side waits, the same-GPU collectives and messages, and the
+// same-host device allreduce's shared buffers.
 struct DeviceLane {
   DeviceLane(c10::DeviceIndex device, const CollectiveOptions& options)
       : stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)),
         waiter(device),
+        messageStreams(device),
         sameGpuDevice(new cuda::SameGpuDevice(device)),
         sameGpu(std::unique_ptr<SameGpuPlatform>(sameGpuDevice)),
         allreduce(device, options.deviceBufferBytes) {}
   c10::cuda::CUDAStream stream;
   cuda::StreamWaiter waiter;  // used by the worker thread only
+  MessageStreams messageStreams;  // outlives sameGpu, which releases their waits
   cuda::SameGpuDevice* sameGpuDevice;  // owned by sameGpu
   SameGpu sameGpu;            // the worker's...
   std::atomic<int> sameGpuReady{-1};  // ...and its verdict for the issuing threads
@@ -344,6 +370,49 @@ class CudaStage final : public DeviceStage {
     unpack(out, outputs);
   }
 
+  bool sameGpuSendable(const at::Tensor& tensor) override {
+    if (sameGpu() != 1 || !tensor.is_contiguous()) return false;
+    if (tensor.nbytes() == 0) return true;
+    MemoryRecord record{};
+    std::string why;
+    return lane_->sameGpuDevice->lend(tensor.data_ptr(), tensor.nbytes(), &record, &why);
+  }
+
+  void sameGpuSend(PointToPoint& p2p, const at::Tensor& tensor, DataType dtype, int peer, int tag,
+                   std::chrono::milliseconds timeout, PointToPoint::Done done) override {
+    c10::cuda::CUDAGuard guard(device_);
+    const c10::cuda::CUDAStream post = lane_->messageStreams.get(MessageStreams::kPost, peer);
+    const c10::cuda::CUDAStream taken = lane_->messageStreams.get(MessageStreams::kTaken, peer);
+    issued_.block(post.stream());  // the data is in place where the caller's stream got to
+    // The receiver reads the memory until `taken` gets past its wait.
+    c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), taken);
+    std::string why;
+    RINGDIST_CHECK(lane_->sameGpu.send(*queueOn(post), *queueOn(taken), tensor.data_ptr(),
+                                       tensor.nbytes(), dtype, peer,
+                                       std::chrono::steady_clock::now() + timeout, &message_, &why),
+                   "ringdist send: the tensor to rank ", peer, " cannot be lent: ", why);
+    side_ = taken.stream();
+    p2p.sendDevice(&message_, tensor.nbytes(), dtype, peer, tag, std::move(done));
+  }
+
+  void sameGpuReceive(const DeviceMessage& message, int source, const at::Tensor& tensor,
+                      DataType dtype, std::chrono::milliseconds timeout) override {
+    RINGDIST_CHECK(sameGpu() == 1, "ringdist recv: a GPU message from rank ", source,
+                   " arrived before this rank's same-GPU set-up finished");
+    c10::cuda::CUDAGuard guard(device_);
+    const c10::cuda::CUDAStream stream = lane_->messageStreams.get(MessageStreams::kReceive, source);
+    c10::cuda::CUDAStreamGuard onStream(stream);  // a temporary below is this stream's
+    issued_.block(stream.stream());
+    c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream);
+    at::Tensor into = tensor.is_contiguous() ? tensor : at::empty(tensor.sizes(), tensor.options());
+    lane_->sameGpu.receive(*queueOn(stream), message, source, into.data_ptr(), into.nbytes(), dtype,
+                           std::chrono::steady_clock::now() + timeout);
+    if (!into.is_same(tensor)) tensor.copy_(into, /*non_blocking=*/true);
+    side_ = stream.stream();
+  }
+
+  bool onDevice() const override { return side_ != nullptr; }
+
   void onStream(const std::function<void()>& fn) override {
     c10::cuda::CUDAStreamGuard guard(stream_);
     fn();
@@ -351,7 +420,7 @@ class CudaStage final : public DeviceStage {
 
   void recordDone() override {
     c10::cuda::CUDAGuard guard(device_);
-    done_.record(stream_.stream());
+    done_.record(side_ != nullptr ? side_ : stream_.stream());
   }
 
   void blockCurrentStream() override {
@@ -400,7 +469,10 @@ class CudaStage final : public DeviceStage {
       at += t.numel();
     }
   }
-  std::unique_ptr<SignalQueue> queue() { return lane_->sameGpuDevice->queueOn(stream_.stream()); }
+  std::unique_ptr<SignalQueue> queue() { return queueOn(stream_); }
+  std::unique_ptr<SignalQueue> queueOn(const c10::cuda::CUDAStream& stream) {
+    return lane_->sameGpuDevice->queueOn(stream.stream());
+  }
 
   // Waits, bounded by the op's deadline, for what the group's stream has
   // queued so far: the host is about to read what it copied out.
@@ -415,6 +487,10 @@ class CudaStage final : public DeviceStage {
   Event done_;
   bool capturing_ = false;
   std::vector<std::pair<at::Tensor, at::Tensor>> reads_;  // (CUDA tensor, host twin)
+  // A device message's: the stream its completion is recorded on, and what
+  // the send tells the receiver (kept until it has left).
+  cudaStream_t side_ = nullptr;
+  DeviceMessage message_{};
 };
 
 class CudaStages final : public DeviceStages {

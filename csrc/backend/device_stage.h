@@ -10,6 +10,7 @@
 
 #include "csrc/codec/codec.h"
 #include "csrc/collectives/communicator.h"
+#include "csrc/collectives/p2p.h"
 
 namespace ringdist {
 
@@ -104,6 +105,26 @@ class DeviceStage {
                                const std::vector<uint64_t>& sendCounts,
                                const std::vector<at::Tensor>& outputs,
                                const std::vector<uint64_t>& recvCounts, DataType dtype) = 0;
+
+  // Point-to-point on the device among ranks sharing a GPU (same_gpu.h's
+  // messages): each peer has a stream for posting sends, one for waiting for
+  // them to be taken and one for receiving, so a message never waits behind
+  // another's wait, and the op's completion event is recorded there (no
+  // host twin, no copy back). sameGpuSendable: sameGpu() said yes and the
+  // tensor is contiguous memory that can be lent (else the send is staged:
+  // every CUDA receive takes both forms).
+  virtual bool sameGpuSendable(const at::Tensor& tensor) = 0;
+  // The transfer's post (worker): queues the send on the peer's streams and
+  // sends its DeviceMessage through p2p.
+  virtual void sameGpuSend(PointToPoint& p2p, const at::Tensor& tensor, DataType dtype, int peer,
+                           int tag, std::chrono::milliseconds timeout,
+                           PointToPoint::Done done) = 0;
+  // A CUDA receive's onDevice (worker): queues the copy from the sender's
+  // memory into `tensor` on the source's stream.
+  virtual void sameGpuReceive(const DeviceMessage& message, int source, const at::Tensor& tensor,
+                              DataType dtype, std::chrono::milliseconds timeout) = 0;
+  // Whether the op's transfer went device to device (nothing to copy back).
+  virtual bool onDevice() const = 0;
 };
 
 // One per process group: one stream per device, so the group's operations

@@ -498,6 +498,16 @@ void ProcessGroupRingdist::runOnWorker(std::chrono::milliseconds timeout, Worker
       ->wait();
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::transferForTesting(bool send,
+                                                                        at::Tensor tensor,
+                                                                        Worker::Post post) {
+  return worker_->enqueueTransfer(send ? c10d::OpType::SEND : c10d::OpType::RECV,
+                                  send ? "send" : "recv", tensor, tensor, timeout_,
+                                  recorder_->add(send ? "send" : "recv", ++p2pSequence_, 0, {tensor},
+                                                 {tensor}, timeout_.count()),
+                                  std::move(post), nullptr);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceSparse(
     at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
   const char* op = "allreduce";
@@ -972,23 +982,40 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::sendRecv(bool isSend,
   const auto type = isSend ? c10d::OpType::SEND
                            : anySource ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV;
   auto stage = stageFor(op, tensors);
-  at::Tensor flat = Flat(tensors[0], stage.get(), /*read=*/isSend).flat;
-  const size_t bytes = static_cast<size_t>(flat.numel()) * elementSize(dtype);
-  void* data = flat.data_ptr();
   const uint64_t traceId =
       recorder_->add(isSend ? "send" : "recv", ++p2pSequence_,
                      anySource ? FlightRecorder::kAnySource : peer, tensors, tensors,
                      timeout_.count());
+  at::Tensor user = tensors[0];
+  const auto timeout = timeout_;
+  if (isSend && stage && stage->sameGpuSendable(user)) {  // device to device, no host twin
+    return worker_->enqueueTransfer(
+        type, op, user, user, timeout_, traceId,
+        [stage, user, dtype, peer, tag, timeout](PointToPoint& p2p, Worker::Moved moved) {
+          stage->sameGpuSend(p2p, user, dtype, peer, tag, timeout, [moved] { moved(-1); });
+        },
+        stage);
+  }
+  at::Tensor flat = Flat(user, stage.get(), /*read=*/isSend).flat;
+  const size_t bytes = static_cast<size_t>(flat.numel()) * elementSize(dtype);
+  void* data = flat.data_ptr();
+  // A CUDA receive takes a GPU message from a sender on its GPU, too.
+  PointToPoint::OnDevice onDevice;
+  if (stage) {
+    onDevice = [stage, user, dtype, timeout](const DeviceMessage& message, int source) {
+      stage->sameGpuReceive(message, source, user, dtype, timeout);
+    };
+  }
   return worker_->enqueueTransfer(
-      type, op, tensors[0], flat, timeout_, traceId,
-      [isSend, anySource, data, bytes, dtype, peer, tag](PointToPoint& p2p,
-                                                         Worker::Moved moved) {
+      type, op, user, flat, timeout_, traceId,
+      [isSend, anySource, data, bytes, dtype, peer, tag, onDevice](PointToPoint& p2p,
+                                                                   Worker::Moved moved) {
         if (isSend) {
           p2p.send(data, bytes, dtype, peer, tag, [moved] { moved(-1); });
         } else if (anySource) {
-          p2p.recvAny(data, bytes, dtype, tag, moved);
+          p2p.recvAny(data, bytes, dtype, tag, moved, onDevice);
         } else {
-          p2p.recv(data, bytes, dtype, peer, tag, [moved, peer] { moved(peer); });
+          p2p.recv(data, bytes, dtype, peer, tag, [moved, peer] { moved(peer); }, onDevice);
         }
       },
       stage);

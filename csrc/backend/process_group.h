@@ -114,6 +114,9 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // `timeout`, and waits for it: for tests that drive the engine's parts
   // directly (testing_same_gpu.cc).
   void runOnWorker(std::chrono::milliseconds timeout, Worker::Body body);
+  // A point-to-point transfer of `tensor` (a CPU tensor) that `post` starts on
+  // the worker: for tests of the device messages' matching (testing.cc).
+  c10::intrusive_ptr<c10d::Work> transferForTesting(bool send, at::Tensor tensor, Worker::Post post);
 
   // Tuning and introspection for tests and benchmarks.
   // Transport used to reach each rank ("tcp", "shm", "self").

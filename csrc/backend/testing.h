@@ -69,7 +69,6 @@ TORCH_RINGDIST_API std::map<std::string, int64_t> sameGpuHostRun(
     at::Tensor& output, const std::string& op, int64_t root, int64_t offset, bool lend,
     bool renew, bool stall, bool vanish, int64_t device, bool peerAccess, int64_t timeoutMs,
     const std::vector<int64_t>& sends, const std::vector<int64_t>& receipts);
-// Drops that group's state (its streams, watch and mappings).
 // Device messages through the same protocol: this rank sends each of `sends`
 // to its peer with its tag, the ranks exchange the messages' records, then
 // each fills `receives` in order, taking the oldest unclaimed message of the
@@ -81,7 +80,17 @@ TORCH_RINGDIST_API std::map<std::string, int64_t> sameGpuHostMessages(
     const std::vector<int64_t>& sendPeers, const std::vector<int64_t>& sendTags,
     std::vector<at::Tensor>& receives, const std::vector<int64_t>& receiveSources,
     const std::vector<int64_t>& receiveTags, int64_t device, bool peerAccess, int64_t timeoutMs);
+// Drops that group's state (its streams, watch and mappings).
 TORCH_RINGDIST_API void sameGpuHostReset(const std::string& groupName);
+// One point-to-point transfer on the group's worker with device messages
+// (p2p.h), no GPU needed: a send of a DeviceMessage numbered `index`, or a
+// receive (from `peer`, -1: any) that takes one if `takesDevice` (else only
+// bytes, as a receive into host memory). `bytes` is the size the header
+// names. Returns, for a receive, device (1: a device message arrived), index
+// and source (byte_sum of what landed, for bytes).
+TORCH_RINGDIST_API std::map<std::string, int64_t> p2pDeviceMessage(
+    const std::string& groupName, bool send, int64_t peer, int64_t tag, int64_t bytes,
+    int64_t index, bool takesDevice);
 
 // `collective` ("allreduce", "all_gather" as all_gather_into_tensor,
 // "reduce_scatter" as reduce_scatter_tensor) of input into output on the group

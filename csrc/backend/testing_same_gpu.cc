@@ -469,6 +469,47 @@ std::map<std::string, int64_t> sameGpuHostMessages(
           {"message_opens", static_cast<int64_t>(sim.gpu.messageOpens())}};
 }
 
+std::map<std::string, int64_t> p2pDeviceMessage(const std::string& groupName, bool send,
+                                                int64_t peer, int64_t tag, int64_t bytes,
+                                                int64_t index, bool takesDevice) {
+  auto& group = ringdistOf(c10d::resolve_process_group(groupName), "p2p_device_message");
+  const int p = static_cast<int>(peer), t = static_cast<int>(tag);
+  const size_t size = static_cast<size_t>(bytes);
+  at::Tensor buffer = at::zeros({bytes}, at::kByte);  // a host-form receive lands here
+  if (send) {
+    auto message = std::make_shared<DeviceMessage>();
+    message->index = static_cast<uint32_t>(index);
+    group.transferForTesting(true, buffer, [message, size, p, t](PointToPoint& p2p, Worker::Moved moved) {
+      p2p.sendDevice(message.get(), size, DataType::kFloat32, p, t, [message, moved] { moved(-1); });
+    })->wait();
+    return {};
+  }
+  auto got = std::make_shared<std::map<std::string, int64_t>>();
+  (*got)["device"] = 0;
+  PointToPoint::OnDevice onDevice;
+  if (takesDevice) {
+    onDevice = [got](const DeviceMessage& message, int source) {
+      (*got)["device"] = 1;
+      (*got)["index"] = message.index;
+      (*got)["source"] = source;
+    };
+  }
+  void* data = buffer.data_ptr();
+  auto work = group.transferForTesting(false, buffer, [=](PointToPoint& p2p, Worker::Moved moved) {
+    if (p < 0) {
+      p2p.recvAny(data, size, DataType::kFloat32, t, moved, onDevice);
+    } else {
+      p2p.recv(data, size, DataType::kFloat32, p, t, [moved, p] { moved(p); }, onDevice);
+    }
+  });
+  work->wait();
+  if (!(*got)["device"]) {
+    (*got)["source"] = work->sourceRank();
+    (*got)["byte_sum"] = buffer.sum().item<int64_t>();
+  }
+  return *got;
+}
+
 void sameGpuHostReset(const std::string& groupName) {
   std::lock_guard<std::mutex> lock(simsMutex);
   sims.erase(groupName);

@@ -372,7 +372,7 @@ void Worker::reapTransfers() {
         }
       };
       if (DeviceStage* stage = done.work->stage()) {
-        stage->onStream(copyBack);
+        if (!stage->onDevice()) stage->onStream(copyBack);
         stage->recordDone();
       } else {
         copyBack();
@@ -421,7 +421,7 @@ std::vector<std::vector<int>> Worker::allreduceRings() const {
 
 Worker::Counters Worker::counters() const {
   return {comm_->bytesSent(), comm_->bytesReceived(), comm_->sharedCoreWaits(), comm_->sleeps(),
-          comm_->singleCopyBytes()};
+          comm_->singleCopyBytes(), p2p_->deviceSends()};
 }
 
 void Worker::recordStats(const Task& task, std::chrono::duration<double> elapsed,
@@ -436,6 +436,7 @@ void Worker::recordStats(const Task& task, std::chrono::duration<double> elapsed
   s.sharedCoreWaits += now.sharedCoreWaits - before.sharedCoreWaits;
   s.sleeps += now.sleeps - before.sleeps;
   s.singleCopyBytes += now.singleCopyBytes - before.singleCopyBytes;
+  s.deviceMessages += now.deviceMessages - before.deviceMessages;
   s.payloadBytes += payload;
   s.seconds += elapsed.count();
   s.inlineCalls += task.inlined ? 1 : 0;

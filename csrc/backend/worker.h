@@ -31,6 +31,7 @@ struct OpStats {
   uint64_t sharedCoreWaits = 0;  // waits that slept at once: a peer was on this CPU
   uint64_t sleeps = 0;           // shared-memory waits that slept on their doorbell
   uint64_t singleCopyBytes = 0;  // bytes copied straight from or into peers' memory (same host)
+  uint64_t deviceMessages = 0;   // sends handed over GPU to GPU (ranks sharing a GPU)
 };
 
 // The one thread that owns a group's engine (Communicator and
@@ -142,7 +143,7 @@ class Worker {
   void run(Task& task);
   // The communicator's running totals, taken around each operation.
   struct Counters {
-    uint64_t sent, received, sharedCoreWaits, sleeps, singleCopyBytes;
+    uint64_t sent, received, sharedCoreWaits, sleeps, singleCopyBytes, deviceMessages;
   };
   Counters counters() const;
   void recordStats(const Task& task, std::chrono::duration<double> elapsed,

@@ -8,6 +8,11 @@
 
 namespace ringdist {
 
+namespace {
+// OpHeader::variant of a send: its payload is a DeviceMessage.
+constexpr uint8_t kDeviceVariant = 1;
+}  // namespace
+
 PointToPoint::PointToPoint(Communicator& comm)
     : comm_(comm),
       mailboxes_(static_cast<size_t>(comm.size())),
@@ -23,25 +28,38 @@ void PointToPoint::send(const void* data, size_t bytes, DataType dtype, int peer
   ch.postSend(data, bytes, std::move(done));
 }
 
+void PointToPoint::sendDevice(const DeviceMessage* message, size_t bytes, DataType dtype, int peer,
+                              int tag, Done done) {
+  Channel& ch = comm_.channel(peer);
+  OpHeader header = comm_.makeHeader(OpType::kSend, bytes, dtype, ReduceOp::kSum, -1);
+  header.tag = tag;
+  header.variant = kDeviceVariant;
+  ++deviceSends_;
+  auto held = std::make_shared<OpHeader>(header);
+  ch.postSend(held.get(), sizeof(OpHeader), [held] {});
+  ch.postSend(message, sizeof(DeviceMessage), std::move(done));
+}
+
 void PointToPoint::readHeader(int peer) {
   auto header = std::make_shared<OpHeader>();
   comm_.channel(peer).postRecv(header.get(), sizeof(OpHeader),
                                [this, header, peer] { onHeader(peer, *header); });
 }
 
-void PointToPoint::recv(void* data, size_t bytes, DataType dtype, int peer, int tag, Done done) {
+void PointToPoint::recv(void* data, size_t bytes, DataType dtype, int peer, int tag, Done done,
+                        OnDevice onDevice) {
   readHeader(peer);
 
-  Waiting w{data, bytes, dtype, tag, std::move(done)};
+  Waiting w{data, bytes, dtype, tag, std::move(done), std::move(onDevice)};
   Mailbox& box = mailboxes_[static_cast<size_t>(peer)];
   for (auto it = box.unexpected.begin(); it != box.unexpected.end(); ++it) {
     Unexpected& message = **it;
     if (message.tag != tag || message.claim) {
       continue;
     }
-    checkMatch(peer, w, message.payload.size(), message.dtype);
+    checkMatch(peer, w, message.bytes, message.dtype, message.device);
     if (message.arrived) {
-      deliver(message, w);
+      deliver(message, w, peer);
       box.unexpected.erase(it);
     } else {
       message.claim = std::make_unique<Waiting>(std::move(w));
@@ -51,8 +69,9 @@ void PointToPoint::recv(void* data, size_t bytes, DataType dtype, int peer, int 
   box.waiting.push_back(std::move(w));
 }
 
-void PointToPoint::recvAny(void* data, size_t bytes, DataType dtype, int tag, DoneFrom done) {
-  anyWaiting_.push_back(AnyWaiting{data, bytes, dtype, tag, std::move(done)});
+void PointToPoint::recvAny(void* data, size_t bytes, DataType dtype, int tag, DoneFrom done,
+                           OnDevice onDevice) {
+  anyWaiting_.push_back(AnyWaiting{data, bytes, dtype, tag, std::move(done), std::move(onDevice)});
   pollAny();
 }
 
@@ -98,9 +117,9 @@ bool PointToPoint::matchAny(AnyWaiting& any) {
     auto done = [&any, peer] { return [fn = std::move(any.done), peer] { fn(peer); }; };
     OpHeader next;
     if (held != box.unexpected.end()) {
-      Waiting w{any.data, any.bytes, any.dtype, any.tag, done()};
-      checkMatch(peer, w, (*held)->payload.size(), (*held)->dtype);
-      deliver(**held, w);
+      Waiting w{any.data, any.bytes, any.dtype, any.tag, done(), std::move(any.onDevice)};
+      checkMatch(peer, w, (*held)->bytes, (*held)->dtype, (*held)->device);
+      deliver(**held, w, peer);
       box.unexpected.erase(held);
       // The receive whose header read brought that message in still waits
       // for one of its own: read the next header for it.
@@ -108,7 +127,8 @@ bool PointToPoint::matchAny(AnyWaiting& any) {
     } else if (!ch.peek(&next, sizeof(OpHeader))) {
       continue;  // not here yet
     } else if (isSendHeader(next) && next.tag == any.tag) {
-      box.waiting.push_back(Waiting{any.data, any.bytes, any.dtype, any.tag, done()});
+      box.waiting.push_back(
+          Waiting{any.data, any.bytes, any.dtype, any.tag, done(), std::move(any.onDevice)});
       readHeader(peer);
     } else {
       stuckAt_[static_cast<size_t>(peer)] = ch.bytesReceived();
@@ -124,15 +144,21 @@ bool PointToPoint::isSendHeader(const OpHeader& header) {
   return header.magic == kOpMagic && header.type == static_cast<uint8_t>(OpType::kSend);
 }
 
-void PointToPoint::checkMatch(int peer, const Waiting& w, size_t bytes, DataType dtype) const {
+void PointToPoint::checkMatch(int peer, const Waiting& w, size_t bytes, DataType dtype,
+                              bool device) const {
   RINGDIST_CHECK(bytes == w.bytes && dtype == w.dtype, "ringdist recv: rank ", comm_.rank(),
                  " expects ", w.bytes, " bytes of ", dataTypeName(w.dtype), " from rank ", peer,
                  " with tag ", w.tag, " but rank ", peer, " sent ", bytes, " bytes of ",
                  dataTypeName(dtype));
+  RINGDIST_CHECK(!device || w.onDevice, "ringdist recv: rank ", comm_.rank(), " receives into host "
+                 "memory from rank ", peer, " (tag ", w.tag, "), which sent GPU memory to be "
+                 "taken on the GPU; receive into a tensor on the sender's device");
 }
 
-void PointToPoint::deliver(Unexpected& message, Waiting& w) {
-  if (!message.payload.empty()) {
+void PointToPoint::deliver(Unexpected& message, Waiting& w, int peer) {
+  if (message.device) {
+    w.onDevice(*reinterpret_cast<const DeviceMessage*>(message.payload.data()), peer);
+  } else if (!message.payload.empty()) {
     copyBytes(w.data, message.payload.data(), message.payload.size());
   }
   w.done();
@@ -153,15 +179,26 @@ void PointToPoint::onHeader(int peer, const OpHeader& header) {
   Mailbox& box = mailboxes_[static_cast<size_t>(peer)];
   auto match = std::find_if(box.waiting.begin(), box.waiting.end(),
                             [&](const Waiting& w) { return w.tag == header.tag; });
+  const bool device = header.variant == kDeviceVariant;
   if (match != box.waiting.end()) {
-    checkMatch(peer, *match, header.count, dtype);
-    ch.postRecvNext(match->data, match->bytes, std::move(match->done));
+    checkMatch(peer, *match, header.count, dtype, device);
+    if (device) {
+      auto message = std::make_shared<DeviceMessage>();
+      ch.postRecvNext(message.get(), sizeof(DeviceMessage),
+                      [message, peer, onDevice = std::move(match->onDevice),
+                       done = std::move(match->done)] {
+                        onDevice(*message, peer);
+                        done();
+                      });
+    } else {
+      ch.postRecvNext(match->data, match->bytes, std::move(match->done));
+    }
     box.waiting.erase(match);
     return;
   }
   // The size comes from the wire: bounded before anything is allocated.
   const size_t limit = comm_.options().maxUnexpectedBytes;
-  RINGDIST_CHECK(header.count <= limit, "ringdist recv: rank ", comm_.rank(),
+  RINGDIST_CHECK(device || header.count <= limit, "ringdist recv: rank ", comm_.rank(),
                  " would have to buffer a ", header.count, "-byte message (tag ", header.tag,
                  ") from rank ", peer,
                  " that no receive matches yet; the limit is RINGDIST_MAX_UNEXPECTED_BYTES=",
@@ -169,12 +206,14 @@ void PointToPoint::onHeader(int peer, const OpHeader& header) {
   auto message = std::make_shared<Unexpected>();
   message->tag = header.tag;
   message->dtype = dtype;
-  message->payload.resize(header.count);
+  message->bytes = header.count;
+  message->device = device;
+  message->payload.resize(device ? sizeof(DeviceMessage) : header.count);
   box.unexpected.push_back(message);
   ch.postRecvNext(message->payload.data(), message->payload.size(), [this, peer, message] {
     message->arrived = true;
     if (message->claim) {
-      deliver(*message, *message->claim);
+      deliver(*message, *message->claim, peer);
       auto& list = mailboxes_[static_cast<size_t>(peer)].unexpected;
       list.erase(std::find(list.begin(), list.end(), message));
     }

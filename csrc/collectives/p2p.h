@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "csrc/collectives/communicator.h"
+#include "csrc/collectives/peer_memory.h"
 
 namespace ringdist {
 
@@ -28,22 +29,37 @@ namespace ringdist {
 // head of the stream, becomes an ordinary receive on that link. A link whose
 // receives are queued, or where an earlier receive waits for the same tag,
 // is passed over: its next message of that tag is owed to someone else.
+//
+// A device message (ranks sharing a GPU, same_gpu.h) travels the same way,
+// matched by the same rules: its header names the tensor's size and dtype,
+// its payload is the DeviceMessage telling the receiver where the data is.
+// A receive that can take one (onDevice) gets it instead of bytes; the sender
+// picks the form per message, so every receive of CUDA memory takes both.
 class PointToPoint {
  public:
   using Done = std::function<void()>;
   using DoneFrom = std::function<void(int source)>;
+  // Runs before the receive's done, on the worker thread.
+  using OnDevice = std::function<void(const DeviceMessage& message, int source)>;
 
   explicit PointToPoint(Communicator& comm);
 
   // Both only queue work and return; `done` runs on the worker thread once
   // the bytes have left / arrived.
   void send(const void* data, size_t bytes, DataType dtype, int peer, int tag, Done done);
-  void recv(void* data, size_t bytes, DataType dtype, int peer, int tag, Done done);
-  void recvAny(void* data, size_t bytes, DataType dtype, int tag, DoneFrom done);
+  // `bytes` of `dtype` handed over on the device (message stays valid until done).
+  void sendDevice(const DeviceMessage* message, size_t bytes, DataType dtype, int peer, int tag,
+                  Done done);
+  void recv(void* data, size_t bytes, DataType dtype, int peer, int tag, Done done,
+            OnDevice onDevice = nullptr);
+  void recvAny(void* data, size_t bytes, DataType dtype, int tag, DoneFrom done,
+               OnDevice onDevice = nullptr);
   // Matches pending any-source receives to links; true if one matched. The
   // worker calls it between operations (it may throw like a receive).
   bool pollAny();
   bool anyPending() const { return !anyWaiting_.empty(); }
+  // Messages sent GPU to GPU (sendDevice).
+  uint64_t deviceSends() const { return deviceSends_; }
 
  private:
   struct Waiting {
@@ -52,10 +68,13 @@ class PointToPoint {
     DataType dtype;
     int tag;
     Done done;
+    OnDevice onDevice;
   };
   struct Unexpected {
     int tag;
     DataType dtype;
+    size_t bytes;  // the message's (a device message's payload is its DeviceMessage)
+    bool device;
     std::vector<char> payload;
     bool arrived = false;
     std::unique_ptr<Waiting> claim;  // a receive matched while still arriving
@@ -71,14 +90,15 @@ class PointToPoint {
     DataType dtype;
     int tag;
     DoneFrom done;
+    OnDevice onDevice;
   };
 
   void readHeader(int peer);
   static bool isSendHeader(const OpHeader& header);
   bool matchAny(AnyWaiting& w);
   void onHeader(int peer, const OpHeader& header);
-  void checkMatch(int peer, const Waiting& w, size_t bytes, DataType dtype) const;
-  static void deliver(Unexpected& message, Waiting& w);
+  void checkMatch(int peer, const Waiting& w, size_t bytes, DataType dtype, bool device) const;
+  static void deliver(Unexpected& message, Waiting& w, int peer);
 
   Communicator& comm_;
   std::vector<Mailbox> mailboxes_;
@@ -86,7 +106,8 @@ class PointToPoint {
   // By peer: bytesReceived() of a link whose next message an any-source
   // receive looked at and left (another tag, a collective, or owed).
   std::vector<uint64_t> stuckAt_;
-  int anyNext_ = 1;  // ring offset of the first peer pollAny() looks at (fairness)
+  int anyNext_ = 1;
+  uint64_t deviceSends_ = 0;  // ring offset of the first peer pollAny() looks at (fairness)
 };
 
 }  // namespace ringdist

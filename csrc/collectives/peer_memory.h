@@ -22,6 +22,17 @@ struct MemoryRecord {
   uint64_t valid;            // 0: this rank's memory cannot be lent (see SameGpuPlatform)
 };
 
+// What a device send tells its receiver (through the host's point-to-point
+// path, as the message's payload: p2p.h): where the data is, and which message
+// of the pair it is (stream_signals.h).
+struct DeviceMessage {
+  uint64_t magic;
+  MemoryRecord data;  // invalid for no bytes
+  uint64_t bytes;
+  uint32_t dtype;     // a DataType
+  uint32_t index;     // k: the pair's message number
+};
+
 // Opens and closes peers' allocations (CUDA IPC in production, named shared
 // memory in the CPU run of the protocol).
 class PeerMemoryOpener {

@@ -52,17 +52,6 @@ class SameGpuPlatform : public PeerMemoryOpener {
   virtual bool reaches(const std::array<uint8_t, 16>& device) = 0;
 };
 
-// What a device send tells its receiver (through the host's point-to-point
-// path, as the message's payload): where the data is, and which message of
-// the pair it is.
-struct DeviceMessage {
-  uint64_t magic;
-  MemoryRecord data;  // invalid for no bytes
-  uint64_t bytes;
-  uint32_t dtype;     // a DataType
-  uint32_t index;     // k: the pair's message number (stream_signals.h)
-};
-
 class SameGpu {
  public:
   explicit SameGpu(std::unique_ptr<SameGpuPlatform> platform);

@@ -65,6 +65,7 @@ PYBIND11_MODULE(_C, m) {
                d["shared_core_waits"] = s.sharedCoreWaits;
                d["sleeps"] = s.sleeps;
                d["single_copy_bytes"] = s.singleCopyBytes;
+               d["device_messages"] = s.deviceMessages;
                out[py::str(name)] = d;
              }
              return out;
@@ -72,7 +73,7 @@ PYBIND11_MODULE(_C, m) {
            "Per-operation counters since creation or reset_stats(): calls, wire bytes sent and "
            "received, payload bytes (output tensors), seconds running, calls run on the caller's "
            "thread (inline_calls), waits that skipped the spin because a peer shared the CPU "
-           "(shared_core_waits), shared-memory waits that slept on their doorbell (sleeps), bytes copied straight from or into same-host peers' memory (single_copy_bytes)")
+           "(shared_core_waits), shared-memory waits that slept on their doorbell (sleeps), bytes copied straight from or into same-host peers' memory (single_copy_bytes), sends handed over GPU to GPU (device_messages)")
       .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats)
       .def("_dead_peers", &ringdist::ProcessGroupRingdist::deadPeers,
            "Ranks whose process is known to be gone (same host only).")

@@ -59,6 +59,11 @@ void defineTestingModule(py::module_& parent) {
         py::arg("peer_access") = false, py::arg("timeout_ms") = 30000,
         "Point-to-point GPU messages through the same-GPU protocol run on the CPU: sends, an "
         "exchange of their records, then receives in order; waiting_senders, message_opens");
+  m.def("p2p_device_message", &p2pDeviceMessage, py::arg("group_name"), py::arg("send"),
+        py::arg("peer"), py::arg("tag"), py::arg("bytes"), py::arg("index") = 0,
+        py::arg("takes_device") = true,
+        "One send of a device message (a DeviceMessage numbered index), or one receive that "
+        "takes one (or only bytes): device, index, source");
   m.def("same_gpu_host_reset", &sameGpuHostReset, py::arg("group_name"),
         "Drop that group's same-GPU test state (streams, watch, mappings)");
   m.def("select_kernel_family", &selectKernelFamily, py::arg("name"),
