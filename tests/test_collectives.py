@@ -660,6 +660,23 @@ def _case_recv_any(rank, ws, n):
         elif rank == sender:
             dist.send(payload("int64", rank, n, salt=32), dst=root, tag=32)
             dist.send(payload("int64", rank, n, salt=31), dst=root, tag=31)
+        # A blocking receive of the later tag first: the earlier message is held and the
+        # receive still gets its own (it used to wait for another receive to read on); then a
+        # collective through the links, whose bytes no header read may take.
+        y = torch.full((1 << 16,), float(rank + 1))
+        if rank == root:
+            second, first = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.int64)
+            dist.recv(second, src=sender, tag=42)
+            dist.recv(first, src=sender, tag=41)
+            ok = (torch.equal(second, payload("int64", sender, n, salt=42))
+                  and torch.equal(first, payload("int64", sender, n, salt=41)))
+            out[f"root={root} later tag first"] = None if ok else "buffers wrong"
+        elif rank == sender:
+            dist.send(payload("int64", rank, n, salt=41), dst=root, tag=41)
+            dist.send(payload("int64", rank, n, salt=42), dst=root, tag=42)
+        dist.all_reduce(y)
+        ok = bool((y == ws * (ws + 1) / 2).all())
+        out[f"root={root} all_reduce after"] = None if ok else f"all_reduce gave {y[:3]}"
     return out
 
 

@@ -46,10 +46,14 @@ void PointToPoint::readHeader(int peer) {
                                [this, header, peer] { onHeader(peer, *header); });
 }
 
+void PointToPoint::readHeaderNext(int peer) {
+  auto header = std::make_shared<OpHeader>();
+  comm_.channel(peer).postRecvNext(header.get(), sizeof(OpHeader),
+                                   [this, header, peer] { onHeader(peer, *header); });
+}
+
 void PointToPoint::recv(void* data, size_t bytes, DataType dtype, int peer, int tag, Done done,
                         OnDevice onDevice) {
-  readHeader(peer);
-
   Waiting w{data, bytes, dtype, tag, std::move(done), std::move(onDevice)};
   Mailbox& box = mailboxes_[static_cast<size_t>(peer)];
   for (auto it = box.unexpected.begin(); it != box.unexpected.end(); ++it) {
@@ -64,9 +68,10 @@ void PointToPoint::recv(void* data, size_t bytes, DataType dtype, int peer, int 
     } else {
       message.claim = std::make_unique<Waiting>(std::move(w));
     }
-    return;
+    return;  // a message already read: no header read of its own
   }
   box.waiting.push_back(std::move(w));
+  readHeader(peer);
 }
 
 void PointToPoint::recvAny(void* data, size_t bytes, DataType dtype, int tag, DoneFrom done,
@@ -102,9 +107,6 @@ bool PointToPoint::matchAny(AnyWaiting& any) {
     const int peer = (comm_.rank() + (anyNext_ + i - 1) % (n - 1) + 1) % n;
     Channel& ch = comm_.channel(peer);
     Mailbox& box = mailboxes_[static_cast<size_t>(peer)];
-    if (ch.receiving()) {
-      continue;
-    }
     const bool owed = std::any_of(box.waiting.begin(), box.waiting.end(),
                                   [&](const Waiting& w) { return w.tag == any.tag; });
     if (owed) {
@@ -114,6 +116,9 @@ bool PointToPoint::matchAny(AnyWaiting& any) {
     auto held = std::find_if(box.unexpected.begin(), box.unexpected.end(), [&](const auto& m) {
       return m->tag == any.tag && m->arrived && !m->claim;
     });
+    if (held == box.unexpected.end() && ch.receiving()) {
+      continue;  // the next bytes are owed to the receives queued there
+    }
     auto done = [&any, peer] { return [fn = std::move(any.done), peer] { fn(peer); }; };
     OpHeader next;
     if (held != box.unexpected.end()) {
@@ -121,9 +126,6 @@ bool PointToPoint::matchAny(AnyWaiting& any) {
       checkMatch(peer, w, (*held)->bytes, (*held)->dtype, (*held)->device);
       deliver(**held, w, peer);
       box.unexpected.erase(held);
-      // The receive whose header read brought that message in still waits
-      // for one of its own: read the next header for it.
-      readHeader(peer);
     } else if (!ch.peek(&next, sizeof(OpHeader))) {
       continue;  // not here yet
     } else if (isSendHeader(next) && next.tag == any.tag) {
@@ -212,6 +214,10 @@ void PointToPoint::onHeader(int peer, const OpHeader& header) {
   box.unexpected.push_back(message);
   ch.postRecvNext(message->payload.data(), message->payload.size(), [this, peer, message] {
     message->arrived = true;
+    // The header read this message took was a waiting receive's: read the
+    // next header for it, ahead of anything posted since (a collective's
+    // reads come after the messages its receives wait for).
+    if (!mailboxes_[static_cast<size_t>(peer)].waiting.empty()) readHeaderNext(peer);
     if (message->claim) {
       deliver(*message, *message->claim, peer);
       auto& list = mailboxes_[static_cast<size_t>(peer)].unexpected;

@@ -15,20 +15,23 @@ namespace ringdist {
 // Point-to-point sends and receives with tag matching.
 //
 // A message is an OpHeader (type send, tag, byte count, dtype) followed by
-// its payload, on the ordered link between two ranks. Every receive queues
-// exactly one header read on the link at the moment it is issued, so
+// its payload, on the ordered link between two ranks. Every receive that
+// must wait queues exactly one header read on the link when it is issued, so
 // point-to-point traffic keeps its place relative to collectives. When a
 // header arrives it is matched, by tag, to the oldest receive still waiting
 // for that tag; the payload then goes straight into that receive's buffer.
 // A message whose receive has not been issued yet (tags posted in another
-// order than sent) is held in an unexpected-message buffer until it is.
+// order than sent) is held in an unexpected-message buffer until it is; the
+// header read it took belonged to a waiting receive, so another is queued at
+// once, ahead of anything posted since, and a receive matched from the buffer
+// queues none. Header reads outstanding always equal receives waiting.
 //
 // A receive from any source cannot queue a header read (on which link?). It
-// waits in its own list, and pollAny() looks at every link with no receive
-// queued: a held message with its tag, or a send with its tag peeked at the
-// head of the stream, becomes an ordinary receive on that link. A link whose
-// receives are queued, or where an earlier receive waits for the same tag,
-// is passed over: its next message of that tag is owed to someone else.
+// waits in its own list, and pollAny() looks at every link: a held message
+// with its tag, or, on a link with no receive queued, a send with its tag
+// peeked at the head of the stream, becomes an ordinary receive on that
+// link. A link where an earlier receive waits for the same tag is passed
+// over: its next message of that tag is owed to someone else.
 //
 // A device message (ranks sharing a GPU, same_gpu.h) travels the same way,
 // matched by the same rules: its header names the tensor's size and dtype,
@@ -94,6 +97,7 @@ class PointToPoint {
   };
 
   void readHeader(int peer);
+  void readHeaderNext(int peer);  // from inside a receive callback: ahead of every read posted
   static bool isSendHeader(const OpHeader& header);
   bool matchAny(AnyWaiting& w);
   void onHeader(int peer, const OpHeader& header);
