@@ -14,10 +14,11 @@
 #   compare4  the same-GPU path against the IPC buffers with 4 ranks on the GPU
 #   collectives  allgather, reduce-scatter, broadcast, alltoall on CUDA: same-GPU vs staged vs gloo
 #   ddp       the DDP step on CUDA, 2 ranks on the GPU as 2 emulated hosts at 10 Gbit/s
+#   ddp1g     the same at 1 Gbit/s
 #   staged    allreduce (16-256 MiB), allgather and reduce-scatter (16-64 MiB) across 2
 #             emulated hosts at 10 Gbit/s: pipelined staging against unpipelined and gloo
 # With a short lease (15 device-minutes), one call each, in this order: `tests handoff`,
-# `compare`, `fsdp2 collectives`, `ddp`, `staged`, then the rest.
+# `compare`, `fsdp2 collectives`, `ddp`, `staged`, then the rest (`ddp1g` first).
 #   nccl      NCCL with 2 ranks on one GPU (its refusal is the record)
 #   handoff   benchmarks/gpu_handoff.py: the hand-off between two processes' streams on one
 #             GPU (host waits against stream memory operations; issue 31's H)
@@ -31,7 +32,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-check}
 PY=${PYTHON:-python3}
 SITE=${RINGDIST_GPU_SITE:-/tmp/ringdist-site}
-STAGES=${*:-tests fsdp2 kernels example compare compare4 collectives ddp staged nccl handoff}
+STAGES=${*:-tests fsdp2 kernels example compare compare4 collectives ddp ddp1g staged nccl handoff}
 mkdir -p "$OUT"
 { nvidia-smi || true; "$PY" -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } \
   2>&1 | tee "$OUT/machine.txt"
@@ -89,13 +90,15 @@ for s in $STAGES; do
           --out "/tmp/compare_cuda_$c.json"
         cp "/tmp/compare_cuda_$c.json" "$OUT/" 2>/dev/null
       done ;;
-    ddp)
-      # The DDP step on CUDA, 2 ranks on the one GPU as two emulated hosts at 10 Gbit/s
-      # (network namespaces; needs root and iproute2 there): the staged path across hosts.
-      stage ddp 420 "$PY" -P benchmarks/ddp_compare.py --hosts 2 --rate 10gbit --rounds 1 \
+    ddp|ddp1g)
+      # The DDP step on CUDA, 2 ranks on the one GPU as two emulated hosts at 10 (ddp) or 1
+      # (ddp1g) Gbit/s (network namespaces; needs root and iproute2 there): the staged path
+      # across hosts.
+      rate=$([ "$s" = ddp ] && echo 10gbit || echo 1gbit)
+      stage "$s" 420 "$PY" -P benchmarks/ddp_compare.py --hosts 2 --rate "$rate" --rounds 1 \
         --steps 10 --warmup 5 --step-arg=--device=cuda --timeout 120 \
         --configs gloo=gloo:none ringdist=ringdist:none bf16=ringdist:bf16 int8=ringdist:int8 \
-        "delayed+int8=ringdist:delayed:hook=int8" --out "$OUT/ddp_cuda_10g.json" ;;
+        "delayed+int8=ringdist:delayed:hook=int8" --out "$OUT/ddp_cuda_${rate%bit}.json" ;;
     staged)
       # Allreduce of CUDA tensors across 2 emulated hosts at 10 Gbit/s (network namespaces, as
       # ddp), 16-256 MiB: the copies to and from host memory overlapping the ring (pipelined)
