@@ -38,7 +38,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from bench_common import machine_info, write_json  # noqa: E402
 
-COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall")
+# sendrecv: each rank sends its buffer to the next rank and receives the previous one's.
+COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall", "sendrecv")
 # Collectives whose buffer is N blocks (the count a multiple of N).
 CHUNKED = ("allgather", "reduce_scatter", "alltoall")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -124,6 +125,9 @@ class Collective:
             # block d of rank r's input goes to rank d: pattern + r*kPattern.
             self.inp = self.pattern + rank * kPattern
             self.out = zeros(count)
+        elif name == "sendrecv":
+            self.inp = self.pattern + rank * kPattern
+            self.out = zeros(count)
         self.chunk = chunk
 
     def run(self):
@@ -147,6 +151,13 @@ class Collective:
                 dist.all_to_all(list(self.out.chunk(self.n)), list(self.inp.chunk(self.n)), group=pg)
             else:
                 dist.all_to_all_single(self.out, self.inp, group=pg)
+        elif self.name == "sendrecv":
+            ranks = dist.get_process_group_ranks(pg) if pg is not None else range(self.n)
+            ranks = list(ranks)
+            nxt, prv = ranks[(self.rank + 1) % self.n], ranks[(self.rank - 1) % self.n]
+            works = [dist.irecv(self.out, src=prv, group=pg), dist.isend(self.inp, dst=nxt, group=pg)]
+            for w in works:
+                w.wait()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # timed to the result, not to the launch
 
@@ -160,6 +171,8 @@ class Collective:
         elif self.name == "allgather":
             offs = torch.arange(self.count, dtype=torch.int32, device=self.device) // self.chunk * kPattern
             got, want = self.out, self.pattern + offs.to(self.pattern.dtype)
+        elif self.name == "sendrecv":
+            got, want = self.out, self.pattern + (self.rank - 1) % n * kPattern
         elif self.name == "alltoall":
             # block s holds rank s's block `rank`: that slice of the pattern + s*kPattern.
             r = self.rank
@@ -286,7 +299,8 @@ def run_sweep(args, rank, n, make, slowest, total, backend, extra=None):
         del coll
     if rank == 0:
         bad = sum(r["wrong"] for r in rows)
-        avg = statistics.fmean(r["busbw_GBps"] for r in rows if r["wrong"] == 0) if rows else 0.0
+        right = [r["busbw_GBps"] for r in rows if r["wrong"] == 0]
+        avg = statistics.fmean(right) if right else 0.0
         print(f"# Out of bounds values : {bad} {'OK' if bad == 0 else 'FAILED'}")
         print(f"# Avg bus bandwidth    : {avg:.4f} GB/s   (mean over rows with #wrong == 0;"
               f" * = awkward count)")
@@ -363,6 +377,9 @@ def main():
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
         torch.cuda.set_device(device)
+        # A group's first collective on a GPU decides its device paths (ringdist: whether the
+        # ranks share the GPU); point-to-point alone would never reach that decision.
+        dist.all_reduce(torch.zeros(1, device=device), group=pg)
 
     def reduce_book(x, op, kind):
         t = torch.tensor([x], dtype=kind)

@@ -12,7 +12,8 @@
 #   compare   ringdist (same-GPU fused path, IPC buffers, staged) vs gloo on CUDA tensors,
 #             2 ranks on one GPU, alternating
 #   compare4  the same-GPU path against the IPC buffers with 4 ranks on the GPU
-#   collectives  allgather, reduce-scatter, broadcast, alltoall on CUDA: same-GPU vs staged vs gloo
+#   collectives  allgather, reduce-scatter, broadcast, alltoall, send/recv on CUDA: same-GPU vs
+#             staged vs gloo
 #   ddp       the DDP step on CUDA, 2 ranks on the GPU as 2 emulated hosts at 10 Gbit/s
 #   ddp1g     the same at 1 Gbit/s
 #   staged    allreduce (16-256 MiB), allgather and reduce-scatter (16-64 MiB) across 2
@@ -80,9 +81,10 @@ for s in $STAGES; do
         --out "/tmp/compare_cuda.json"
       cp /tmp/compare_cuda.json "$OUT/" 2>/dev/null ;;
     collectives)
-      # allgather and reduce-scatter (tensor forms, what FSDP2 runs), broadcast and alltoall,
-      # 1-64 MiB: the same-GPU path against the staged path and gloo, 2 ranks on the GPU.
-      for c in allgather reduce_scatter broadcast alltoall; do
+      # allgather and reduce-scatter (tensor forms, what FSDP2 runs), broadcast, alltoall and a
+      # send/recv ring, 1-64 MiB: the same-GPU path against the staged path and gloo, 2 ranks
+      # on the GPU.
+      for c in allgather reduce_scatter broadcast alltoall sendrecv; do
         stage "collectives-$c" 140 "$PY" -P benchmarks/compare.py --backends ringdist staged=ringdist gloo \
           --label-env ringdist:RINGDIST_CUDA_FUSED=1 --label-env staged:RINGDIST_CUDA_IPC_BYTES=0 \
           --rounds 1 --nproc 2 --min-bytes 1M \
