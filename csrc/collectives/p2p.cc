@@ -20,36 +20,34 @@ PointToPoint::PointToPoint(Communicator& comm)
 
 void PointToPoint::send(const void* data, size_t bytes, DataType dtype, int peer, int tag,
                         Done done) {
-  Channel& ch = comm_.channel(peer);
-  OpHeader header = comm_.makeHeader(OpType::kSend, bytes, dtype, ReduceOp::kSum, -1);
-  header.tag = tag;
-  auto held = std::make_shared<OpHeader>(header);  // lives until it has left
-  ch.postSend(held.get(), sizeof(OpHeader), [held] {});
-  ch.postSend(data, bytes, std::move(done));
+  postHeader(peer, bytes, dtype, tag, 0);
+  comm_.channel(peer).postSend(data, bytes, std::move(done));
 }
 
 void PointToPoint::sendDevice(const DeviceMessage* message, size_t bytes, DataType dtype, int peer,
                               int tag, Done done) {
-  Channel& ch = comm_.channel(peer);
+  postHeader(peer, bytes, dtype, tag, kDeviceVariant);
+  ++deviceSends_;
+  comm_.channel(peer).postSend(message, sizeof(DeviceMessage), std::move(done));
+}
+
+void PointToPoint::postHeader(int peer, size_t bytes, DataType dtype, int tag, uint8_t variant) {
   OpHeader header = comm_.makeHeader(OpType::kSend, bytes, dtype, ReduceOp::kSum, -1);
   header.tag = tag;
-  header.variant = kDeviceVariant;
-  ++deviceSends_;
-  auto held = std::make_shared<OpHeader>(header);
-  ch.postSend(held.get(), sizeof(OpHeader), [held] {});
-  ch.postSend(message, sizeof(DeviceMessage), std::move(done));
+  header.variant = variant;
+  auto held = std::make_shared<OpHeader>(header);  // lives until it has left
+  comm_.channel(peer).postSend(held.get(), sizeof(OpHeader), [held] {});
 }
 
-void PointToPoint::readHeader(int peer) {
+void PointToPoint::readHeader(int peer, bool ahead) {
   auto header = std::make_shared<OpHeader>();
-  comm_.channel(peer).postRecv(header.get(), sizeof(OpHeader),
-                               [this, header, peer] { onHeader(peer, *header); });
-}
-
-void PointToPoint::readHeaderNext(int peer) {
-  auto header = std::make_shared<OpHeader>();
-  comm_.channel(peer).postRecvNext(header.get(), sizeof(OpHeader),
-                                   [this, header, peer] { onHeader(peer, *header); });
+  Channel& ch = comm_.channel(peer);
+  auto read = [this, header, peer] { onHeader(peer, *header); };
+  if (ahead) {
+    ch.postRecvNext(header.get(), sizeof(OpHeader), std::move(read));
+  } else {
+    ch.postRecv(header.get(), sizeof(OpHeader), std::move(read));
+  }
 }
 
 void PointToPoint::recv(void* data, size_t bytes, DataType dtype, int peer, int tag, Done done,
@@ -217,7 +215,7 @@ void PointToPoint::onHeader(int peer, const OpHeader& header) {
     // The header read this message took was a waiting receive's: read the
     // next header for it, ahead of anything posted since (a collective's
     // reads come after the messages its receives wait for).
-    if (!mailboxes_[static_cast<size_t>(peer)].waiting.empty()) readHeaderNext(peer);
+    if (!mailboxes_[static_cast<size_t>(peer)].waiting.empty()) readHeader(peer, /*ahead=*/true);
     if (message->claim) {
       deliver(*message, *message->claim, peer);
       auto& list = mailboxes_[static_cast<size_t>(peer)].unexpected;

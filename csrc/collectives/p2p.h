@@ -96,8 +96,9 @@ class PointToPoint {
     OnDevice onDevice;
   };
 
-  void readHeader(int peer);
-  void readHeaderNext(int peer);  // from inside a receive callback: ahead of every read posted
+  // ahead: from inside a receive callback, ahead of every read posted.
+  void readHeader(int peer, bool ahead = false);
+  void postHeader(int peer, size_t bytes, DataType dtype, int tag, uint8_t variant);
   static bool isSendHeader(const OpHeader& header);
   bool matchAny(AnyWaiting& w);
   void onHeader(int peer, const OpHeader& header);

@@ -232,16 +232,16 @@ void SameGpu::alltoall(Communicator& comm, SignalQueue& queue, const void* input
   run(comm, queue, call);
 }
 
-void SameGpu::checkUsable(const char* op, int rank) const {
+void SameGpu::checkUsable(const char* op) const {
   RINGDIST_CHECK(ready(), "ringdist ", op, ": the same-GPU path was not set up");
   if (signals_->aborted()) {
-    RINGDIST_FAIL("ringdist ", op, ": rank ", rank, ": the GPU hand-offs of this group were aborted (",
+    RINGDIST_FAIL("ringdist ", op, ": rank ", signals_->rank(), ": the GPU hand-offs of this group were aborted (",
                   signals_->abortReason(), "); later device operations on this group fail");
   }
 }
 
 void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
-  checkUsable(comm.opName(), comm.rank());
+  checkUsable(comm.opName());
   // The leader reaches the others' memory through what they lend; memory that
   // cannot be lent goes through the rank's scratch slot, copied in (`fill`) on
   // its queue. Nothing is lent for no bytes (the record stays invalid).
@@ -330,7 +330,7 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
 bool SameGpu::send(SignalQueue& post, SignalQueue& done, const void* data, size_t bytes,
                    DataType dtype, int peer, std::chrono::steady_clock::time_point deadline,
                    DeviceMessage* message, std::string* why) {
-  checkUsable("send", signals_->rank());
+  checkUsable("send");
   *message = DeviceMessage{};
   if (bytes > 0) {
     if (!platform_->lend(data, bytes, &message->data, why)) return false;
@@ -346,8 +346,8 @@ bool SameGpu::send(SignalQueue& post, SignalQueue& done, const void* data, size_
 
 void SameGpu::receive(SignalQueue& queue, const DeviceMessage& message, int source, void* data,
                       size_t bytes, DataType dtype, std::chrono::steady_clock::time_point deadline) {
+  checkUsable("recv");
   const int rank = signals_->rank();
-  checkUsable("recv", rank);
   RINGDIST_CHECK(message.magic == kMessageMagic, "ringdist recv: rank ", rank, " got a message from rank ",
                  source, " that is not a GPU message");
   if (message.bytes != bytes || message.dtype != static_cast<uint32_t>(dtype)) {

@@ -136,7 +136,7 @@ class SameGpu {
     bool copyInput = false;  // read the input from a copy (it overlaps the output)
   };
   void run(Communicator& comm, SignalQueue& queue, const Call& call);
-  void checkUsable(const char* op, int rank) const;
+  void checkUsable(const char* op) const;
 
   // Fails the group if a device part misses its deadline: a thread that
   // sleeps until the earliest deadline of what is still on the device (no
