@@ -40,6 +40,8 @@ import subprocess
 import sys
 import time
 
+from bench_common import write_json
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SWEEP = os.path.join(HERE, "sweep.py")
 MPI_SWEEP = os.path.join(HERE, "mpi_sweep.py")
@@ -323,8 +325,7 @@ def main():
                     for lbl, be in backends},
     }
     combined["summary"] = summarise(combined, args.baseline)
-    with open(args.out, "w") as f:
-        json.dump(combined, f, indent=1)
+    write_json(args.out, combined)
     print_summary(combined, args.baseline)
     print(f"\nwrote {args.out} (per-round sweeps in {workdir})")
 

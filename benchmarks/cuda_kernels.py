@@ -12,12 +12,12 @@ the same run with CUDA events; medians of --reps. Needs a CUDA build of ringdist
 GPU: exits with a message otherwise.
 """
 import argparse
-import json
 import statistics
 import sys
 
 import torch
 
+from bench_common import write_json
 from torch_ringdist._extension import load
 
 
@@ -94,8 +94,7 @@ def main():
               "copy_GBps": copy_gbps, "pinned_GBps": pinned_gbps, "rows": rows,
               "note": "the encode/decode rows allocate their output each call, as the test bindings do"}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

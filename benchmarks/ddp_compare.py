@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 
+from bench_common import write_json
 from compare import run_bounded  # same folder: one bounded, process-group-killing runner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -237,8 +238,7 @@ def main():
         "wall_s": time.monotonic() - t_start, "baseline": args.baseline,
         "summary": rows, "runs": runs,
     }
-    with open(args.out, "w") as f:
-        json.dump(combined, f, indent=1)
+    write_json(args.out, combined)
     if args.md:
         with open(args.md, "w") as f:
             f.write(md + "\n")

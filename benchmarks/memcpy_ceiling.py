@@ -179,9 +179,8 @@ def main():
         print(f"{key:<24} {v['GBps']:7.2f} GB/s   {v['what']}")
     if args.json:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from bench_common import machine_info  # same machine record as the sweeps
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine_info(), "ceilings": c}, f, indent=1)
+        from bench_common import machine_info, write_json  # same records as the sweeps
+        write_json(args.json, {"machine": machine_info(), "ceilings": c})
         print(f"wrote {args.json}")
 
 

@@ -10,12 +10,13 @@ Compare two builds by running this with each on PYTHONPATH, alternating.
 """
 import argparse
 import warnings
-import json
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
+
+from bench_common import write_json
 
 
 def per_call_us(fn, calls):
@@ -59,9 +60,8 @@ def main():
         print(f"{name:<28} ringdist {ours[name]:7.2f} us   torch floor (fake) {floor[name]:7.2f} us"
               f"   overhead {ours[name] - floor[name]:+7.2f} us")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ringdist": ours, "fake": floor, "torch": torch.__version__,
-                       "package": torch_ringdist.__file__}, f, indent=1)
+        write_json(args.json, {"ringdist": ours, "fake": floor, "torch": torch.__version__,
+                               "package": torch_ringdist.__file__})
 
 
 if __name__ == "__main__":

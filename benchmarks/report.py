@@ -35,7 +35,8 @@ def load(path):
                 "dtype": data["dtype"], "world_size": data["world_size"], "rounds": 1,
                 "baseline": data["backend"], "hosts": 1, "rate": None, "summary": None,
                 "results": {data["backend"]: {"backend": data["backend"], "env": data["env"],
-                                              "rows": data["rows"]}}}
+                                              "rows": data["rows"]}},
+                "provenance": data.get("provenance")}
     return data
 
 
@@ -57,9 +58,12 @@ def title_of(data):
     m = data["machine"]
     where = (f"{data['hosts']} emulated hosts @ {data['rate']}" if data.get("hosts", 1) > 1
              else "one host")
+    prov = data.get("provenance") or {}
+    commit = (f"; commit {prov['commit'][:7]}{' (dirty)' if prov['dirty'] else ''}"
+              if prov.get("commit") else "")
     return (f"{data['collective']} {data['dtype']}, N={data['world_size']} ranks, {where}; "
             f"{m['cpu_model']} x{m['cores']} cores, kernel {m['kernel']}, torch {m['torch']}, "
-            f"{m['date'][:10]}; median of {data['rounds']} alternating round(s)")
+            f"{m['date'][:10]}; median of {data['rounds']} alternating round(s){commit}")
 
 
 def markdown(data, ceiling, ceiling_name):
