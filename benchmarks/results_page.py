@@ -1,0 +1,443 @@
+#!/usr/bin/env python3
+"""Write docs/performance.md, the one page of benchmark results, from benchmarks/data/*.json.
+
+    python3 benchmarks/results_page.py           # rewrite the page
+    python3 benchmarks/results_page.py --check   # exit 1 if the page differs from the data
+
+Each file in benchmarks/data/ is the latest result of one scenario. SCENARIOS below lists
+every file with its group, its title and the extractor for its benchmark's JSON (one function
+per benchmark kind); a file missing from the list is an error, so no result is left off the
+page. README and docs quote this page, never the raw data.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+from collections import namedtuple
+
+from compare import BANDS, band_of, geomean
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "data")
+PAGE = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
+
+# One line of a table: what is measured, ringdist's value, the reference's name and value,
+# and how many times better ringdist is (reference / ringdist for times and losses, ringdist /
+# reference for rates). All four are text, formatted by the extractor.
+Row = namedtuple("Row", "metric ours reference ratio")
+
+
+# ---- formatting ----
+
+def size(nbytes):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def _time_unit(us):
+    if us >= 1e6:
+        return 1e6, "s"
+    if us >= 1e3:
+        return 1e3, "ms"
+    return 1, "us"
+
+
+def _number(x):
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 1000 else f"{x:.0f}"
+
+
+def us_range(values):
+    """Microseconds as '4.21 us', '1.75 ms' or, over several runs, '3.2-3.6 us'."""
+    scale, unit = _time_unit(max(values))
+    lo, hi = min(values) / scale, max(values) / scale
+    text = _number(lo) if _number(lo) == _number(hi) else f"{_number(lo)}-{_number(hi)}"
+    return f"{text} {unit}"
+
+
+def ratio_range(values):
+    lo, hi = min(values), max(values)
+    return f"x{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"x{lo:.2f}-{hi:.2f}"
+
+
+def count(n, noun):
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def runs_of(data):
+    """The runs a file holds: a combined file's list of runs, else the file itself."""
+    return data.get("runs", [data])
+
+
+# ---- extractors: one per benchmark kind, each data -> [Row] ----
+
+def sweep(data, ours="ringdist", ref="gloo", ref_name="gloo"):
+    """compare.py: per size band, the geometric mean of the times of the sizes both labels got
+    right (ratio: as compare.py's band summary)."""
+    rows_of = {lbl: {(r["count"], r["awkward"]): r for r in res["rows"] if r["wrong"] == 0}
+               for lbl, res in data["results"].items()}
+    rows = []
+    for band, _, _ in BANDS:
+        keys = [k for k, r in rows_of[ours].items()
+                if k in rows_of[ref] and band_of(r["bytes"]) == band]
+        if not keys:
+            continue
+        mine = geomean([rows_of[ours][k]["time_us"] for k in keys])
+        theirs = geomean([rows_of[ref][k]["time_us"] for k in keys])
+        rows.append(Row(f"time, geomean of {count(len(keys), 'size')} {band}", us_range([mine]),
+                        f"{ref_name} {us_range([theirs])}", ratio_range([theirs / mine])))
+    return rows
+
+
+def three_way(data):
+    """compare.py --peer mpi: the bands against Open MPI, and the smallest size against torch's
+    floor (the same call on torch's `fake` backend, which moves no data)."""
+    rows = sweep(data, ref="mpi", ref_name="Open MPI")
+    floor = {r["bytes"]: r for r in data["results"]["floor"]["rows"] if not r["awkward"]}
+    mine = min((r for r in data["results"]["ringdist"]["rows"]
+                if not r["awkward"] and r["wrong"] == 0 and r["bytes"] in floor),
+               key=lambda r: r["bytes"])
+    theirs = floor[mine["bytes"]]["time_us"]
+    rows.append(Row(f"time at {size(mine['bytes'])}", us_range([mine["time_us"]]),
+                    f"torch's floor {us_range([theirs])}", ratio_range([theirs / mine["time_us"]])))
+    return rows
+
+
+DDP_NAMES = {"gloo": "gloo", "nocomm": "no communication (L)", "int8": "int8 hook"}
+
+
+def ddp_steps(data):
+    """ddp_compare.py: each ringdist configuration's step time (and final loss) against gloo's,
+    or against the run's baseline where gloo did not run (no communication, L)."""
+    key = "step_time_s" if "step_time_s" in data["summary"][0] else "step_time_median_s"
+    stat = data.get("statistic", "median")
+    by_label = {c["label"]: c for c in data["summary"]}
+    base = by_label["gloo" if "gloo" in by_label else data["baseline"]]
+    ref = (f"{DDP_NAMES.get(base['label'], base['label'])} {us_range([base[key] * 1e6])}, "
+           f"loss {base['final_loss']:.4f}")
+    return [Row(f"{stat} step, {c['label']}",
+                f"{us_range([c[key] * 1e6])}, loss {c['final_loss']:.4f}",
+                ref, ratio_range([base[key] / c[key]]))
+            for c in data["summary"] if c["backend"] == "ringdist" and c is not base]
+
+
+def per_size(data, ours, ref, ref_name, what="allreduce"):
+    """deepspeed_peer.py and same_process.py: us per call at each size, labels alternating in the
+    same processes; ranges over the runs the file holds."""
+    rows = []
+    for i, first in enumerate(runs_of(data)[0]["results"]):
+        results = [run["results"][i] for run in runs_of(data)]
+        wrong = any(r["wrong"][ours] or r["wrong"][ref] for r in results)
+        metric = f"{what} {size(first['bytes'])}, us per call" + (" (WRONG)" if wrong else "")
+        rows.append(Row(metric,
+                        us_range([r["us"][ours] for r in results]),
+                        f"{ref_name} {us_range([r['us'][ref] for r in results])}",
+                        ratio_range([r["us"][ref] / r["us"][ours] for r in results])))
+    return rows
+
+
+def board(data):
+    """The board A/B (deepspeed_peer.py runs of several builds): per build, ringdist's op against
+    DeepSpeed's, geometric mean over the sizes up to 4 KiB; ranges over that build's runs."""
+    builds = {}
+    for run in data["runs"]:
+        builds.setdefault(run["build"], []).append(run)
+    rows = []
+    for build, runs in builds.items():
+        small = [[r for r in run["results"] if r["bytes"] <= 4096] for run in runs]
+        mine = [geomean([r["us"]["direct-op"] for r in rs]) for rs in small]
+        theirs = [geomean([r["us"]["deepspeed"] for r in rs]) for rs in small]
+        metric = (f"{build}: op, geomean of {count(len(small[0]), 'size')} 8 B..4 KiB "
+                  f"({count(len(runs), 'run')})")
+        rows.append(Row(metric, us_range(mine), f"DeepSpeed's op {us_range(theirs)}",
+                        ratio_range([t / m for t, m in zip(theirs, mine)])))
+    return rows
+
+
+def copy_bound(data):
+    """copy_bound.py: the two-rank allgather against Open MPI, with the copies any allgather
+    needs (through shared memory) for scale."""
+    return [Row(f"allgather {size(r['bytes_per_rank'])} per rank (the copies alone: "
+                f"{us_range([r['copy_shm_us']])})", us_range([r["ringdist_us"]]),
+                f"Open MPI {us_range([r['mpi_us']])}",
+                ratio_range([r["mpi_us"] / r["ringdist_us"]]))
+            for r in data["rows"]]
+
+
+def tp_inference(data):
+    """tp_inference_bench.py: ms per generated token of examples/tp_inference.py's model;
+    ranges over the runs."""
+    def value(label):
+        cell = us_range([run["ms_per_token"][label] * 1e3 for run in runs_of(data)])
+        # no-comm and the like skip the collectives: their tokens differ by design
+        wrong = label in ("direct", "deepspeed", "dtensor-ringdist", "dtensor-gloo") and \
+            not all(run["tokens_equal"][label] for run in runs_of(data))
+        return cell + (" (wrong tokens)" if wrong else "")
+
+    def ratio(ours, ref):
+        return ratio_range([run["ms_per_token"][ref] / run["ms_per_token"][ours]
+                            for run in runs_of(data)])
+
+    runs = count(len(runs_of(data)), "run")
+    return [Row(f"ms per token, direct ops ({runs})", value("direct"),
+                f"DeepSpeed's op {value('deepspeed')}", ratio("direct", "deepspeed")),
+            Row(f"ms per token, direct ops ({runs})", value("direct"),
+                f"no communication (L) {value('no-comm')}", ratio("direct", "no-comm")),
+            Row(f"ms per token, DTensor on ringdist ({runs})", value("dtensor-ringdist"),
+                f"DTensor on gloo {value('dtensor-gloo')}",
+                ratio("dtensor-ringdist", "dtensor-gloo"))]
+
+
+def convergence(data):
+    """diloco_convergence.py: held-out loss (nats per byte) of each algorithm against DDP's,
+    median over the seeds the file holds."""
+    seeds = runs_of(data)
+    how = "1 seed" if len(seeds) == 1 else f"median of {len(seeds)} seeds"
+    ddp = statistics.median(s["results"]["ddp"]["held_out"] for s in seeds)
+    rows = []
+    for algo in seeds[0]["results"]:
+        if algo != "ddp":
+            loss = statistics.median(s["results"][algo]["held_out"] for s in seeds)
+            rows.append(Row(f"held-out loss, {algo} ({how})", f"{loss:.4f}", f"DDP {ddp:.4f}",
+                            ratio_range([ddp / loss])))
+    return rows
+
+
+def sparse(data):
+    """sparse_allreduce.py: a sparse gradient's allreduce, medians of the rounds."""
+    ours, theirs = data["median_us"]["ringdist"], data["median_us"]["gloo"]
+    return [Row(f"{what} of a {data['args']['rows']} x {data['args']['dim']} table",
+                us_range([ours[what]]), f"gloo {us_range([theirs[what]])}",
+                ratio_range([theirs[what] / ours[what]]))
+            for what in ours if what in theirs]
+
+
+def one_rank(data):
+    """one_rank_latency.py: a call on a one-rank group against torch's floor, the newer build's
+    rounds (median)."""
+    rounds = data["runs"]["new"]
+
+    def median(label, op):
+        return statistics.median(r[label][op] for r in rounds)
+    return [Row(f"{op} on a one-rank group", us_range([median("ringdist", op)]),
+                f"torch's floor {us_range([median('fake', op)])}",
+                ratio_range([median("fake", op) / median("ringdist", op)]))
+            for op in rounds[0]["ringdist"]]
+
+
+def soak(data):
+    """soak.py: operations checked and what the ranks' memory and file descriptors did."""
+    growth = [g["rss_mib"] for g in data["growth"].values()]
+    fds = max(abs(g["fds"]) for g in data["growth"].values())
+    return [Row(f"{data['ops']} random ops per rank in {data['seconds'] / 60:.0f} min, "
+                f"N={data['nproc']}",
+                f"{data['mismatches']} mismatches, RSS {min(growth):+.1f} to {max(growth):+.1f} "
+                f"MiB, fds +{fds}", "-", "-")]
+
+
+def codec_families(data):
+    """codec_speed.py --family: the vector kernels against the generic ones on 100 MB, one core
+    (GB/s of float32 input)."""
+    rate = {(r["family"], r["kernel"]): r["gbps_fp32_in"] for r in data["results"]
+            if r["size"] == "100 MB"}
+    vector = next(f for f, _ in rate if f != "generic")
+    return [Row(f"{kernel}, 100 MB, GB/s", f"{vector} {rate[vector, kernel]:.2f}",
+                f"generic {rate['generic', kernel]:.2f}",
+                ratio_range([rate[vector, kernel] / rate["generic", kernel]]))
+            for family, kernel in rate if family == vector]
+
+
+def gpu_kernels(data):
+    """cuda_kernels.py: ringdist's GPU kernels against the GPU's own device-to-device copy
+    (GB/s counting bytes read and written, 256 MiB)."""
+    return [Row(f"{r['kernel']}, {data['mib']} MiB, GB/s", f"{r['GBps']:.0f}",
+                f"device copy {data['copy_GBps']:.0f}", ratio_range([r["of_copy"]]))
+            for r in data["rows"]]
+
+
+def ceilings(data):
+    """memcpy_ceiling.py: what this machine's memory and loopback deliver (no ringdist)."""
+    rows = [Row(c["what"], "-", f"{c['GBps']:.1f} GB/s", "-") for c in data["ceilings"].values()]
+    bound = data["ceilings"]["memcpy_64MiB_2procs"]["allreduce_n2_busbw_bound_GBps"]
+    rows.append(Row("N=2 allreduce busbw bound (two copying processes / 4)", "-",
+                    f"{bound:.1f} GB/s", "-"))
+    return rows
+
+
+# ---- the scenarios: file -> group, title, extractor ----
+
+def ab(ours, ref, ref_name):
+    return lambda data: sweep(data, ours, ref, ref_name)
+
+
+def labels(ours, ref, ref_name, what="allreduce"):
+    return lambda data: per_size(data, ours, ref, ref_name, what)
+
+
+ONE_HOST = "Collectives against gloo, one host, N=2"
+MPI = "Against Open MPI and torch's floor, one host"
+NETNS = "Emulated hosts (network namespaces, `tc tbf` links), one rank per host unless stated"
+DIRECT = "Direct operators and tensor-parallel inference against DeepSpeed, one host"
+DDP = "DDP training step with communication hooks, emulated hosts at 1 Gbit/s"
+DILOCO = "Local steps (DiLoCo), emulated hosts"
+OTHER = "Other operations"
+GPU = "GPU: one H100, ranks sharing it"
+AB = "Before/after experiments (builds or settings alternating in one run)"
+CEILINGS = "Ceilings of the machine"
+
+SCENARIOS = {
+    "same_host_n2.json": (ONE_HOST, "fp32 allreduce", sweep),
+    "same_host_n2_bf16.json": (ONE_HOST, "bf16 allreduce", sweep),
+    "same_host_n2_allgather.json": (ONE_HOST, "fp32 allgather", sweep),
+    "same_host_n2_broadcast.json": (ONE_HOST, "fp32 broadcast", sweep),
+    "same_host_n2_reduce_scatter.json": (ONE_HOST, "fp32 reduce_scatter", sweep),
+    "tcp_n2.json": (ONE_HOST, "fp32 allreduce, TCP only (`RINGDIST_TRANSPORT=tcp`)", sweep),
+    "three_way_allreduce.json": (MPI, "allreduce, N=2", three_way),
+    "three_way_allgather.json": (MPI, "allgather, N=2", three_way),
+    "three_way_broadcast.json": (MPI, "broadcast, N=2", three_way),
+    "three_way_reduce_scatter.json": (MPI, "reduce_scatter, N=2", three_way),
+    "three_way_allreduce_load.json": (MPI, "allreduce, N=2, a CPU-bound process beside each rank",
+                                      three_way),
+    "three_way_allreduce_n4.json": (MPI, "allreduce, N=4 on 2 cores", three_way),
+    "three_way_allgather_n4.json": (MPI, "allgather, N=4 on 2 cores", three_way),
+    "same_process_allreduce.json": (MPI, "allreduce in the same two processes",
+                                    labels("ringdist", "mpi", "Open MPI")),
+    "same_process_allgather.json": (MPI, "allgather in the same two processes",
+                                    labels("ringdist", "mpi", "Open MPI", "allgather")),
+    "same_process_broadcast.json": (MPI, "broadcast in the same two processes",
+                                    labels("ringdist", "mpi", "Open MPI", "broadcast")),
+    "same_process_reduce_scatter.json": (MPI, "reduce_scatter in the same two processes",
+                                         labels("ringdist", "mpi", "Open MPI", "reduce_scatter")),
+    "copy_bound.json": (MPI, "allgather against the copies it cannot avoid", copy_bound),
+    "netns10g_n2.json": (NETNS, "N=2, 10 Gbit/s", sweep),
+    "netns10g_n2_bf16.json": (NETNS, "N=2, 10 Gbit/s, bf16", sweep),
+    "netns10g_n4.json": (NETNS, "N=4, 10 Gbit/s", sweep),
+    "mixed_2x2_hier.json": (NETNS, "2 hosts x 2 ranks, 10 Gbit/s, two-level", sweep),
+    "mixed_2x2.json": (NETNS, "2 hosts x 2 ranks, 10 Gbit/s, one flat ring", sweep),
+    "netns5g_n2.json": (NETNS, "N=2, 5 Gbit/s", sweep),
+    "netns1g_n2.json": (NETNS, "N=2, 1 Gbit/s", sweep),
+    "deepspeed_peer_n2.json": (DIRECT, "ringdist's op against DeepSpeed's, N=2",
+                               labels("direct-op", "deepspeed", "DeepSpeed's op")),
+    "deepspeed_peer_n2_small.json": (DIRECT, "the same, small sizes",
+                                     labels("direct-op", "deepspeed", "DeepSpeed's op")),
+    "deepspeed_peer_n4.json": (DIRECT, "ringdist's op against DeepSpeed's, N=4 on 2 cores",
+                               labels("direct-op", "deepspeed", "DeepSpeed's op")),
+    "deepspeed_peer_n2_board.json": (DIRECT, "the board A/B, N=2", board),
+    "deepspeed_peer_n4_board.json": (DIRECT, "the board A/B, N=4 on 2 cores", board),
+    "tp_inference_n2_f32.json": (DIRECT, "tensor-parallel example, N=2, float32", tp_inference),
+    "tp_inference_n2_f64.json": (DIRECT, "tensor-parallel example, N=2, float64", tp_inference),
+    "ddp_1g_n2.json": (DDP, "N=2", ddp_steps),
+    "ddp_1g_n4.json": (DDP, "N=4", ddp_steps),
+    "ddp_1g_n2_nothp.json": (DDP, "N=2, without huge pages", ddp_steps),
+    "ddp_delayed_1g_n2.json": (DDP, "N=2, with the `delayed` hook", ddp_steps),
+    "ddp_delayed_1g_n4.json": (DDP, "N=4, with the `delayed` hook", ddp_steps),
+    "ddp_delayed_straggle_1g_n2.json": (DDP, "N=2, one rank 150 ms late every step", ddp_steps),
+    "diloco_1g_n2.json": (DILOCO, "N=2, 1 Gbit/s", ddp_steps),
+    "diloco_100m_n2.json": (DILOCO, "N=2, 100 Mbit/s", ddp_steps),
+    "diloco_1g_n4.json": (DILOCO, "N=4, 1 Gbit/s", ddp_steps),
+    "diloco_overlap_1g_n2.json": (DILOCO, "N=2, 1 Gbit/s, overlapped exchanges", ddp_steps),
+    "diloco_streaming_1g_n2.json": (DILOCO, "N=2, 1 Gbit/s, streaming", ddp_steps),
+    "diloco_convergence_n2.json": (DILOCO, "convergence, N=2", convergence),
+    "diloco_convergence_n4.json": (DILOCO, "convergence, N=4", convergence),
+    "sparse_allreduce_n2.json": (OTHER, "sparse allreduce, N=2", sparse),
+    "one_rank_latency.json": (OTHER, "one-rank groups", one_rank),
+    "soak_n4_one_host.json": (OTHER, "soak, one host", soak),
+    "soak_n4_four_hosts.json": (OTHER, "soak, 4 emulated hosts", soak),
+    "codec_families_x86.json": (OTHER, "hook codecs, x86 kernel families", codec_families),
+    "gpu_h100_allreduce_n2.json": (GPU, "allreduce of CUDA tensors, N=2", sweep),
+    "gpu_h100_kernels.json": (GPU, "kernels against the device copy", gpu_kernels),
+    "stream_order_n2.json": (AB, "in-cache forwarding, N=2", ab("ringdist", "before", "before")),
+    "stream_order_n4.json": (AB, "in-cache forwarding, N=4", ab("ringdist", "before", "before")),
+    "cleanup_same_host_n2.json": (AB, "the issue-12 cleanup", ab("after", "before", "before")),
+    "cleanup_small_n2.json": (AB, "the issue-12 cleanup, small sizes",
+                              ab("after", "before", "before")),
+    "pipeline_depth_allgather.json": (AB, "pipeline depth, allgather", ab("new", "old", "old")),
+    "pipeline_depth_broadcast.json": (AB, "pipeline depth, broadcast", ab("new", "old", "old")),
+    "allgather_mpi_nocma.json": (AB, "allgather against Open MPI without CMA",
+                                 ab("ringdist", "mpi", "Open MPI")),
+    "single_copy_vs_rings.json": (AB, "rings against single copy, ringdist's op",
+                                  labels("direct-op-single-copy-0", "direct-op-single-copy-1",
+                                         "single copy")),
+    "ceiling.json": (CEILINGS, "memory and loopback", ceilings),
+}
+GROUPS = [ONE_HOST, MPI, NETNS, DIRECT, DDP, DILOCO, OTHER, GPU, AB, CEILINGS]
+
+
+# ---- the page ----
+
+def commit_cell(prov):
+    if prov.get("reconstructed"):
+        return f"`{prov['recorded_in_commit'][:7]}`*"
+    if not prov.get("commit"):
+        return "none"
+    return f"`{prov['commit'][:7]}`" + ("+dirty" if prov["dirty"] else "")
+
+
+def load_data(folder=DATA):
+    data = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                data[name] = json.load(f)
+    unlisted = sorted(set(data) - set(SCENARIOS))
+    if unlisted:
+        raise SystemExit(f"benchmarks/data files not in results_page.SCENARIOS: {unlisted}")
+    return data
+
+
+def render(data):
+    lines = [
+        "# Performance",
+        "",
+        "Generated from `benchmarks/data/*.json` by `benchmarks/results_page.py`; do not edit "
+        "by hand. To regenerate after adding or replacing a result: "
+        "`python3 benchmarks/results_page.py` (`tests/test_results_page.py` fails while the "
+        "page and the data differ). How each scenario is run: `benchmarks/README.md`.",
+        "",
+        "Each scenario shows its latest result. **ratio**: how many times better ringdist is "
+        "than the reference, measured in the same run (reference time / ringdist time; for "
+        "losses reference / ringdist; for rates ringdist / reference): x > 1, ringdist better. "
+        "Ranges (a-b) span the runs a file holds. **commit**: the commit the benchmark "
+        "recorded (+dirty: with uncommitted changes). `*`: reconstructed, for results measured "
+        "before benchmarks recorded their commit: the commit that added the result to the "
+        "repository, whose code (or the uncommitted work it records) was measured.",
+    ]
+    for group in GROUPS:
+        names = [n for n, (g, _, _) in SCENARIOS.items() if g == group and n in data]
+        if not names:
+            continue
+        machines = sorted({data[n]["provenance"]["machine"] for n in names})
+        lines += ["", f"## {group}", "", f"Machine: {'; '.join(machines)}.", "",
+                  "| scenario | metric | ringdist | reference | ratio | date | commit |",
+                  "|---|---|---|---|---|---|---|"]
+        for name in names:
+            _, title, extract = SCENARIOS[name]
+            prov = data[name]["provenance"]
+            first = [f"[{title}](../benchmarks/data/{name})", prov["date"][:10], commit_cell(prov)]
+            for i, row in enumerate(extract(data[name])):
+                scenario, date, commit = first if i == 0 else ("", "", "")
+                lines.append(f"| {scenario} | {row.metric} | {row.ours} | {row.reference} | "
+                             f"{row.ratio} | {date} | {commit} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="only compare: exit 1 if out of date")
+    args = p.parse_args()
+    page = render(load_data())
+    if args.check:
+        with open(PAGE) as f:
+            same = f.read() == page
+        print(f"{PAGE}: " + ("up to date" if same else "out of date (run results_page.py)"))
+        return 0 if same else 1
+    with open(PAGE, "w") as f:
+        f.write(page)
+    print(f"wrote {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
