@@ -16,7 +16,7 @@ namespace ringdist {
 // kEarlyGoBytes of its current round arrived. So each host link carries one
 // transfer at a time: all pairs at once made three or more TCP streams
 // converge on each host's link and a shallow switch queue dropped thousands
-// of segments per step (measurements: docs/perf/compressed_pacing.md).
+// of segments per step (measurements: benchmarks/notes/compressed_pacing.md).
 //
 // A go is the 8-byte round number; round N stands for the allgather.
 class Pacer {

@@ -45,7 +45,7 @@ TORCH_RINGDIST_API bool selectKernelFamily(const char* name);
 // memmove of a large buffer, in pieces of kCopyPieceBytes (options.h) that
 // glibc copies with `rep movsb`: on AMD CPUs it switches to a vector loop
 // above the L2 size, which ran 25-35% slower here (a 4 MiB allgather's own
-// block: 98-106 -> 69-74 us, docs/perf/single_copy.md). Overlap-safe.
+// block: 98-106 -> 69-74 us, benchmarks/notes/single_copy.md). Overlap-safe.
 void copyBytes(void* dst, const void* src, size_t bytes);
 
 }  // namespace ringdist

@@ -47,13 +47,14 @@ constexpr int kCopyProbeRounds = 8;
 // memory was slower in some hours), and the rings beat single copy x1.15-1.3
 // at 1.4 and x1.5-2 at 2.3; an Intel VM's kernel copy took about 0.9 of two
 // in-cache memcpys (a C probe, session 14), where single copy won x1.3-2.9
-// (docs/perf/single_copy.md). Near the threshold the two paths are close.
+// (benchmarks/notes/single_copy.md). Near the threshold the two paths are
+// close.
 constexpr double kRingsWinRatio = 1.2;
 
 // Bytes per direction of a same-host shared-memory ring: 8 default segments in
 // flight, so writer and reader rarely wait on each other, while the bytes
 // between them stay in cache (4 MiB was up to x1.3 slower at 8 MiB,
-// docs/perf/pipeline_depth_s12.md).
+// benchmarks/notes/pipeline_depth.md).
 constexpr size_t kDefaultShmRingBytes = 2 << 20;
 
 // What every channel of a group does alike (all ranks must agree).
@@ -104,12 +105,12 @@ constexpr size_t kDefaultSmallAllreduceBytes = 64 * 1024;
 // With two ranks the round sends no more than the ring does (each rank sends
 // its buffer once either way) and saves the ring's second step, while the
 // buffer fits a shared-memory ring (2 MiB) with room to spare: faster up to
-// 1 MiB, slower from 2 MiB (docs/perf/latency_mpi.md, session 13).
+// 1 MiB, slower from 2 MiB (benchmarks/notes/latency_mpi.md, session 13).
 constexpr size_t kDefaultPairAllreduceBytes = 1 << 20;
 // From this size per rank, broadcast and allgather on one host copy each
 // byte once, straight between the ranks' buffers (process_vm_readv/writev),
 // instead of twice through a shared-memory ring. Below it the syscall's
-// fixed cost loses (docs/perf/single_copy.md).
+// fixed cost loses (benchmarks/notes/single_copy.md).
 constexpr size_t kDefaultSingleCopyBytes = 32 * 1024;
 // A read of a peer's memory goes in pieces of this size, with the op's abort
 // and deadline checked between them. Each process_vm_readv call has a fixed
@@ -120,13 +121,13 @@ constexpr size_t kSingleCopyPieceBytes = 4 << 20;
 // from this size (and singleCopyBytes; 3+ ranks above the one-round limit):
 // below it the one-round path's single
 // exchange wins (32 KiB: 10.6 vs 11.7 us; 64 KiB about even; 256 KiB-1 MiB
-// x1.4-1.8 for single copy, docs/perf/single_copy.md).
+// x1.4-1.8 for single copy, benchmarks/notes/single_copy.md).
 constexpr size_t kMinSingleCopyAllreduceBytes = 64 * 1024;
 // The single-copy allreduce and reduce-scatter read peers' data into scratch
 // this much at a time, so the reduction that follows finds it in cache: the
 // piece and its operand fill a 1 MiB L2. Fewer, larger calls than 128 KiB
 // pieces: two-rank allreduce 2-4 MiB 5-7% faster, 16-64 MiB unchanged; 1 MiB
-// pieces lose 12% at 16 MiB (docs/perf/single_copy.md).
+// pieces lose 12% at 16 MiB (benchmarks/notes/single_copy.md).
 constexpr size_t kSingleCopyReducePieceBytes = 512 * 1024;
 // A point-to-point message that arrives before its receive is buffered; its
 // size comes from the wire, so it is bounded before anything is allocated.
@@ -139,7 +140,8 @@ constexpr size_t kDefaultDeviceBufferBytes = 64 << 20;
 // Smaller CUDA allreduces stage through host memory even on one host: the
 // GPU-to-GPU path waits for the GPU three times per piece, and with ranks
 // sharing a GPU each wait costs a context switch (~270 us measured on an
-// H100). There it wins from 4 MiB and loses at 1 MiB (docs/perf/gpu_h100.md).
+// H100). There it wins from 4 MiB and loses at 1 MiB
+// (benchmarks/notes/gpu_h100.md).
 constexpr size_t kDefaultDeviceMinBytes = 2 << 20;
 // From this size a staged CUDA allreduce (across hosts) copies to and from
 // host memory piece by piece while the ring runs (StageGate) instead of
