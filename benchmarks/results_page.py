@@ -57,6 +57,11 @@ def us_range(values):
     return f"{text} {unit}"
 
 
+def gbps_range(values):
+    lo, hi = f"{min(values):.3g}", f"{max(values):.3g}"
+    return f"{lo} GB/s" if lo == hi else f"{lo}-{hi} GB/s"
+
+
 def ratio_range(values):
     lo, hi = min(values), max(values)
     return f"x{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"x{lo:.2f}-{hi:.2f}"
@@ -91,17 +96,40 @@ def sweep(data, ours="ringdist", ref="gloo", ref_name="gloo"):
     return rows
 
 
+def plain_rows(data, label):
+    """A compare.py label's rows by size: the power-of-two sizes it got right."""
+    return {r["bytes"]: r for r in data["results"][label]["rows"]
+            if not r["awkward"] and r["wrong"] == 0}
+
+
 def three_way(data):
-    """compare.py --peer mpi: the bands against Open MPI, and the smallest size against torch's
-    floor (the same call on torch's `fake` backend, which moves no data)."""
+    """compare.py --peer mpi: the bands against Open MPI, then the smallest size, 64 KiB, 2 MiB
+    and the largest against Open MPI, and the smallest against torch's floor (the same call on
+    torch's `fake` backend, which moves no data)."""
     rows = sweep(data, ref="mpi", ref_name="Open MPI")
-    floor = {r["bytes"]: r for r in data["results"]["floor"]["rows"] if not r["awkward"]}
-    mine = min((r for r in data["results"]["ringdist"]["rows"]
-                if not r["awkward"] and r["wrong"] == 0 and r["bytes"] in floor),
-               key=lambda r: r["bytes"])
-    theirs = floor[mine["bytes"]]["time_us"]
-    rows.append(Row(f"time at {size(mine['bytes'])}", us_range([mine["time_us"]]),
-                    f"torch's floor {us_range([theirs])}", ratio_range([theirs / mine["time_us"]])))
+    mine, mpi, floor = (plain_rows(data, lbl) for lbl in ("ringdist", "mpi", "floor"))
+    sizes = sorted(s for s in mine if s in mpi)
+    for s in sorted({sizes[0], 64 << 10, 2 << 20, sizes[-1]} & set(sizes)):
+        rows.append(Row(f"time at {size(s)}", us_range([mine[s]["time_us"]]),
+                        f"Open MPI {us_range([mpi[s]['time_us']])}",
+                        ratio_range([mpi[s]["time_us"] / mine[s]["time_us"]])))
+    s = sizes[0]
+    rows.append(Row(f"time at {size(s)}", us_range([mine[s]["time_us"]]),
+                    f"torch's floor {us_range([floor[s]['time_us']])}",
+                    ratio_range([floor[s]["time_us"] / mine[s]["time_us"]])))
+    return rows
+
+
+def netns(data):
+    """compare.py --hosts: the bands against gloo, and the bus bandwidth of the sizes from 16 MiB
+    as a share of the shaped link."""
+    rows = sweep(data)
+    gbit = float(data["rate"].removesuffix("gbit"))
+    big = [r["busbw_GBps"] for s, r in plain_rows(data, "ringdist").items() if s >= 16 << 20]
+    link = gbit / 8
+    rows.append(Row(f"busbw from 16 MiB ({count(len(big), 'size')}) against the {gbit:g} Gbit/s "
+                    "link", gbps_range(big), f"link {gbps_range([link])}",
+                    ratio_range([min(big) / link, max(big) / link])))
     return rows
 
 
@@ -311,13 +339,13 @@ SCENARIOS = {
     "same_process_reduce_scatter.json": (MPI, "reduce_scatter in the same two processes",
                                          labels("ringdist", "mpi", "Open MPI", "reduce_scatter")),
     "copy_bound.json": (MPI, "allgather against the copies it cannot avoid", copy_bound),
-    "netns10g_n2.json": (NETNS, "N=2, 10 Gbit/s", sweep),
-    "netns10g_n2_bf16.json": (NETNS, "N=2, 10 Gbit/s, bf16", sweep),
-    "netns10g_n4.json": (NETNS, "N=4, 10 Gbit/s", sweep),
+    "netns10g_n2.json": (NETNS, "N=2, 10 Gbit/s", netns),
+    "netns10g_n2_bf16.json": (NETNS, "N=2, 10 Gbit/s, bf16", netns),
+    "netns10g_n4.json": (NETNS, "N=4, 10 Gbit/s", netns),
     "mixed_2x2_hier.json": (NETNS, "2 hosts x 2 ranks, 10 Gbit/s, two-level", sweep),
     "mixed_2x2.json": (NETNS, "2 hosts x 2 ranks, 10 Gbit/s, one flat ring", sweep),
-    "netns5g_n2.json": (NETNS, "N=2, 5 Gbit/s", sweep),
-    "netns1g_n2.json": (NETNS, "N=2, 1 Gbit/s", sweep),
+    "netns5g_n2.json": (NETNS, "N=2, 5 Gbit/s", netns),
+    "netns1g_n2.json": (NETNS, "N=2, 1 Gbit/s", netns),
     "deepspeed_peer_n2.json": (DIRECT, "ringdist's op against DeepSpeed's, N=2",
                                labels("direct-op", "deepspeed", "DeepSpeed's op")),
     "deepspeed_peer_n2_small.json": (DIRECT, "the same, small sizes",
