@@ -7,7 +7,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from world import World, default_backend  # noqa: E402
+from world import World, close_all, default_backend  # noqa: E402
 
 # By default a host measures at connect time whether single copy beats the shared-memory
 # rings (RINGDIST_SINGLE_COPY=auto), so the path a large same-host transfer takes depends on
@@ -41,15 +41,16 @@ def world_factory():
         if w is None or not w.alive:
             if w is not None:
                 w.close()
+            evicted = []
             while worlds and sum(x.world_size for x in worlds.values()) + world_size > max_procs:
-                worlds.pop(next(iter(worlds))).close()
+                evicted.append(worlds.pop(next(iter(worlds))))
+            close_all(evicted)
             w = World(world_size, env=env)
         worlds[key] = w  # now the most recently used
         return w
 
     yield get
-    for w in worlds.values():
-        w.close()
+    close_all(worlds.values())
 
 
 def ranks_equal(results, what: str = "result") -> None:
@@ -93,3 +94,32 @@ def pytest_collection_modifyitems(session, config, items):
         return module_rank[item.module.__name__ if item.module else ""], world
 
     items.sort(key=key)
+    if config.getoption("--smoke"):
+        keep = smoke_selection(items)
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = [item for item in items if item in keep]
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--smoke", action="store_true",
+        help="one case of each test function (a two-rank world where it has one), and every "
+             "case marked cuda: CI's CUDA-build stage, whose host code the first stage tested")
+
+
+def smoke_selection(items):
+    """The items --smoke keeps: per test function its first two-rank case (else its first
+    case), and all of those marked ``cuda``."""
+    chosen: dict[tuple, object] = {}
+    keep = set()
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            keep.add(item)
+            continue
+        function = (item.module.__name__ if item.module else "", item.originalname)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        two_ranks = params.get("ws", params.get("world_size")) == 2
+        if function not in chosen or (two_ranks and not chosen[function][1]):
+            chosen[function] = (item, two_ranks)
+    keep.update(item for item, _ in chosen.values())
+    return keep

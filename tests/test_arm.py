@@ -6,7 +6,8 @@ Its digests (every reduce, conversion, codec and top-k kernel against the shared
 a full sort, CRC32C, a two-rank group over shared memory and over TCP) must equal the x86-64
 build's, for both x86 families: the same bits on both architectures.
 
-RINGDIST_ARM_CHECK=0 skips it (CI's CUDA stage: the same sources, checked in the CPU stage).
+Marked own_build: it compiles its own binaries from the sources, so CI's CUDA-build stage leaves it
+to the first stage (`-m "not own_build"`).
 """
 import os
 import shutil
@@ -23,9 +24,7 @@ ARM_TORCH = os.environ.get("RINGDIST_ARM_TORCH",
                            os.path.join(REPO, "build", "arm-torch", VERSION))
 QEMU = ["qemu-aarch64-static", "-L", "/usr/aarch64-linux-gnu"]
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("RINGDIST_ARM_CHECK", "1") == "0",
-    reason="RINGDIST_ARM_CHECK=0: the aarch64 check runs in CI's CPU stage")
+pytestmark = [pytest.mark.arm, pytest.mark.own_build]
 
 
 def _run(cmd, timeout, **kwargs):
@@ -79,6 +78,7 @@ def _check(cmd):
     return out[0], dict(line.rsplit(None, 1) for line in out[1:-1])
 
 
+@pytest.mark.slow
 def test_cross_build_is_aarch64(cross):
     module = [name for name in os.listdir(cross) if name.startswith("_C") and name.endswith(".so")]
     assert len(module) == 1, os.listdir(cross)
@@ -87,6 +87,7 @@ def test_cross_build_is_aarch64(cross):
         assert "AArch64" in header, f"{name}:\n{header}"
 
 
+@pytest.mark.slow
 def test_native_families_agree(native):
     line, generic = _check([native, "--family", "generic"])
     assert line.startswith("kernel family generic")
@@ -97,6 +98,7 @@ def test_native_families_agree(native):
     assert len(generic) >= 70  # every reduce kernel, divisions, conversions, codecs, top-k, groups
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["neon", "generic"])
 def test_emulated_aarch64_matches_x86(native, cross, family):
     _, x86 = _check([native, "--family", "generic"])

@@ -18,6 +18,8 @@ from torch.distributed import distributed_c10d as c10d
 
 from world import default_backend
 
+pytestmark = pytest.mark.quick
+
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 

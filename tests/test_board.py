@@ -7,6 +7,8 @@ late (the waiter sleeps and is woken), and with a root that runs ahead through b
 area's entry is not overwritten while a peer may still read it)."""
 import pytest
 
+pytestmark = pytest.mark.quick
+
 BOARD_BYTES = 4 << 10  # kBoardDataBytes
 DTYPE_OPS = [("float32", "SUM"), ("float32", "AVG"), ("bfloat16", "SUM"), ("float16", "MAX"),
              ("float64", "PRODUCT"), ("int32", "BXOR"), ("int64", "MIN"), ("uint8", "SUM")]

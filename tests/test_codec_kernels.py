@@ -5,6 +5,8 @@ import torch
 
 from torch_ringdist._extension import load
 
+pytestmark = pytest.mark.quick
+
 BLOCK = 256
 LEVELS = {"int8": 127.0, "int4": 7.0}
 

@@ -891,7 +891,12 @@ def assert_cases(results, check_digests: bool = True) -> int:
     return len(results[0])
 
 
-world_params = pytest.mark.parametrize("ws,seg", WORLDS, ids=WORLD_IDS)
+# The quick check's worlds: shared memory at two ranks; three ranks on two emulated hosts
+# (shared memory within a host, TCP across, a ring out of rank order).
+QUICK_WORLDS = {(2, "default"), (3, "hosts")}
+world_params = pytest.mark.parametrize(
+    "ws,seg", [pytest.param(w, s, marks=pytest.mark.quick if (w, s) in QUICK_WORLDS else ())
+               for w, s in WORLDS], ids=WORLD_IDS)
 dtype_op_params = pytest.mark.parametrize("dtype,op", DTYPE_OPS, ids=[f"{d}-{o}" for d, o in DTYPE_OPS])
 
 

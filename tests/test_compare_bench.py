@@ -7,6 +7,10 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -6,6 +6,8 @@ import torch
 
 from torch_ringdist._extension import load
 
+pytestmark = pytest.mark.quick
+
 T = load().testing
 PIECE = 256 << 10
 

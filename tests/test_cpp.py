@@ -78,11 +78,13 @@ def ctest(tmp_path_factory):
     return results
 
 
+@pytest.mark.slow
 def test_ctest_runs_exactly_the_expected_tests(ctest):
     expected = set(CTESTS) | (set(MPI_CTESTS) if MPIRUN else set())
     assert set(ctest) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CTESTS + MPI_CTESTS)
 def test_ctest(ctest, name):
     if name in MPI_CTESTS and MPIRUN is None:
@@ -91,6 +93,7 @@ def test_ctest(ctest, name):
     assert status == "run", f"ctest {name}: {status}\n{output}"
 
 
+@pytest.mark.quick
 def test_installed_package_layout():
     """One unversioned library (wheels hold no symlinks) that finds torch beside it, the module
     that finds the library, the headers and the CMake package."""

@@ -18,9 +18,12 @@ import test_collectives as tc
 from torch_ringdist._extension import load
 from world import default_backend
 
-pytestmark = pytest.mark.skipif(
-    not (load().cuda_compiled() and torch.cuda.is_available()) or default_backend() != "ringdist",
-    reason="needs ringdist built with CUDA (TORCH_RINGDIST_CUDA=1), a GPU, and the ringdist backend")
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not (load().cuda_compiled() and torch.cuda.is_available()) or default_backend() != "ringdist",
+        reason="needs ringdist built with CUDA (TORCH_RINGDIST_CUDA=1), a GPU, and the ringdist backend"),
+]
 
 # Every rank on device 0: what NCCL refuses ("Duplicate GPU detected"). "fused" worlds take the
 # same-GPU path (RINGDIST_CUDA_FUSED=1: stream-ordered hand-offs, one fused kernel per

@@ -13,9 +13,11 @@ from torch_ringdist._extension import load
 from test_shared_arithmetic import DTYPES, OPS, _operands, _same_bits
 
 _C = load()
-pytestmark = pytest.mark.skipif(
-    not (_C.cuda_compiled() and torch.cuda.is_available()),
-    reason="needs ringdist built with CUDA (TORCH_RINGDIST_CUDA=1) and a GPU")
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not (_C.cuda_compiled() and torch.cuda.is_available()),
+                       reason="needs ringdist built with CUDA (TORCH_RINGDIST_CUDA=1) and a GPU"),
+]
 T = _C.testing
 
 

@@ -14,6 +14,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import ranks_equal
 
+pytestmark = pytest.mark.quick
+
 # Per-step parity bounds: float32 sums in a different order (per-shard means,
 # then an allreduce), so a few ulps of drift per step are expected.
 TOL = {torch.float32: dict(atol=1e-6, rtol=1e-5), torch.float64: dict(atol=1e-12, rtol=1e-10)}

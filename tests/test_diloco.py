@@ -16,8 +16,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from world import default_backend
 
-pytestmark = pytest.mark.skipif(default_backend() != "ringdist",
-                                reason="the DiLoCo rounds' codecs need the ringdist backend")
+pytestmark = [pytest.mark.quick,
+              pytest.mark.skipif(default_backend() != "ringdist",
+                                 reason="the DiLoCo rounds' codecs need the ringdist backend")]
 
 
 # ----------------------------------------------------------------- rank side
@@ -491,6 +492,7 @@ def test_local_sgd_resumes_a_checkpoint_of_before(world_factory):
     assert world_factory(2).run(_case_local_sgd_legacy_checkpoint) == [True, True]
 
 
+@pytest.mark.slow
 def test_convergence_bar_on_the_byte_level_lm(world_factory):
     """The issue's bars at M=2 on a short run (600 steps, H=25): DiLoCo within +1% of data
     parallel's held-out loss, int8 and int4 pseudo-gradients within +0.2% of exact ones, DiLoCo better

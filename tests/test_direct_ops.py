@@ -140,6 +140,7 @@ def _case_compile(rank, ws):
     return explained.graph_break_count, explained.graph_count, torch.equal(eager, compiled)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_direct_ops_give_the_bits_of_the_ordinary_path(world_factory, ws):
     assert world_factory(ws).run(_case_same_bits, COUNTS, timeout=300) == [True] * ws
@@ -154,6 +155,7 @@ def test_direct_ops_fallback_and_errors(world_factory, ws):
         assert "uses backend 'gloo', not ringdist" in errors["gloo"], errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_direct_op_failures_raise_on_every_rank(world_factory, ws):
     for rank, out in enumerate(world_factory(ws).run(_case_failures, timeout=120)):

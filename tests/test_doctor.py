@@ -6,10 +6,13 @@ import subprocess
 import sys
 import types
 
+import pytest
 import torch
 
 import torch_ringdist.__main__ as doctor
 from torch_ringdist._extension import load
+
+pytestmark = pytest.mark.quick
 
 
 def _run(*args, **env):

@@ -11,6 +11,8 @@ import torch.distributed as dist
 
 from spawned import report
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("sklearn")
 if not hasattr(dist, "shrink_group"):
     pytest.skip("this torch has no dist.shrink_group", allow_module_level=True)

@@ -42,6 +42,7 @@ def gloo_one_rank_run():
     return torchrun("--max-steps", STEPS, nproc=1, backend="gloo")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hook", ["none", "powersgd", "fp16-torch"])
 def test_train_ddp_reaches_accuracy(hook, gloo_one_rank_run):
     out = torchrun("--max-steps", STEPS, "--hook", hook)
@@ -59,6 +60,7 @@ def test_train_ddp_reaches_accuracy(hook, gloo_one_rank_run):
         assert abs(acc - ref_acc) <= 1 / 360 + 1e-9, (acc, ref_acc)  # at most one image flips
 
 
+@pytest.mark.slow
 def test_checkpoint_resume(tmp_path):
     straight = tmp_path / "straight.pt"
     resumed = tmp_path / "resumed.pt"

@@ -392,6 +392,7 @@ def _ring_neighbours(r, ws):
     return {(r - 1) % ws, (r + 1) % ws}
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("bad_rank", [0, 2], ids=["bad-rank0", "bad-rank2"])
 @pytest.mark.parametrize("kind", ["count", "dtype", "large"])
 @pytest.mark.parametrize("op", ["allreduce", "all_gather", "broadcast"])

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from spawned import Spawned
 
 
@@ -72,6 +74,8 @@ def test_abort_writes_the_trace(tmp_path):
 PROFILE_SCRIPT = """
 import torch, torch.distributed as dist
 import torch_ringdist
+
+pytestmark = pytest.mark.quick
 store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
 dist.init_process_group("ringdist", store=store, rank=0, world_size=1)
 x = torch.ones(4)

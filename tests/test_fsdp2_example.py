@@ -23,6 +23,7 @@ def losses(*args, nproc, check=True, env=None):
     return found, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc,mesh", [(2, []), (4, ["--mesh", "2x2"])], ids=["1d-2", "2x2"])
 def test_fsdp2_matches_gloo_and_resumes_exactly(tmp_path, nproc, mesh):
     steps = ["--steps", "6"]

@@ -19,6 +19,8 @@ import pytest
 import wire_client as wire
 from procs import Launched, free_port
 
+pytestmark = [pytest.mark.own_build, pytest.mark.slow]
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(REPO, "tests", "scripts", "fuzz_target.py")
 CASES = int(os.environ.get("RINGDIST_FUZZ_CASES", "40"))

@@ -19,7 +19,7 @@ import wire_client as wire
 from procs import tail
 from spawned import RINGDIST_ONLY, Spawned, proc_sockets, report
 
-pytestmark = RINGDIST_ONLY
+pytestmark = [pytest.mark.quick, RINGDIST_ONLY]
 
 
 def _store_key(store, suffix):

@@ -391,6 +391,7 @@ def _w_resume(rank, world_size, names, steps_before, steps_after):
 
 # --------------------------------------------------------------- parent side
 
+@pytest.mark.slow
 def test_codecs_error_identity_and_stats(world_factory):
     int8_err = {}
     # Default segments at N=2,3,4 (shared memory, one host: unpaced), then many tiny
@@ -438,6 +439,7 @@ def test_codecs_error_identity_and_stats(world_factory):
     assert int8_err[4] <= 1.5 * int8_err[2], int8_err
 
 
+@pytest.mark.quick
 def test_codec_roundtrip(world_factory):
     res = world_factory(2).run(_w_roundtrip)[0]
     for codec in CODECS:
@@ -487,6 +489,7 @@ def test_hooks_train_digits(world_factory, world_size):
         assert results[0]["allreduce"][1] == results[0]["none"][1]
 
 
+@pytest.mark.quick
 def test_error_feedback_least_squares(world_factory):
     cases = [("exact", "none", {}),
              ("topk_ef", "topk", {"ratio": 0.01, "error_feedback": True}),
@@ -523,6 +526,7 @@ def test_local_sgd_replicas_identical_after_averaging(world_factory, codec):
             assert not same, f"codec={codec}: replicas identical after local step {t}: not local"
 
 
+@pytest.mark.quick
 def test_checkpoint_resume_bitwise(world_factory):
     results = world_factory(2).run(_w_resume, list(RESUME_CASES), 6, 6, timeout=180)
     for name in RESUME_CASES:
@@ -535,6 +539,7 @@ def test_checkpoint_resume_bitwise(world_factory):
     assert "other parameters" in results[0]["mismatch"], results[0]["mismatch"]
 
 
+@pytest.mark.quick
 def test_registry_and_example_hooks():
     import importlib.util
     import os

@@ -2,7 +2,11 @@
 on the calling thread. Order, deadlines and abort must behave as on the worker."""
 import os
 
+import pytest
+
 from spawned import Spawned
+
+pytestmark = pytest.mark.quick
 
 
 def test_latency_path_order_deadline_and_abort(tmp_path):

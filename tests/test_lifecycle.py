@@ -155,6 +155,7 @@ def _worker_states(torchrun_pid):
     return "\n".join(lines)
 
 
+@pytest.mark.slow
 def test_torchrun_restart_resumes_from_checkpoint(tmp_path, record_property):
     pytest.importorskip("sklearn")
     ckpt, mark = tmp_path / "ckpt.pt", tmp_path / "killed.txt"
@@ -204,6 +205,7 @@ def test_torchrun_restart_resumes_from_checkpoint(tmp_path, record_property):
 EXIT_SCRIPT = os.path.join(HERE, "failure_scripts", "exit_without_destroy.py")
 
 
+@pytest.mark.slow
 def test_exit_without_destroy_is_quiet(tmp_path):
     """torch.multiprocessing.spawn, no destroy_process_group, the store's host exiting
     first: every rank exits 0 and prints nothing. (Before the atexit shutdown, a worker
@@ -282,6 +284,7 @@ def test_one_rank_group_runs_inline_in_order(world_factory):
                    "issue order with a compressed op": True, "threads": None}, res
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("name,value,expected", [
     ("RINGDIST_CUDA_IPC_BYTES", "100", "must be 0 (off) or >= 4096"),
     ("RINGDIST_CUDA_IPC_MIN_BYTES", "-1", "must be >= 0"),

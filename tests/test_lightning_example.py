@@ -42,6 +42,7 @@ def gloo_run():
     return lightning("--backend", "gloo")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hook", ["none", "allreduce"])
 def test_same_loss_as_gloo(hook, gloo_run):
     # The allreduce hook is DDP's own arithmetic: both are bitwise gloo's run.
@@ -50,6 +51,7 @@ def test_same_loss_as_gloo(hook, gloo_run):
     assert hook_steps == steps
 
 
+@pytest.mark.slow
 def test_int8_hook_trains_and_resumes(gloo_run, tmp_path):
     options = ("--hook", "int8", "--hook-option", "error_feedback=true")
     loss, steps, hook_steps, out = lightning(*options)

@@ -13,6 +13,8 @@ import pytest
 
 from procs import torchrun_output
 
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
 pytest.importorskip("sklearn")
 if os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "unshare")):
     pytest.skip("needs root with ip, tc and unshare (network namespaces)", allow_module_level=True)

@@ -6,6 +6,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.quick
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -9,6 +9,8 @@ import contextlib
 
 import pytest
 
+pytestmark = [pytest.mark.quick, pytest.mark.cuda]
+
 WORLD_SIZES = [2, 3, 4]
 # One round and ring combine orders (the thresholds are 64 KiB / 16 KiB by default), one
 # element per rank, fewer elements than ranks, and none.

@@ -12,6 +12,8 @@ import torch
 
 from torch_ringdist._extension import load
 
+pytestmark = [pytest.mark.quick, pytest.mark.cuda]
+
 T = load().testing
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,

@@ -33,6 +33,7 @@ def test_mixed_policies_fall_back_to_tcp_for_that_rank():
     assert field(results[2][1], "TRANSPORTS").split(",") == ["tcp", "tcp", "self"]
 
 
+@pytest.mark.quick
 def test_killed_peer_fails_survivors_fast_and_leaves_no_shm():
     before = ringdist_shm_entries()
     results = launch(3, "crash", timeout=90)

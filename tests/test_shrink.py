@@ -37,6 +37,7 @@ def straight():
     return FINAL.findall(out)[0]
 
 
+@pytest.mark.slow
 def test_training_survives_two_kills(record_property, straight):
     """4 ranks, original rank 3 SIGKILLed at step 40, original rank 1 at step 90: the survivors
     shrink twice and end where the uninterrupted run ends, up to float summation order (every
@@ -86,6 +87,8 @@ def test_shrink_abort_of_a_healthy_group(tmp_path):
     assert got[2]["seconds"] < 20, got[2]
 
 
+@pytest.mark.netns
+@pytest.mark.slow
 def test_training_survives_kills_on_four_emulated_hosts(straight):
     """The same run with one rank on each of 4 emulated hosts (network namespaces, own hostname
     and /dev/shm: only TCP between ranks), one launcher per host, node 0 hosting the store."""

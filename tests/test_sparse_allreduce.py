@@ -16,6 +16,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from conftest import ranks_equal
 from world import default_backend
 
+pytestmark = pytest.mark.quick
+
 # (shape, nnz per rank (cycled), dtype): 1-D and embedding-like 2-D tensors, duplicate
 # indices within a rank, ranks with nothing, every rank with nothing.
 CASES = [

@@ -8,6 +8,8 @@ before it was, would give other bits than torch.distributed's own call, which ev
 against."""
 import pytest
 
+pytestmark = pytest.mark.cuda
+
 # One round (whole buffer), the ring with few and with many segments; none; fewer than ranks.
 COUNTS = [0, 1, 3, 1000, 70001, (1 << 18) + 5]
 OPS = [("float32", "sum"), ("bfloat16", "avg"), ("int64", "max"), ("float64", "avg")]

@@ -13,6 +13,8 @@ import torch
 
 from torch_ringdist._extension import load
 
+pytestmark = pytest.mark.quick
+
 SIZES = (1, 2, 7, 63, 64, 65, 1000, 4099, 40000, 100003)
 
 

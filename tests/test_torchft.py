@@ -19,6 +19,8 @@ pytest.importorskip("torchft")
 import torch_ringdist  # noqa: E402,F401  (registers the backend)
 from torch_ringdist.torchft import ProcessGroupRingdist  # noqa: E402
 
+pytestmark = pytest.mark.quick
+
 TIMEOUT = timedelta(seconds=30)
 
 

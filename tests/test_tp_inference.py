@@ -21,6 +21,7 @@ def test_tensor_parallel_tokens_equal_one_process(mode):
     assert tokens and len(tokens.group(1).split(",")) == 12, out[-3000:]
 
 
+@pytest.mark.slow
 def test_timing_modes_run_the_same_shards():
     """--mode no-comm and --mode spin-barrier (the bounds the benchmark measures against) run
     the same shards with every collective skipped or replaced by a wait: the same (wrong)

@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection, wait as mp_wait
 
 from procs import Launched, tail, world_envs
 
-__all__ = ["World", "WorldError", "WorldHung", "default_backend"]
+__all__ = ["World", "WorldError", "WorldHung", "close_all", "default_backend"]
 
 
 def default_backend() -> str:
@@ -71,6 +71,17 @@ def _kill_leftovers() -> None:
     # A crashed or interrupted pytest must not leave workers spinning on a shared machine.
     for w in list(_LIVE_WORLDS):
         w._kill()
+
+
+def close_all(worlds, timeout: float = 30) -> None:
+    """Closes several worlds at once: all are told to exit before any is waited for, so their
+    teardowns overlap; whatever is left at the deadline is killed."""
+    worlds = list(worlds)
+    for w in worlds:
+        w._begin_close()
+    deadline = time.monotonic() + timeout
+    for w in worlds:
+        w._finish_close(deadline)
 
 
 class World:
@@ -232,6 +243,10 @@ class World:
     # ----------------------------------------------------------------- teardown
     def close(self, timeout: float = 30) -> None:
         """Orderly shutdown: workers destroy the process group and exit; killed after the deadline."""
+        close_all([self], timeout)
+
+    def _begin_close(self) -> None:
+        """Tells the workers to destroy the process group and exit (close_all waits for them)."""
         if self._closed:
             return
         self._closed = True
@@ -241,12 +256,13 @@ class World:
                     conn.send_bytes(pickle.dumps(("close",)))
                 except (OSError, AttributeError):
                     pass
-            deadline = time.monotonic() + timeout
-            for p in self._procs:
-                try:
-                    p.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
+
+    def _finish_close(self, deadline: float) -> None:
+        for p in self._procs:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
         self._kill()
         _LIVE_WORLDS.discard(self)
 

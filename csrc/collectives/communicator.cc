@@ -765,6 +765,14 @@ void Communicator::close(std::chrono::milliseconds maxWait) {
       while (rendezvous_->add("ringdist/closing", 0) < size_ && Clock::now() < deadline) {
         // Keep moving queued sends: a peer may still need our last bytes.
         progress();
+        // A peer that closed its links (it aborted) or died will never count itself in,
+        // and needs nothing more from us: stop waiting for it.
+        for (auto& ch : channels_) {
+          if (ch) {
+            ch->checkOpen();
+            ch->checkAlive();
+          }
+        }
         std::this_thread::sleep_for(sleep);
         sleep = std::min(sleep * 2, std::chrono::milliseconds(50));
       }
