@@ -12,6 +12,8 @@ Settings (environment), passed on to CMake:
                         only; unset: CUDA when torch is a CUDA build and nvcc is found
   TORCH_CUDA_ARCH_LIST  GPU architectures, as for any torch extension
   RINGDIST_DEBUG_BUILD  1: -O0 -g with AddressSanitizer and UBSan
+  TORCH_RINGDIST_TESTING  1: with the test hooks (_C.testing, RINGDIST_TEST_* fault
+                        injection) that the test suite needs; never for a release
   MAX_JOBS              parallel compile jobs
   CMAKE_ARGS            further arguments for the CMake configure step
 """
@@ -48,6 +50,13 @@ def cmake_cuda_setting():
     return {"": "AUTO", "0": "OFF", "1": "ON"}[wanted]
 
 
+def testing_build():
+    wanted = os.environ.get("TORCH_RINGDIST_TESTING", "0")
+    if wanted not in ("0", "1"):
+        raise SystemExit(f"TORCH_RINGDIST_TESTING must be 0 or 1, got {wanted!r}")
+    return wanted == "1"
+
+
 def cmake_executable():
     """cmake on PATH, else the one of PyPI's cmake package in this environment."""
     cmake = shutil.which("cmake")
@@ -80,6 +89,7 @@ class CMakeBuild(build_ext):
             "-DTORCH_RINGDIST_PYTHON=ON",
             f"-DTORCH_RINGDIST_CUDA={cmake_cuda_setting()}",
             f"-DTORCH_RINGDIST_SANITIZE={'ON' if sanitize else 'OFF'}",
+            f"-DTORCH_RINGDIST_TESTING={'ON' if testing_build() else 'OFF'}",
         ]
         if shutil.which("ninja") and not os.path.exists(os.path.join(build_dir, "Makefile")):
             configure.append("-GNinja")

@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+source scripts/build_cache.sh
 
 # Pinned: an unpinned "torch" would pull the newest CUDA build (several GB).
 "$PY" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"

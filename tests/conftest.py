@@ -17,6 +17,15 @@ from world import World, close_all, default_backend  # noqa: E402
 os.environ.setdefault("RINGDIST_SINGLE_COPY", "1")
 
 
+def pytest_sessionstart(session):
+    from torch_ringdist import _build_config
+    if not getattr(_build_config, "TESTING", False):
+        raise pytest.UsageError(
+            "the suite needs a test build of torch_ringdist (its _C.testing module and fault "
+            "injection): TORCH_RINGDIST_TESTING=1 pip install --no-build-isolation . "
+            "(scripts/test.sh and scripts/quick_check.sh build it so)")
+
+
 @pytest.fixture(scope="session")
 def backend() -> str:
     return default_backend()

@@ -10,6 +10,7 @@ Marked own_build: it compiles its own binaries from the sources, so CI's CUDA-bu
 to the first stage (`-m "not own_build"`).
 """
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -20,8 +21,10 @@ import torch.utils
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERSION = torch.__version__.split("+")[0]
-ARM_TORCH = os.environ.get("RINGDIST_ARM_TORCH",
-                           os.path.join(REPO, "build", "arm-torch", VERSION))
+# Where scripts/setup_arm.sh puts them (scripts/build_cache.sh's RINGDIST_CACHE).
+CACHE = os.environ.get("RINGDIST_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_ringdist")
+ARM_TORCH = os.environ.get("RINGDIST_ARM_TORCH", os.path.join(CACHE, "arm-torch", VERSION))
 QEMU = ["qemu-aarch64-static", "-L", "/usr/aarch64-linux-gnu"]
 
 pytestmark = [pytest.mark.arm, pytest.mark.own_build]
@@ -31,6 +34,14 @@ def _run(cmd, timeout, **kwargs):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
+
+
+def _build_dir(name):
+    """A build folder in the checkout's build/, kept between runs: a rerun builds what changed
+    (and, with ccache, a fresh clone's paths hash as this one's)."""
+    build = pathlib.Path(REPO, "build", f"test-{name}-torch{VERSION}")
+    build.mkdir(parents=True, exist_ok=True)
+    return build
 
 
 def _configure_and_build(build, *options, target=None):
@@ -45,28 +56,28 @@ def _configure_and_build(build, *options, target=None):
 
 
 @pytest.fixture(scope="module")
-def native(tmp_path_factory):
+def native():
     """The engine check built for this machine."""
-    build = tmp_path_factory.mktemp("engine-native")
+    build = _build_dir("engine-native")
     _configure_and_build(build, f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
                          target="ringdist_engine_check")
     return str(build / "ringdist_engine_check")
 
 
 @pytest.fixture(scope="module")
-def cross(tmp_path_factory):
+def cross():
     """Everything cross-built for aarch64, warnings as errors."""
     missing = [tool for tool in ("aarch64-linux-gnu-g++", QEMU[0]) if shutil.which(tool) is None]
     config = os.path.join(ARM_TORCH, "torch", "share", "cmake", "Torch", "TorchConfig.cmake")
     if missing or not os.path.exists(config):
         pytest.fail(f"missing {missing or config}: run scripts/setup_arm.sh")
-    build = tmp_path_factory.mktemp("aarch64")
+    build = _build_dir("aarch64")
     include = _run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
                    60).stdout.strip()
     _configure_and_build(
         build, f"-DCMAKE_TOOLCHAIN_FILE={os.path.join(REPO, 'cmake', 'aarch64-linux-gnu.cmake')}",
         f"-DCMAKE_PREFIX_PATH={os.path.join(ARM_TORCH, 'torch', 'share', 'cmake')}",
-        "-DTORCH_RINGDIST_WERROR=ON", "-DTORCH_RINGDIST_PYTHON=ON",
+        "-DTORCH_RINGDIST_WERROR=ON", "-DTORCH_RINGDIST_PYTHON=ON", "-DTORCH_RINGDIST_TESTING=ON",
         f"-DPython3_EXECUTABLE={sys.executable}", f"-DPython3_INCLUDE_DIR={include}")
     return build
 

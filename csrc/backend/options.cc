@@ -86,9 +86,6 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
   o.mesh.shmRingBytes = envBytes("RINGDIST_SHM_RING_BYTES", kDefaultShmRingBytes, 4096);
   o.mesh.hostLabel = hostLabel(rank, size);
   o.mesh.link.checksums = envFlag("RINGDIST_CRC", false);
-  o.mesh.link.corruptSendAt = envBytes("RINGDIST_TEST_CORRUPT_SEND", 0, 0);
-  o.mesh.link.writeDelay =
-      std::chrono::milliseconds(envInt("RINGDIST_TEST_SINGLE_COPY_WRITE_DELAY_MS", 0));
 
   o.collectives.segmentBytes = envBytes("RINGDIST_SEGMENT_BYTES", kDefaultSegmentBytes, 1);
   o.collectives.smallAllreduceBytes =
@@ -112,7 +109,13 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
   o.collectives.devicePipelineBytes =
       envBytes("RINGDIST_CUDA_PIPELINE_BYTES", kDefaultDevicePipelineBytes, 0);
   o.collectives.deviceFused = envFlag("RINGDIST_CUDA_FUSED", false);
+#if RINGDIST_TESTING
+  // Fault injection, in test builds only (TORCH_RINGDIST_TESTING): a release never reads these.
+  o.mesh.link.corruptSendAt = envBytes("RINGDIST_TEST_CORRUPT_SEND", 0, 0);
+  o.mesh.link.writeDelay =
+      std::chrono::milliseconds(envInt("RINGDIST_TEST_SINGLE_COPY_WRITE_DELAY_MS", 0));
   o.collectives.corruptResultAt = envBytes("RINGDIST_TEST_CORRUPT_RESULT", 0, 0);
+#endif
 
   const int64_t shrinkSeconds = envInt(
       "RINGDIST_SHRINK_TIMEOUT",

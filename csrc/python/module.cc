@@ -6,7 +6,9 @@
 #include "csrc/backend/process_group.h"
 #include "csrc/backend/tensor_ops.h"
 #include "csrc/common/cpu.h"
+#if RINGDIST_TESTING
 #include "csrc/python/testing.h"
+#endif
 #include "torch_ringdist/ringdist.h"
 
 namespace py = pybind11;
@@ -107,7 +109,9 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>(),
         "Shut down every live ringdist group (registered with atexit by torch_ringdist)");
   m.def("reduce_kernel_family", &ringdist::kernelFamily);
-  ringdist::defineTestingModule(m);
+#if RINGDIST_TESTING
+  ringdist::defineTestingModule(m);  // test builds only (TORCH_RINGDIST_TESTING)
+#endif
   // The torch this extension was compiled against: it must be the same minor
   // version as the torch it runs with (python -m torch_ringdist checks).
   m.attr("built_with_torch") = torch_ringdist::builtWithTorch();
