@@ -100,7 +100,16 @@ class CMakeBuild(build_ext):
         subprocess.run([cmake, "--install", build_dir, "--prefix", package_dir], check=True)
 
 
+def torch_requirement():
+    """The torch minor this build is compiled against, the only one it loads in: as a
+    requirement, pip keeps a wheel out of another torch (and never replaces the user's torch,
+    which already satisfies it)."""
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return f"torch=={major}.{minor}.*"
+
+
 setup(
+    install_requires=[torch_requirement()],
     ext_modules=[Extension("torch_ringdist._C", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
 )

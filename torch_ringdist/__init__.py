@@ -9,6 +9,9 @@ at `import torch` through the package's entry point):
 import importlib as _importlib
 import os as _os
 
+# The one place the version is written: pyproject.toml and CMakeLists.txt read it from here.
+__version__ = "0.1.0"
+
 from torch_ringdist import _extension
 from torch_ringdist._registration import BACKEND_NAME, register_backend
 
@@ -24,7 +27,6 @@ from torch_ringdist._recovery import lost_ranks  # noqa: E402
 __all__ = ["BACKEND_NAME", "register_backend", "reduce_kernel_family", "all_reduce",
            "direct_all_reduce", "direct_all_gather", "stats",
            "reset_stats", "lost_ranks", "trace", "hooks", "cmake_prefix_path"]
-__version__ = "0.1.0"
 
 # For C++ users: what to pass as CMAKE_PREFIX_PATH so that CMake's
 # find_package(TorchRingdist) finds lib/cmake/TorchRingdist/ (README, "Using ringdist from C++").
