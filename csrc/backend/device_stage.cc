@@ -16,6 +16,7 @@
 
 #include "csrc/collectives/collectives.h"
 #include "csrc/collectives/device_allreduce.h"
+#include "csrc/collectives/same_gpu.h"
 #include "csrc/collectives/stage_pieces.h"
 #include "csrc/common/error.h"
 #include "csrc/cuda/codec.h"

@@ -10,9 +10,10 @@
 // does its share (its chunk, its block), reading and writing the others'
 // memory over the GPUs' links.
 //
-// Written against SameGpuPlatform, so the same code runs the GPU (CUDA IPC,
-// stream memory operations: csrc/cuda/same_gpu.cu) and, in tests, host
-// memory with a thread per stream (csrc/backend/testing_same_gpu.cc).
+// Written against SameGpuPlatform (same_gpu_platform.h), so the same code
+// runs the GPU (CUDA IPC, stream memory operations: csrc/cuda/same_gpu.cu)
+// and, in tests, host memory with a thread per stream
+// (csrc/backend/testing_same_gpu.cc).
 
 #include <array>
 #include <chrono>
@@ -28,29 +29,10 @@
 
 #include "csrc/collectives/communicator.h"
 #include "csrc/collectives/peer_memory.h"
+#include "csrc/collectives/same_gpu_platform.h"
 #include "csrc/collectives/stream_signals.h"
 
 namespace ringdist {
-
-class SameGpuPlatform : public PeerMemoryOpener {
- public:
-  // Names the `bytes` at `data` for the leader; false, with the reason, when
-  // the memory cannot be lent (memory from expandable segments has no IPC
-  // handle): the call then goes through scratch().
-  virtual bool lend(const void* data, size_t bytes, MemoryRecord* record, std::string* why) = 0;
-  // Lendable memory of at least `bytes` of this rank (slot 0: inputs, 1:
-  // outputs), kept for the platform's life.
-  virtual void* scratch(int slot, size_t bytes) = 0;
-  // Makes the signal page reachable from this rank's queue (`rank` owns
-  // probe[rank] for a trial there).
-  virtual void attach(SharedPage& page, int rank) = 0;
-  virtual void detach(SharedPage& page) noexcept = 0;
-  // 16 bytes naming the device (the GPU's UUID).
-  virtual std::array<uint8_t, 16> deviceId() = 0;
-  // Whether this rank's kernels can read and write memory of `device` (peer
-  // access): ranks on several GPUs go this way only if every pair can.
-  virtual bool reaches(const std::array<uint8_t, 16>& device) = 0;
-};
 
 class SameGpu {
  public:

@@ -1,19 +1,23 @@
 #pragma once
 
-// The same-GPU collectives (csrc/collectives/same_gpu.h) on a CUDA device: tensors lent as (cudaIpcMemHandle_t of their allocation, offset)
-// and opened with cudaIpcOpenMemHandle; the signal page registered with
-// cudaHostRegister; queues that are CUDA streams, whose signals are stream
-// memory operations (cuStreamWriteValue32 / cuStreamWaitValue32, reached
-// through cudaGetDriverEntryPointByVersion as torch reaches the driver, so
-// nothing links libcuda) and whose combine is the fused kernel. Built only
-// with CUDA (RINGDIST_CUDA).
+// The platform of the same-GPU collectives (csrc/collectives/same_gpu.h) on
+// a CUDA device, implementing csrc/collectives/same_gpu_platform.h (all this
+// layer sees of collectives/): tensors lent as (cudaIpcMemHandle_t of their
+// allocation, offset) and opened with cudaIpcOpenMemHandle; the signal page
+// registered with cudaHostRegister; queues that are CUDA streams, whose
+// signals are stream memory operations (cuStreamWriteValue32 /
+// cuStreamWaitValue32, reached through cudaGetDriverEntryPointByVersion as
+// torch reaches the driver, so nothing links libcuda) and whose combine is the
+// fused kernel. Built only with CUDA (RINGDIST_CUDA).
 
 #include <cuda_runtime_api.h>
 
 #include <memory>
 #include <vector>
 
-#include "csrc/collectives/same_gpu.h"
+#include "csrc/collectives/fused.h"
+#include "csrc/collectives/same_gpu_platform.h"
+#include "csrc/common/types.h"
 
 namespace ringdist {
 namespace cuda {
