@@ -512,3 +512,13 @@ def test_bad_options_are_named(world_factory):
     errors = world_factory(2).run(_case_bad_options)[0]
     for key, message in errors.items():
         assert key in message and "diloco" in message, (key, message)
+
+
+def test_optimizer_import_paths():
+    """DiLoCoOptimizer lives in hooks/diloco_optimizer.py; the paths it had still import it."""
+    import torch_ringdist.hooks as hooks
+    from torch_ringdist.hooks.diloco import DiLoCoOptimizer as old_path
+    from torch_ringdist.hooks.diloco_optimizer import DiLoCoOptimizer
+
+    assert hooks.DiLoCoOptimizer is old_path is DiLoCoOptimizer
+    assert "DiLoCoOptimizer" in hooks.__all__

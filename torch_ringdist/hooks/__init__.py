@@ -22,7 +22,8 @@ from torch_ringdist.hooks.accumulate import AccumulateState, accumulate_hook
 from torch_ringdist.hooks.compress import (AllreduceState, CodecState, allreduce_hook, bf16_hook,
                                            fp16_hook, int4_hook, int8_hook)
 from torch_ringdist.hooks.delayed import DelayedState, delayed_hook
-from torch_ringdist.hooks.diloco import DiLoCoOptimizer, DiLoCoState, diloco_hook
+from torch_ringdist.hooks.diloco import DiLoCoState, diloco_hook
+from torch_ringdist.hooks.diloco_optimizer import DiLoCoOptimizer
 from torch_ringdist.hooks.local_sgd import LocalSGDState, local_sgd_hook
 from torch_ringdist.hooks.powersgd import PowerSGDState, powersgd_hook
 from torch_ringdist.hooks.topk import TopKState, topk_hook

@@ -5,13 +5,15 @@ pseudo-gradient (how far each replica moved from the common model theta_global) 
 SGD step, with Nesterov momentum in DiLoCo, moves theta_global; every replica then restarts from
 it and keeps its inner optimizer state. ``local_sgd`` (post-local SGD) is the same round with
 outer learning rate 1 and no momentum: theta_global becomes the replicas' average.
+
+This module holds the round (:class:`DiLoCoState`) and the ``diloco`` DDP hook. The same
+rounds on a module without DDP, and joining a running job: :class:`DiLoCoOptimizer` in
+``hooks/diloco_optimizer.py`` (still importable from here).
 """
 
-import json
 import logging
 import time
 import weakref
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -506,217 +508,6 @@ class DiLoCoState(HookState):
         theta.add_(grad, alpha=-self.outer_lr)
 
 
-_JOIN = "ringdist/diloco/join/"
-# What a joiner takes from rank 0 besides the options and tensors.
-_SHARED_COUNTERS = ("iteration", "averaged_at", "rounds", "shrinks", "admitted", "generation")
-
-
-def _form_generation(store, invite: dict, timeout: float) -> None:
-    """Leaves the current default group (if any) and joins generation ``invite["generation"]``
-    of the job as ``invite["rank"]`` of ``invite["world_size"]``, over a fresh store prefix."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    prefix = dist.PrefixStore(f"{_JOIN}generation/{invite['generation']}/", store)
-    dist.init_process_group("ringdist", store=prefix, rank=invite["rank"],
-                            world_size=invite["world_size"], timeout=timedelta(seconds=timeout))
-
-
-class DiLoCoOptimizer:
-    """DiLoCo on a plain module, without DDP (no gradient buckets, no hook): wraps the inner
-    optimizer, and ``step()`` runs the inner step and then, when due, the round of
-    :class:`DiLoCoState` (same options, same arithmetic). The training loop stays
-    ``opt.zero_grad(); loss.backward(); opt.step()``.
-
-    A fresh run (no ``state``) starts every rank from the parameters of the group's first rank,
-    as DDP's constructor does. Before ``start_step`` each step first averages the gradients
-    over the group (plain, or in ``codec``). ``state_dict()`` holds the inner optimizer's state
-    and the DiLoCo state (pickled by ``torch.save``); ``load_state_dict`` resumes both.
-
-    Joining (``store``): a process started later, or restarted, joins the running job with
-    :meth:`join`. At the end of every period (right after its rounds) the ranks check the
-    store for join requests; when there are some, the default group is re-formed with the
-    joiners as its last ranks (``destroy_process_group`` and ``init_process_group`` over a
-    fresh prefix of the store), and rank 0 hands theta_global, the outer momentum and the
-    counters to every rank; the joiners start from theta_global with zero residuals and a
-    fresh inner optimizer. Re-split the data over ``dist.get_world_size()`` after it. Needs
-    the default group and ``overlap="none"``; the store must outlive every rank (a launcher's
-    or torchrun's), and joiners reach it by address.
-
-    Args:
-        module: the model (its parameters that require gradients take part).
-        optimizer: the inner optimizer over them (e.g. AdamW).
-        process_group: group (None: the default group).
-        state: a :class:`DiLoCoState` to resume (then no options).
-        store: a ``dist.Store`` every rank and joiner reaches: admits joiners (above).
-        join_timeout: seconds the re-formed group's creation may take.
-        **options: :class:`DiLoCoState`'s options.
-
-    Example::
-
-        >>> opt = torch_ringdist.hooks.DiLoCoOptimizer(model, torch.optim.AdamW(model.parameters()),
-        ...                                            period=50, codec="int8")
-    """
-
-    def __init__(self, module, optimizer, process_group=None, state=None, store=None,
-                 join_timeout: float = 60.0, **options):
-        what = "torch_ringdist.hooks.DiLoCoOptimizer"
-        if state is not None and options:
-            raise ValueError(f"{what}: pass either a state or options")
-        self.module = module
-        self.optimizer = optimizer
-        self.process_group = process_group
-        self.store = store
-        self.join_timeout = join_timeout
-        if state is None:
-            state = DiLoCoState(process_group=process_group, **options)
-            self._broadcast_parameters()
-        if store is not None and (process_group is not None or state.overlap != "none"):
-            raise ValueError(f"{what}: joining (store=) needs the default group and "
-                             f"overlap='none', got process_group={process_group!r}, "
-                             f"overlap={state.overlap!r}")
-        state.process_group = process_group
-        self.state = state
-        state.bind_module(module)
-
-    @classmethod
-    def join(cls, module, optimizer, store, timeout: float = 300.0, join_timeout: float = 60.0):
-        """Joins a running job whose DiLoCoOptimizer has this ``store``: asks to be admitted,
-        waits (up to ``timeout`` seconds) for the end of the job's next period, joins the
-        re-formed default group (``init_process_group``; none may be initialised here) and
-        receives the job's options, counters, theta_global and outer momentum. Returns the
-        optimizer; ``state.iteration`` is the job's step count.
-
-        Example::
-
-            >>> opt = DiLoCoOptimizer.join(model, torch.optim.AdamW(model.parameters()), store)
-            >>> for step in range(opt.state.iteration, total): ...
-        """
-        ticket = store.add(_JOIN + "requests", 1) - 1
-        key = _JOIN + f"invite/{ticket}"
-        try:
-            store.wait([key], timedelta(seconds=timeout))
-        except Exception as exc:  # noqa: BLE001 (the store's timeout error, re-raised with context)
-            raise RuntimeError(f"torch_ringdist.hooks.DiLoCoOptimizer.join: join request "
-                               f"{ticket} not admitted within {timeout} s (is the job running "
-                               f"with store=?): {exc}") from exc
-        _form_generation(store, json.loads(store.get(key)), join_timeout)
-        header = [None]
-        dist.broadcast_object_list(header, src=0)
-        state = DiLoCoState(**header[0]["options"])
-        opt = cls(module, optimizer, state=state, store=store, join_timeout=join_timeout)
-        opt._share_state(header[0])
-        return opt
-
-    def _admit_joiners(self) -> None:
-        """At the end of a period: when join requests wait, re-forms the default group with
-        the joiners as its last ranks and shares the state with them."""
-        state = self.state
-        pending = torch.tensor([self.store.add(_JOIN + "requests", 0)], dtype=torch.int64)
-        dist.all_reduce(pending, op=dist.ReduceOp.MAX)  # one answer for every rank
-        newcomers = int(pending.item()) - state.admitted
-        if newcomers <= 0:
-            return
-        start = time.monotonic()
-        rank, world = dist.get_rank(), dist.get_world_size()
-        generation = state.generation + 1
-        if rank == 0:
-            for i in range(newcomers):
-                invite = {"generation": generation, "rank": world + i,
-                          "world_size": world + newcomers}
-                self.store.set(_JOIN + f"invite/{state.admitted + i}", json.dumps(invite))
-        _form_generation(self.store, {"generation": generation, "rank": rank,
-                                      "world_size": world + newcomers}, self.join_timeout)
-        state.admitted += newcomers
-        state.generation = generation
-        state.process_group = self.process_group = None
-        header = [{"options": {k: getattr(state, k) for k in state._options},
-                   "counters": {k: getattr(state, k) for k in _SHARED_COUNTERS},
-                   "anchor": state.anchor is not None,
-                   "momentum": sorted(state.momentum_buffers)} if rank == 0 else None]
-        dist.broadcast_object_list(header, src=0)
-        self._share_state(header[0])
-        logger.warning("diloco: admitted %s joiner(s); the group has %s ranks (%.0f ms)",
-                       newcomers, dist.get_world_size(), (time.monotonic() - start) * 1000)
-
-    @torch.no_grad()
-    def _share_state(self, header: dict) -> None:
-        """Rank 0's counters, theta_global and outer momentum on every rank (joiners take them;
-        the others hold the same already); joiners start from theta_global."""
-        state = self.state
-        joining = state.admitted != header["counters"]["admitted"]
-        for k, v in header["counters"].items():
-            setattr(state, k, v)
-        if header["anchor"] and state.anchor is None:
-            state._set_anchor()  # allocated here, received below
-        for f in range(state.fragments):
-            tensors = state._fragment_tensors(f)
-            if state.anchor is None:  # plain averaging: the parameters are the average
-                dist.broadcast(_gather(tensors, state._work_buffer(f)), src=0)
-                theta = state._work_buffer(f)
-            else:
-                theta = state.anchor[f]
-                dist.broadcast(theta, src=0)
-            if f in header["momentum"]:
-                buf = state.momentum_buffers.get(f)
-                if buf is None:
-                    buf = state.momentum_buffers[f] = torch.zeros_like(theta)
-                dist.broadcast(buf, src=0)
-            if joining:
-                _scatter(theta, tensors)
-
-    @torch.no_grad()
-    def _broadcast_parameters(self) -> None:
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        if not params:
-            return
-        group = self.process_group
-        source = dist.get_global_rank(group, 0) if group is not None else 0
-        flat = _gather(params, _new_flat(torch.float64))
-        dist.broadcast(flat, src=source, group=group)
-        _scatter(flat, params)
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def step(self, closure=None):
-        state = self.state
-        if state.iteration < state.start_step:
-            self._average_gradients()
-        loss = self.optimizer.step(closure)
-        state.iteration += 1
-        state.after_step()
-        local = state.iteration - state.start_step
-        if self.store is not None and local > 0 and local % state.period == 0:
-            self._admit_joiners()
-        return loss
-
-    @torch.no_grad()
-    def _average_gradients(self) -> None:
-        grads = [p.grad for _, p in self.state._named_params() if p.grad is not None]
-        if not grads:
-            return
-        flat = _gather(grads, _new_flat())
-        group = self.state.process_group  # a shrink replaces it
-        if self.state.codec is None:
-            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)
-        else:
-            compressed_bucket(group, flat, self.state.codec, "diloco").wait()
-        _scatter(flat, grads)
-
-    def state_dict(self) -> dict:
-        return {"inner": self.optimizer.state_dict(), "diloco": self.state}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.optimizer.load_state_dict(state_dict["inner"])
-        self.state.__setstate__(state_dict["diloco"].__getstate__())
-        self.state.process_group = self.process_group
-        self.state.bind_module(self.module)
-
-
 def diloco_hook(state: DiLoCoState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DiLoCo. See :class:`DiLoCoState`.
 
@@ -731,3 +522,11 @@ def diloco_hook(state: DiLoCoState, bucket) -> torch.futures.Future[torch.Tensor
 
 
 add_hook("diloco", diloco_hook, DiLoCoState)
+
+
+def __getattr__(name):
+    # DiLoCoOptimizer lived here; it imports this module, so it is re-exported lazily.
+    if name == "DiLoCoOptimizer":
+        from torch_ringdist.hooks.diloco_optimizer import DiLoCoOptimizer
+        return DiLoCoOptimizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
