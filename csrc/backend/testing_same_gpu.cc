@@ -33,8 +33,8 @@
 #include "csrc/collectives/collectives.h"
 #include "csrc/collectives/same_gpu.h"
 #include "csrc/common/error.h"
+#include "csrc/common/shared_memory.h"
 #include "csrc/reduce/reduce.h"
-#include "csrc/transport/shm/segment.h"
 
 namespace ringdist::testing {
 
@@ -214,7 +214,7 @@ class HostPlatform final : public SameGpuPlatform {
     const char* path = reinterpret_cast<const char*>(record.handle);
     const int fd = ::open(path, O_RDWR | O_CLOEXEC);
     RINGDIST_CHECK(fd >= 0, "test arena: open(", path, ") failed: ", std::strerror(errno));
-    void* base = shm::mapShared(fd, record.allocationBytes, &bytes, path);
+    void* base = mapShared(fd, record.allocationBytes, &bytes, path);
     sizes_[base] = bytes;
     return base;
   }

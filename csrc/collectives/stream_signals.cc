@@ -1,12 +1,8 @@
 #include "csrc/collectives/stream_signals.h"
 
-#include <sys/mman.h>
-
 #include <new>
-#include <utility>
 
 #include "csrc/common/error.h"
-#include "csrc/transport/shm/segment.h"
 
 namespace ringdist {
 
@@ -25,9 +21,8 @@ void raiseTo(SignalWord& word, uint32_t value) {
 
 SharedPage SharedPage::create() {
   SharedPage page;
-  page.base_ = shm::createShared(kBytes, &page.name_);
-  page.linked_ = true;
-  auto* signals = new (page.base_) SignalPage{};  // zero-filled: every counter at 0
+  page.mapping_ = SharedMapping::create(kBytes);
+  auto* signals = new (page.mapping_.base()) SignalPage{};  // zero-filled: every counter at 0
   std::atomic_thread_fence(std::memory_order_release);
   signals->magic = kPageMagic;
   return page;
@@ -35,42 +30,11 @@ SharedPage SharedPage::create() {
 
 SharedPage SharedPage::open(const std::string& name) {
   SharedPage page;
-  size_t bytes = 0;
-  page.base_ = shm::openShared(name, kBytes, &bytes);
-  page.name_ = name;
+  page.mapping_ = SharedMapping::open(name, kBytes);
   std::atomic_thread_fence(std::memory_order_acquire);
   RINGDIST_CHECK(page.signals()->magic == kPageMagic, "ringdist: shared memory ", name,
                  " is not a ringdist signal page");
   return page;
-}
-
-SharedPage::SharedPage(SharedPage&& other) noexcept { *this = std::move(other); }
-
-SharedPage& SharedPage::operator=(SharedPage&& other) noexcept {
-  if (this != &other) {
-    this->~SharedPage();
-    name_ = std::move(other.name_);
-    base_ = other.base_;
-    linked_ = other.linked_;
-    other.base_ = nullptr;
-    other.linked_ = false;
-  }
-  return *this;
-}
-
-SharedPage::~SharedPage() {
-  unlinkName();
-  if (base_ != nullptr) {
-    ::munmap(base_, kBytes);
-    base_ = nullptr;
-  }
-}
-
-void SharedPage::unlinkName() {
-  if (linked_) {
-    ::shm_unlink(name_.c_str());
-    linked_ = false;
-  }
 }
 
 StreamSignals::StreamSignals(SignalPage* page, int rank, int ranks, int leader)

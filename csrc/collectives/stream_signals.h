@@ -46,6 +46,7 @@
 #include <string>
 
 #include "csrc/collectives/fused.h"
+#include "csrc/common/shared_memory.h"
 
 namespace ringdist {
 
@@ -108,24 +109,16 @@ class SharedPage {
  public:
   static SharedPage create();                     // fresh, unguessable name
   static SharedPage open(const std::string& name);  // one that a peer created
-  SharedPage() = default;
-  SharedPage(SharedPage&& other) noexcept;
-  SharedPage& operator=(SharedPage&& other) noexcept;
-  SharedPage(const SharedPage&) = delete;
-  SharedPage& operator=(const SharedPage&) = delete;
-  ~SharedPage();
 
-  SignalPage* signals() const { return static_cast<SignalPage*>(base_); }
+  SignalPage* signals() const { return static_cast<SignalPage*>(mapping_.base()); }
   size_t bytes() const { return kBytes; }
-  const std::string& name() const { return name_; }
-  void unlinkName();  // once every rank opened it; the mapping stays
+  const std::string& name() const { return mapping_.name(); }
+  void unlinkName() { mapping_.unlinkName(); }  // once every rank opened it; the mapping stays
 
   static constexpr size_t kBytes = 20 * 4096;
 
  private:
-  std::string name_;
-  void* base_ = nullptr;
-  bool linked_ = false;
+  SharedMapping mapping_;
 };
 
 // The protocol above, for one rank of one group. leader: the rank whose

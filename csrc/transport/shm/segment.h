@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "csrc/common/shared_memory.h"
 #include "csrc/transport/board.h"
 
 namespace ringdist {
@@ -65,15 +66,6 @@ enum SingleCopyState : uint32_t {
 // let go of, is not yet a zombie).
 uint64_t processStartTime(int pid);
 
-// A new shared-memory object of `bytes` (zero-filled, mode 0600) under a
-// fresh unguessable name, mapped; and one a peer created, mapped (at least
-// minBytes long). Both throw Error naming what failed.
-void* createShared(size_t bytes, std::string* name);
-void* openShared(const std::string& name, size_t minBytes, size_t* bytes);
-// The whole of the shared memory behind `fd` (named `name` in errors),
-// mapped if at least minBytes long; closes fd.
-void* mapShared(int fd, size_t minBytes, size_t* bytes, const std::string& name);
-
 struct alignas(64) RingControl {
   alignas(64) std::atomic<uint64_t> head;  // bytes written (writer only)
   alignas(64) std::atomic<uint64_t> tail;  // bytes read (reader only)
@@ -98,15 +90,8 @@ class Segment {
   // Maps an existing segment by name.
   static Segment open(const std::string& name);
 
-  Segment() = default;
-  Segment(Segment&& other) noexcept;
-  Segment& operator=(Segment&& other) noexcept;
-  Segment(const Segment&) = delete;
-  Segment& operator=(const Segment&) = delete;
-  ~Segment();
-
-  const std::string& name() const { return name_; }
-  void unlinkName();  // idempotent; the mapping stays valid
+  const std::string& name() const { return mapping_.name(); }
+  void unlinkName() { mapping_.unlinkName(); }  // idempotent; the mapping stays valid
 
   int localRanks() const { return static_cast<int>(header()->localRanks); }
   size_t ringBytes() const { return header()->ringBytes; }
@@ -117,13 +102,10 @@ class Segment {
 
  private:
   static size_t totalBytes(int localRanks, size_t ringBytes);
-  SegmentHeader* header() const { return static_cast<SegmentHeader*>(base_); }
+  SegmentHeader* header() const { return static_cast<SegmentHeader*>(mapping_.base()); }
+  char* base() const { return static_cast<char*>(mapping_.base()); }
 
-  std::string name_;
-  void* base_ = nullptr;
-  size_t bytes_ = 0;
-  bool owner_ = false;  // creator: unlinks on destruction if still linked
-  bool linked_ = false;
+  SharedMapping mapping_;  // the creator's unlinks the name at the latest when it ends
 };
 
 }  // namespace shm
