@@ -1,7 +1,20 @@
 """Loads the compiled extension with an error message that says what to do."""
 import importlib
+import os
 
-REINSTALL = "pip install --no-build-isolation --force-reinstall --no-deps torch_ringdist"
+# torch_ringdist is built from its source checkout (it is not on the package index).
+REINSTALL = ("pip install --no-build-isolation --force-reinstall --no-deps <your torch_ringdist "
+             "checkout>")
+
+
+def source_checkout():
+    """The checkout this package is imported from when it is an unbuilt source folder (no
+    compiled extension beside it), else None."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(package)
+    built = any(name.startswith("_C.") and name.endswith(".so") for name in os.listdir(package))
+    is_checkout = all(os.path.exists(os.path.join(root, f)) for f in ("setup.py", "CMakeLists.txt"))
+    return root if is_checkout and not built else None
 
 
 def minor(version: str) -> str:
@@ -50,10 +63,18 @@ def load():
     except ImportError as exc:
         import torch
 
+        checkout = source_checkout()
+        if checkout is not None:
+            raise ImportError(
+                f"torch_ringdist is imported from the source checkout {checkout} (Python looks "
+                "in the current folder first), which holds no compiled extension. Build it in "
+                f"place, so the checkout is the installed package: `pip install "
+                f"--no-build-isolation -e {checkout}` (it is rebuilt by the same command after "
+                "a torch minor-version change); or run from another folder, or with `python -P`."
+            ) from exc
         raise ImportError(
             "torch_ringdist: the compiled extension torch_ringdist._C could not be loaded "
             f"({exc}). Build it against the installed torch ({torch.__version__}) with "
             f"`{REINSTALL}`; the extension must be rebuilt after every torch minor-version "
-            "change. If you are running from the source checkout, its torch_ringdist/ folder "
-            "may be shadowing the installed package."
+            "change."
         ) from exc

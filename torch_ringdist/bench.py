@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from queue import Empty
 
 import torch
 import torch.distributed as dist
@@ -71,16 +72,23 @@ def _measure(size: int, rank: int, world: int) -> tuple[float, int]:
 
 
 def _rank(rank: int, world: int, backend: str, store: str, sizes: list[int], queue) -> None:
-    import torch_ringdist  # noqa: F401  (registers "ringdist")
-    torch.set_num_threads(1)
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
-    rows = [_measure(size, rank, world) for size in sizes]
-    dist.destroy_process_group()
+    try:
+        import torch_ringdist  # noqa: F401  (registers "ringdist")
+        torch.set_num_threads(1)
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
+                                world_size=world)
+        rows = [_measure(size, rank, world) for size in sizes]
+        dist.destroy_process_group()
+    except BaseException as exc:  # the parent names it and stops the other ranks
+        queue.put(("error", rank, f"{type(exc).__name__}: {exc}"))
+        raise SystemExit(1)
     if rank == 0:
-        queue.put(rows)
+        queue.put(("rows", rank, rows))
 
 
 def _run(backend: str, world: int, sizes: list[int]) -> list[tuple[float, int]]:
+    """Runs the ranks; rank 0's rows. A rank that fails or dies ends the run within a second,
+    with its error."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local ranks: gloo on loopback
@@ -90,17 +98,38 @@ def _run(backend: str, world: int, sizes: list[int]) -> list[tuple[float, int]]:
                  for r in range(world)]
         for p in procs:
             p.start()
+        rows = None
         try:
-            rows = queue.get(timeout=300)
+            rows = _wait_for_rows(backend, procs, queue, deadline=time.monotonic() + 300)
         finally:
-            for p in procs:
-                p.join(timeout=30)
+            for p in procs:  # after a failure the others may wait for the lost rank: kill them
+                p.join(timeout=30 if rows is not None else 1)
                 if p.is_alive():
                     p.kill()
     failed = [p.exitcode for p in procs if p.exitcode not in (0, None)]
     if failed:
-        raise SystemExit(f"{backend}: a rank exited with code {failed[0]}")
+        raise SystemExit(f"torch_ringdist.bench: {backend}: a rank exited with code {failed[0]}")
     return rows
+
+
+def _wait_for_rows(backend, procs, queue, deadline):
+    dead_since = None
+    while time.monotonic() < deadline:
+        try:
+            kind, rank, payload = queue.get(timeout=0.1)
+        except Empty:
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                # Give its error message a moment to arrive, then report the exit code alone.
+                dead_since = dead_since or time.monotonic()
+                if time.monotonic() - dead_since > 0.5:
+                    raise SystemExit(f"torch_ringdist.bench: {backend} rank {dead[0]} died "
+                                     f"(exit code {procs[dead[0]].exitcode})")
+            continue
+        if kind == "error":
+            raise SystemExit(f"torch_ringdist.bench: {backend} rank {rank} failed: {payload}")
+        return payload
+    raise SystemExit(f"torch_ringdist.bench: {backend} gave no result within 300 s")
 
 
 def _git(*args: str) -> str | None:

@@ -759,22 +759,15 @@ void Communicator::close(std::chrono::milliseconds maxWait) {
   closed_ = true;
   if (!aborted_ && size_ > 1 && rendezvous_) {
     try {
+      const auto deadline = Clock::now() + maxWait;
+      // Every rank closing: nobody needs our last bytes any more.
       rendezvous_->add("ringdist/closing", 1);
-      auto deadline = Clock::now() + maxWait;
-      auto sleep = std::chrono::milliseconds(1);
-      while (rendezvous_->add("ringdist/closing", 0) < size_ && Clock::now() < deadline) {
-        // Keep moving queued sends: a peer may still need our last bytes.
-        progress();
-        // A peer that closed its links (it aborted) or died will never count itself in,
-        // and needs nothing more from us: stop waiting for it.
-        for (auto& ch : channels_) {
-          if (ch) {
-            ch->checkOpen();
-            ch->checkAlive();
-          }
-        }
-        std::this_thread::sleep_for(sleep);
-        sleep = std::min(sleep * 2, std::chrono::milliseconds(50));
+      awaitCount("ringdist/closing", deadline);
+      // Rank 0 leaves last. In a plain env:// launch its process hosts the store: a peer
+      // still polling it after it exited would fail (and TCPStore logs a stack trace).
+      rendezvous_->add("ringdist/closed", 1);
+      if (rank_ == 0) {
+        awaitCount("ringdist/closed", deadline);
       }
     } catch (const std::exception& e) {
       logDebug(strCat("rank ", rank_, ": teardown barrier skipped: ", e.what()));
@@ -784,6 +777,24 @@ void Communicator::close(std::chrono::milliseconds maxWait) {
     if (ch) {
       ch->close();
     }
+  }
+}
+
+void Communicator::awaitCount(const std::string& key, Clock::time_point deadline) {
+  auto sleep = std::chrono::milliseconds(1);
+  while (rendezvous_->add(key, 0) < size_ && Clock::now() < deadline) {
+    // Keep moving queued sends: a peer may still need our last bytes.
+    progress();
+    // A peer that closed its links (it aborted) or died will never count itself in, and
+    // needs nothing more from us: stop waiting for it (throws).
+    for (auto& ch : channels_) {
+      if (ch) {
+        ch->checkOpen();
+        ch->checkAlive();
+      }
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::milliseconds(50));
   }
 }
 

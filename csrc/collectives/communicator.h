@@ -252,10 +252,13 @@ class Communicator {
   std::string describeError(const std::string& what);
 
   // Orderly teardown: waits (bounded) until every rank reached close, so no
-  // rank closes a connection a peer may still read from.
+  // rank closes a connection a peer may still read from; rank 0 leaves last.
   void close(std::chrono::milliseconds maxWait);
 
  private:
+  // Teardown: until the rendezvous counter `key` reaches the group's size, a peer closed its
+  // links or died (throws), or the deadline.
+  void awaitCount(const std::string& key, std::chrono::steady_clock::time_point deadline);
   std::string pendingPeers() const;
   void setUpHierarchy();
   // Throws if abort was requested or the op's deadline passed.
