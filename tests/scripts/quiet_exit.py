@@ -1,0 +1,53 @@
+"""Ranks of the teardown test (tests/test_teardown.py). Modes:
+  env      init from the environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT: under torchrun, or
+           a plain launch where rank 0's process hosts the store), one allreduce, destroy
+  spawn    the parent of a torch.multiprocessing.spawn world doing the same (rank 0 hosts)
+  failed   rank 1 exits at once after init; rank 0's allreduce fails, and rank 0 prints how
+           long destroy_process_group and the rest of its exit took after that failure
+"""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def one_allreduce():
+    dist.init_process_group("ringdist")
+    t = torch.ones(1000)
+    dist.all_reduce(t)
+    assert t[0].item() == dist.get_world_size()
+    dist.destroy_process_group()
+
+
+def spawned_rank(rank, world):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    one_allreduce()
+
+
+def failed_peer():
+    dist.init_process_group("ringdist")
+    if dist.get_rank() == 1:
+        os._exit(3)  # gone without a word
+    try:
+        dist.all_reduce(torch.ones(1 << 16))
+    except RuntimeError:
+        failed_at = time.monotonic()
+    else:
+        raise AssertionError("the allreduce with a dead peer succeeded")
+    dist.destroy_process_group()
+    print(f"EXIT_AFTER_FAILURE {time.monotonic() - failed_at:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "env":
+        one_allreduce()
+    elif mode == "spawn":
+        import torch.multiprocessing as mp
+        mp.spawn(spawned_rank, args=(2,), nprocs=2)
+    elif mode == "failed":
+        failed_peer()
+    else:
+        raise SystemExit(f"unknown mode {mode}")

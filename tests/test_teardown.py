@@ -1,0 +1,61 @@
+"""Teardown is silent in every launch style: torchrun, torch.multiprocessing.spawn, and a plain
+env:// launch where rank 0's process hosts the store (C++ launches: test_cpp.py). Each style runs
+RINGDIST_TEARDOWN_RUNS times (3 in the suite; the release check runs 20) and no run may print a
+stack trace or a store error. A rank whose peer already failed exits within 1 s."""
+import os
+import re
+import sys
+
+import pytest
+
+from procs import Launched, free_port, torchrun_cmd, world_envs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "scripts", "quiet_exit.py")
+RUNS = int(os.environ.get("RINGDIST_TEARDOWN_RUNS", "3"))
+# What noise looks like: a Python or C++ stack trace, or TCPStore complaining of a lost server.
+NOISE = re.compile(r"Traceback|frame #\d|recvValue failed|Connection was likely closed")
+
+pytestmark = pytest.mark.slow
+
+
+def _launch(style):
+    """One run in that launch style: [(returncode, output)] by process."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if style == "torchrun":
+        cmds, envs = [torchrun_cmd(2, SCRIPT, "env")], [env]
+    elif style == "spawn":
+        cmds = [[sys.executable, SCRIPT, "spawn"]]
+        envs = [dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))]
+    else:  # plain: two processes, rank 0 hosts the store
+        cmds, envs = [[sys.executable, SCRIPT, "env"]] * 2, world_envs(2, free_port())
+    with Launched(cmds, envs, merge_stderr=True) as run:
+        results = run.communicate(120)
+    assert not run.timed_out, f"{style} run timed out:\n" + "\n".join(out for _, out, _ in results)
+    return [(code, out) for code, out, _ in results]
+
+
+@pytest.mark.parametrize("style", ["torchrun", "spawn", "plain"])
+def test_teardown_is_silent(style):
+    noisy = []
+    for run in range(RUNS):
+        for code, out in _launch(style):
+            assert code == 0, f"{style} run {run}: exit code {code}\n{out[-3000:]}"
+            if NOISE.search(out):
+                noisy.append(f"--- run {run} ---\n{out[-3000:]}")
+    assert not noisy, f"{len(noisy)} of {RUNS} {style} runs were noisy:\n" + "\n".join(noisy[:2])
+
+
+def test_rank_exits_within_a_second_of_its_peer_failing():
+    (code0, out0), (code1, _) = [(c, o) for c, o, _ in _run_failed()]
+    assert code1 == 3 and code0 == 0, out0[-3000:]
+    seconds = float(re.search(r"EXIT_AFTER_FAILURE (\S+)", out0).group(1))
+    assert seconds < 1.0, f"rank 0 took {seconds:.2f} s to exit after its peer failed"
+
+
+def _run_failed():
+    with Launched([[sys.executable, SCRIPT, "failed"]] * 2, world_envs(2, free_port()),
+                  merge_stderr=True) as run:
+        results = run.communicate(120)
+    assert not run.timed_out, "\n".join(out for _, out, _ in results)
+    return results
