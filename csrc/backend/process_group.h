@@ -13,7 +13,7 @@
 #include "csrc/backend/flight_recorder.h"
 #include "csrc/backend/worker.h"
 #include "csrc/common/options.h"
-#include "csrc/transport/shm/connect.h"
+#include "csrc/transport/host_identity.h"
 #include "torch_ringdist/export.h"
 
 namespace ringdist {
@@ -122,7 +122,7 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // Transport used to reach each rank ("tcp", "shm", "self").
   const std::vector<std::string>& transports() const { return transports_; }
   // Whether this host's ranks copy large buffers straight between them, and why.
-  const shm::SameHostCopy& sameHostCopy() const { return sameHostCopy_; }
+  const SameHostCopy& sameHostCopy() const { return sameHostCopy_; }
   // Large allreduces on uniform multi-host groups: {ranks of our host, ranks
   // at our position on every host}, each in ring order; empty for one flat ring.
   std::vector<std::vector<int>> allreduceRings() const;
@@ -230,7 +230,7 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   size_t devicePipelineBytes_ = 0;  // staged operations from here copy while the ring runs
   std::mutex sameGpuSetUp_;    // one thread decides per device
   std::vector<std::string> transports_;
-  shm::SameHostCopy sameHostCopy_;
+  SameHostCopy sameHostCopy_;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequenceNumber_{0};
 };

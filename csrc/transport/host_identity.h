@@ -33,4 +33,15 @@ struct PeerRecord {
   static PeerRecord decode(const std::vector<uint8_t>& bytes, int rank);
 };
 
+// How the ranks of one host copy large buffers between them, and why: chosen
+// when they connect over shared memory (shm/connect.h), reported by the mesh
+// (mesh.h), so it sits here, where neither names the other.
+struct SameHostCopy {
+  bool singleCopy = false;  // straight between buffers (process_vm_readv/writev), else the rings
+  std::string why;
+  // The copy probe's figures, summed over the host's ranks (0: not measured).
+  double kernelCopyUs = 0;
+  double ringCopyUs = 0;
+};
+
 }  // namespace ringdist

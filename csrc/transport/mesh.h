@@ -6,8 +6,9 @@
 
 #include "csrc/common/options.h"
 #include "csrc/common/rendezvous.h"
+#include "csrc/transport/board.h"
 #include "csrc/transport/channel.h"
-#include "csrc/transport/shm/connect.h"
+#include "csrc/transport/host_identity.h"
 
 namespace ringdist {
 
@@ -16,7 +17,7 @@ struct Mesh {
   std::vector<int> ring;                            // ranks in ring order
   std::vector<int> hostOf;                          // by rank: host index, numbered in ring order
   std::vector<std::string> transportOf;             // by rank: "tcp", "shm" or "self"
-  shm::SameHostCopy sameHostCopy;                   // this host's ranks, over shared memory
+  SameHostCopy sameHostCopy;                        // this host's ranks, over shared memory
   std::shared_ptr<Board> board;  // every rank on this host over shared memory, else null
 };
 

@@ -8,18 +8,10 @@
 #include "csrc/common/rendezvous.h"
 #include "csrc/transport/board.h"
 #include "csrc/transport/channel.h"
+#include "csrc/transport/host_identity.h"
 
 namespace ringdist {
 namespace shm {
-
-// How the ranks of one host copy large buffers between them, and why.
-struct SameHostCopy {
-  bool singleCopy = false;  // straight between buffers (process_vm_readv/writev), else the rings
-  std::string why;
-  // The copy probe's figures, summed over the host's ranks (0: not measured).
-  double kernelCopyUs = 0;
-  double ringCopyUs = 0;
-};
 
 // Connects this rank to the other ranks of `local` (sorted, this rank among
 // them; all on this host) through one shared-memory segment: the lowest
