@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 
+#include "csrc/backend/options.h"
 #include "csrc/backend/process_group.h"
 #include "csrc/transport/mesh.h"
 
@@ -16,6 +17,8 @@ namespace torch_ringdist {
 
 namespace {
 
+// Launcher variables only (MASTER_ADDR): RINGDIST_* are read in
+// csrc/backend/options.cc.
 std::string envOr(const char* name, const char* fallback) {
   const char* value = std::getenv(name);
   return value != nullptr ? value : fallback;
@@ -45,7 +48,7 @@ std::string chooseAddress(const c10::intrusive_ptr<c10d::Store>& store) {
   if (host.empty()) {
     host = envOr("MASTER_ADDR", "");
   }
-  return ringdist::chooseListenAddress(envOr("RINGDIST_SOCKET_IFNAME", ""), host);
+  return ringdist::chooseListenAddress(ringdist::socketInterfaceFromEnvironment(), host);
 }
 
 ringdist::ProcessGroupRingdist& asRingdist(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {

@@ -132,4 +132,6 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
   return o;
 }
 
+std::string socketInterfaceFromEnvironment() { return envString("RINGDIST_SOCKET_IFNAME", ""); }
+
 }  // namespace ringdist

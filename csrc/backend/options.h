@@ -13,4 +13,8 @@ namespace ringdist {
 Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds timeout,
                                const std::string& bindIp);
 
+// RINGDIST_SOCKET_IFNAME, the interface a group listens on ("" when unset):
+// the API chooses the bind address from it before there is a group.
+std::string socketInterfaceFromEnvironment();
+
 }  // namespace ringdist
