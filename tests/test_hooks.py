@@ -561,3 +561,55 @@ def test_registry_and_example_hooks():
         hooks.make_state("int3")
     with pytest.raises(ValueError, match="bad options"):
         hooks.make_state("int8", ratio=0.1)
+
+
+@pytest.mark.quick
+def test_a_misspelt_option_names_the_hook_its_options_and_the_closest():
+    """Checked before any state is built (the model is not touched): no internal
+    ``CodecState.__init__() got an unexpected keyword``."""
+    import torch_ringdist.hooks as hooks
+
+    with pytest.raises(ValueError) as info:
+        hooks.register(object(), "int8", error_feedbak=True)
+    msg = str(info.value)
+    assert "hook 'int8'" in msg and "'error_feedbak'" in msg, msg
+    assert "did you mean 'error_feedback'?" in msg, msg
+    assert "Its options: error_feedback, process_group" in msg, msg
+    assert "__init__" not in msg and "CodecState" not in msg, msg
+
+    with pytest.raises(ValueError, match=r"did you mean 'optimizer'\?.*register also takes "
+                                         r"optimizer"):
+        hooks.register(object(), "diloco", optimzer=None)
+    with pytest.raises(ValueError) as info:  # several at once, each with its suggestion
+        hooks.make_state("diloco", peroid=10, outerlr=1.0)
+    msg = str(info.value)
+    assert "no options 'peroid', 'outerlr'" in msg, msg
+    assert "'period' for 'peroid', 'outer_lr' for 'outerlr'" in msg, msg
+    # A wrapping hook passes its other options on: both hooks' options are listed.
+    with pytest.raises(ValueError) as info:
+        hooks.make_state("accumulate", steps=2, hook="topk", ration=0.1)
+    msg = str(info.value)
+    assert "hook 'accumulate'" in msg and "did you mean 'ratio'?" in msg, msg
+    assert "Its options: steps, hook, process_group; those of the wrapped hook 'topk': " \
+           "ratio, error_feedback, process_group" in msg, msg
+    with pytest.raises(ValueError, match=r"no option 'codec'\. Its options: process_group$"):
+        hooks.make_state("allreduce", codec="int8")  # nothing close: the list alone
+    with pytest.raises(ValueError, match=r"unknown hook 'int3'; did you mean 'int8'\? "
+                                         r"Available: accumulate, allreduce, "):
+        hooks.make_state("int3")
+
+
+@pytest.mark.quick
+def test_choices_in_messages_are_plain_lists():
+    import torch_ringdist.hooks as hooks
+
+    for name, options in (("int8", None), ("diloco", {"codec": "int2"}),
+                          ("local_sgd", {"codec": "int2"})):
+        with pytest.raises(ValueError) as info:
+            if options is None:
+                hooks.CodecState("int2")
+            else:
+                hooks.make_state(name, **options)
+        assert "(known: fp16, bf16, int8, int4)" in str(info.value), (name, str(info.value))
+    with pytest.raises(ValueError, match=r"one of average, local, got 'stale'$"):
+        hooks.make_state("delayed", correction="stale")

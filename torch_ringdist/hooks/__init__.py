@@ -15,7 +15,7 @@ per-bucket residuals and the recorded bucket layout; pass a loaded state to
 import logging
 
 from torch_ringdist.hooks._base import HookState, VirtualBucket
-from torch_ringdist.hooks._registry import available, make_state
+from torch_ringdist.hooks._registry import available, check_options, make_state
 from torch_ringdist.hooks._registry import lookup as _lookup
 # Each hook module adds its hooks to the registry when imported.
 from torch_ringdist.hooks.accumulate import AccumulateState, accumulate_hook
@@ -55,6 +55,9 @@ def register(model, name: str, state: HookState | None = None, optimizer=None, *
     """
     entry = _lookup(name)
     if state is None:
+        # A misspelt option names the hook, its options and the closest one.
+        check_options(name, options,
+                      ("optimizer",) if issubclass(entry.state_type, DiLoCoState) else ())
         state = make_state(name, **options)
     else:
         if options:

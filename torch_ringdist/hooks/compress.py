@@ -88,7 +88,8 @@ class CodecState(HookState):
     def __init__(self, codec: str, error_feedback: bool = False, process_group=None):
         super().__init__(process_group)
         if codec not in CODECS:
-            raise ValueError(f"torch_ringdist.hooks: unknown codec {codec!r} (known: {CODECS})")
+            raise ValueError(f"torch_ringdist.hooks: unknown codec {codec!r} (known: "
+                             f"{', '.join(CODECS)})")
         self.codec = codec
         self.error_feedback = bool(error_feedback)
         self.residuals: dict[int, torch.Tensor] = {}  # bucket index -> float32 residual

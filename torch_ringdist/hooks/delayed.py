@@ -61,7 +61,7 @@ class DelayedState(HookState):
             raise ValueError(f"torch_ringdist.hooks.delayed: staleness must be >= 1, got {staleness}")
         if correction not in CORRECTIONS:
             raise ValueError(f"torch_ringdist.hooks.delayed: correction must be one of "
-                             f"{CORRECTIONS}, got {correction!r}")
+                             f"{', '.join(CORRECTIONS)}, got {correction!r}")
         self.staleness = int(staleness)
         self.correction = correction
         self.inner = inner_state("delayed", hook, ("delayed", "local_sgd", "diloco", "accumulate"),

@@ -165,7 +165,7 @@ class DiLoCoState(HookState):
         if nesterov and outer_momentum == 0:
             raise ValueError(f"{what}: nesterov needs outer_momentum > 0")
         if codec is not None and codec not in CODECS:
-            raise ValueError(f"{what}: unknown codec {codec!r} (known: {CODECS})")
+            raise ValueError(f"{what}: unknown codec {codec!r} (known: {', '.join(CODECS)})")
         if not isinstance(fragments, int) or not 1 <= fragments <= period:
             raise ValueError(f"{what}: fragments must be an integer in [1, period={period}], "
                              f"got {fragments!r}")
