@@ -58,6 +58,12 @@ def _hook_fp16_torch(model, args):
     model.register_comm_hook(None, default_hooks.fp16_compress_hook)
 
 
+# This example's defaults where the library's suit longer runs: DiLoCo's default period (500
+# inner steps per round) is more than this example's whole run (5 epochs of 22 steps), which
+# would then end without a single round.
+EXAMPLE_OPTIONS = {"diloco": {"period": 10}}
+
+
 def available_hooks():
     hooks = {
         "none": _hook_none,
@@ -73,7 +79,8 @@ def available_hooks():
         for name in rd_hooks.available():
             hooks.setdefault(
                 name,
-                lambda model, args, _n=name: rd_hooks.register(model, _n, **args.hook_options),
+                lambda model, args, _n=name: rd_hooks.register(
+                    model, _n, **{**EXAMPLE_OPTIONS.get(_n, {}), **args.hook_options}),
             )
     return hooks
 
@@ -96,7 +103,10 @@ def parse_args(argv=None, hooks=None):
     p.add_argument("--hook", default="none", choices=sorted(hooks) if hooks else None,
                    help="DDP communication hook")
     p.add_argument("--hook-option", dest="hook_options", action="append", default=[],
-                   metavar="KEY=VALUE", help="option passed to the hook (repeatable)")
+                   metavar="KEY=VALUE",
+                   help="option passed to the hook (repeatable); here diloco's period is 10 "
+                        "unless given (the library's default, 500 steps, is longer than this "
+                        "run: no round would run)")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=64, help="global batch size (split across ranks)")
     p.add_argument("--lr", type=float, default=0.1)
@@ -295,6 +305,8 @@ def main(argv=None):
 
     if bar is not None:
         bar.close()
+    if hasattr(hook_state, "detach"):
+        hook_state.detach()  # diloco, local_sgd: warns if the run ended without an outer round
     acc = evaluate(ddp.module, test_ds, rank, world_size, device)
     if is_main:
         print(f"final: loss={last_loss:.6f} accuracy={acc:.6f}", flush=True)

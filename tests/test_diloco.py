@@ -522,3 +522,28 @@ def test_optimizer_import_paths():
 
     assert hooks.DiLoCoOptimizer is old_path is DiLoCoOptimizer
     assert "DiLoCoOptimizer" in hooks.__all__
+
+
+def test_a_run_without_a_round_says_so_when_it_ends():
+    """detach() (the run is over) warns when the local phase began and no outer round ran, as
+    with DiLoCo's default period of 500 in a run of 110 steps; not otherwise."""
+    import warnings
+
+    from torch_ringdist.hooks import DiLoCoState, LocalSGDState
+
+    state = DiLoCoState()
+    state.iteration = 110
+    with pytest.warns(UserWarning, match=r"hooks\.diloco: the run ends without an outer round: "
+                                         r"110 inner step\(s\) from step 0 on, and the first "
+                                         r"round is due after inner step 500 \(period=500"):
+        state.detach()
+    local = LocalSGDState(start_step=100, period=20)
+    local.iteration = 110
+    with pytest.warns(UserWarning, match=r"hooks\.local_sgd: .* never averaged after step 100"):
+        local.detach()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        local.iteration = 100  # still all global steps: the replicas are the same
+        local.detach()
+        state.rounds = 1
+        state.detach()

@@ -13,6 +13,7 @@ rounds on a module without DDP, and joining a running job: :class:`DiLoCoOptimiz
 
 import logging
 import time
+import warnings
 import weakref
 
 import torch
@@ -250,10 +251,27 @@ class DiLoCoState(HookState):
             self._hook_handle = register_optimizer_step_post_hook(after_any_step)
 
     def detach(self) -> None:
-        """Stop running rounds after optimizer steps (the run is over)."""
+        """Stop running rounds after optimizer steps (the run is over). Warns when the local
+        phase began and no outer round ran: the replicas were then never averaged."""
         if self._hook_handle is not None:
             self._hook_handle.remove()
             self._hook_handle = None
+        self._warn_if_no_round()
+
+    def _warn_if_no_round(self) -> None:
+        local = self.iteration - self.start_step
+        if self.rounds > 0 or local <= 0:
+            return
+        first = self.period // self.fragments  # fragment 0's round, the first of a period
+        export = ("; global_model() is still the starting model" if self.anchor is not None
+                  else "")
+        warnings.warn(f"torch_ringdist.hooks.{self._name}: the run ends without an outer round: "
+                      f"{local} inner step(s) from step {self.start_step} on, and the first "
+                      f"round is due after inner step {first} (period={self.period}, "
+                      f"fragments={self.fragments}). "
+                      f"The replicas were never averaged after step {self.start_step}: each "
+                      f"trained on its own data{export}. Pass a period the run reaches.",
+                      stacklevel=3)
 
     def _named_params(self):
         model = self._model() if self._model is not None else None
