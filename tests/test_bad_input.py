@@ -159,4 +159,7 @@ def test_bad_input(world_factory, ws, case):
         if backend == "ringdist":
             assert re.search(OP_RE[op], rep["message"]), \
                 f"{where}: message does not name the operation ({OP_RE[op]}): {rep['message']!r}"
+            if case.endswith("PREMUL_SUM"):
+                assert "reduce op PREMUL_SUM (NCCL-only" in rep["message"], \
+                    f"{where}: message does not name the reduce op: {rep['message']!r}"
         assert rep["good_allreduce_ok"], f"{where}: all_reduce after the error gave a wrong result"

@@ -42,13 +42,15 @@ def asan_build(tmp_path_factory):
                     os.path.join(REPO, "build", "asan-temp"), "--build-lib", str(out)],
                    cwd=REPO, env=env, check=True, timeout=1800,
                    stdout=subprocess.DEVNULL)
-    # The Python side of the package next to the instrumented extension.
+    # The Python side of the package next to the instrumented extension (not what an in-place
+    # build put in the source folder: its library and headers would replace the ASan ones).
     for name in os.listdir(os.path.join(REPO, "torch_ringdist")):
         src = os.path.join(REPO, "torch_ringdist", name)
-        if name.endswith(".py"):
+        if name.endswith(".py") and name != "_build_config.py":
             shutil.copy(src, out / "torch_ringdist" / name)
-        elif os.path.isdir(src) and name != "__pycache__":
-            shutil.copytree(src, out / "torch_ringdist" / name, dirs_exist_ok=True)
+        elif os.path.exists(os.path.join(src, "__init__.py")):  # a subpackage (hooks/)
+            shutil.copytree(src, out / "torch_ringdist" / name, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
     return str(out), libasan
 
 

@@ -52,7 +52,7 @@ def all_reduce(tensor: torch.Tensor, codec: str | None = None, op=dist.ReduceOp.
         return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
     if codec not in CODECS:
         raise ValueError(f"torch_ringdist.all_reduce: rank {dist.get_rank()}: unknown codec "
-                         f"{codec!r} (known: {CODECS})")
+                         f"{codec!r} (known: {', '.join(CODECS)})")
     if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
         raise ValueError(f"torch_ringdist.all_reduce: rank {dist.get_rank()}: a compressed "
                          f"allreduce supports SUM and AVG, got {op}")

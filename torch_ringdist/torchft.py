@@ -39,7 +39,7 @@ class ProcessGroupRingdist(ProcessGroupWrapper):
     def __init__(self, timeout: timedelta = timedelta(seconds=60), codec: str | None = None):
         if codec is not None and codec not in CODECS:
             raise ValueError(f"torch_ringdist.torchft.ProcessGroupRingdist: unknown codec "
-                             f"{codec!r} (known: {CODECS})")
+                             f"{codec!r} (known: {', '.join(CODECS)})")
         super().__init__(timeout=timeout)
         self._codec = codec
         self._error: Exception | None = None

@@ -323,9 +323,12 @@ ReduceOp ProcessGroupRingdist::checkReduceOp(const char* op, const c10d::ReduceO
     case c10d::ReduceOp::BAND: out = ReduceOp::kBand; break;
     case c10d::ReduceOp::BOR: out = ReduceOp::kBor; break;
     case c10d::ReduceOp::BXOR: out = ReduceOp::kBxor; break;
-    default:
-      RD_CHECK_INPUT(false, op, "reduce op ", reduceOp.op_,
-                     " is not supported (PREMUL_SUM is NCCL-only; use SUM and scale)");
+    default:  // PREMUL_SUM; a number, not a character (RedOpType is a uint8_t)
+      RD_CHECK_INPUT(false, op, "reduce op ",
+                     reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM
+                         ? std::string("PREMUL_SUM (NCCL-only; use SUM and scale)")
+                         : std::to_string(static_cast<int>(reduceOp.op_)),
+                     " is not supported");
   }
   std::string why = unsupportedReason(dtype, out);
   RD_CHECK_INPUT(why.empty(), op, why);

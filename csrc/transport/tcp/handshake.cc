@@ -156,9 +156,17 @@ void Acceptor::run(Clock::time_point deadline) {
   while (missing_ > 0) {
     auto now = Clock::now();
     if (now >= deadline) {
-      throw TimeoutError(strCat("ringdist: Timed out after ", options_.timeout.count(),
-                                " ms: rank ", rank_, " is still waiting for ", missing_,
-                                " higher rank(s) to connect"));
+      std::string waiting;  // the higher ranks connect to this one: those that never did
+      for (int peer = rank_ + 1; peer < size_; ++peer) {
+        if (wanted_[static_cast<size_t>(peer)] && !channels_[static_cast<size_t>(peer)]) {
+          waiting += strCat(waiting.empty() ? "" : ", ", peer);
+        }
+      }
+      throw TimeoutError(strCat(
+          "ringdist: Timed out after ", options_.timeout.count(), " ms: rank ", rank_,
+          " is still waiting for rank(s) ", waiting, " to connect to it. Usually they were not "
+          "started, or cannot reach this rank's address (a firewall, or another interface: "
+          "set RINGDIST_SOCKET_IFNAME)"));
     }
     for (size_t i = pending_.size(); i-- > 0;) {
       if (pending_[i]->expires <= now) drop(i, "no valid hello in time");
