@@ -74,7 +74,13 @@ class CMakeBuild(build_ext):
     """Configures, builds and installs CMakeLists.txt into the package folder."""
 
     def build_extension(self, ext):
-        package_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
+        if getattr(self, "editable_mode", False) or self.inplace:
+            # `pip install -e .`: the checkout's own package folder becomes the installed
+            # package (module, library, headers, CMake package), so commands run from the
+            # checkout's root import a built package.
+            package_dir = os.path.join(ROOT, "torch_ringdist")
+        else:
+            package_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
         # One build folder per torch (CI builds against two torches in one checkout).
         torch_id = hashlib.sha1(os.path.dirname(torch.__file__).encode()).hexdigest()[:8]
         build_dir = os.path.join(os.path.abspath(self.build_temp),
@@ -98,6 +104,10 @@ class CMakeBuild(build_ext):
         subprocess.run(configure, check=True)
         subprocess.run([cmake, "--build", build_dir, "--parallel", jobs], check=True)
         subprocess.run([cmake, "--install", build_dir, "--prefix", package_dir], check=True)
+        expected = os.path.abspath(self.get_ext_fullpath(ext.name))
+        if not os.path.exists(expected):  # an editable build also collects the module here
+            os.makedirs(os.path.dirname(expected), exist_ok=True)
+            shutil.copy2(os.path.join(package_dir, os.path.basename(expected)), expected)
 
 
 def torch_requirement():

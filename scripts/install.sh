@@ -9,6 +9,7 @@ source scripts/build_cache.sh
 # Pinned: an unpinned "torch" would pull the newest CUDA build (several GB).
 "$PY" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
 "$PY" -m pip install -q -r scripts/requirements-dev.txt
-# --no-build-isolation: compile against the torch installed above.
-"$PY" -m pip install -q --no-build-isolation .
+# --no-build-isolation: compile against the torch installed above. -e: in place, so the
+# checkout itself is the installed package (commands run from its root import a built one).
+"$PY" -m pip install -q --no-build-isolation -e .
 "$PY" -P -c "import torch, torch_ringdist; print('torch', torch.__version__, '| torch_ringdist', torch_ringdist.__version__, '| reduce kernels', torch_ringdist.reduce_kernel_family())"

@@ -10,6 +10,6 @@ PY=${PYTHON:-python3}
 source scripts/build_cache.sh
 start=$(date +%s)
 # The tree as it is now, with the test hooks the suite needs (only what changed recompiles).
-TORCH_RINGDIST_TESTING=1 "$PY" -m pip install -q --no-build-isolation .
+TORCH_RINGDIST_TESTING=1 "$PY" -m pip install -q --no-build-isolation -e .
 bash scripts/run_pytest.sh "$PY" -m "quick and not slow" "$@"
 echo "quick check finished in $(( $(date +%s) - start )) s"

@@ -18,11 +18,17 @@ os.environ.setdefault("RINGDIST_SINGLE_COPY", "1")
 
 
 def pytest_sessionstart(session):
-    from torch_ringdist import _build_config
-    if not getattr(_build_config, "TESTING", False):
+    from torch_ringdist._extension import build_record, source_checkout
+    record = build_record()
+    if record is None and source_checkout() is not None:
+        raise pytest.UsageError(
+            f"pytest imports torch_ringdist from the unbuilt source folder {source_checkout()}: "
+            "build it in place (TORCH_RINGDIST_TESTING=1 pip install --no-build-isolation -e .), "
+            "or run `python -P -m pytest` (scripts/run_pytest.sh) to test the installed package")
+    if not getattr(record, "TESTING", False):
         raise pytest.UsageError(
             "the suite needs a test build of torch_ringdist (its _C.testing module and fault "
-            "injection): TORCH_RINGDIST_TESTING=1 pip install --no-build-isolation . "
+            "injection): TORCH_RINGDIST_TESTING=1 pip install --no-build-isolation -e . "
             "(scripts/test.sh and scripts/quick_check.sh build it so)")
 
 

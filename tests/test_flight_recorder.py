@@ -8,6 +8,8 @@ import pytest
 
 from spawned import Spawned
 
+pytestmark = pytest.mark.quick
+
 
 def test_trace_and_desync_dump(tmp_path):
     trace_dir = tmp_path / "trace"
@@ -74,8 +76,6 @@ def test_abort_writes_the_trace(tmp_path):
 PROFILE_SCRIPT = """
 import torch, torch.distributed as dist
 import torch_ringdist
-
-pytestmark = pytest.mark.quick
 store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
 dist.init_process_group("ringdist", store=store, rank=0, world_size=1)
 x = torch.ones(4)

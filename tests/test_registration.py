@@ -61,25 +61,31 @@ def test_default_cpu_backend_is_not_taken_over():
 
 
 def test_source_tree_shadowing_gives_actionable_error(tmp_path):
-    # Importing the un-built source folder must explain what to do.
+    # Importing an unbuilt source checkout (a copy of this one's Python side) must say what it
+    # is and give the command that builds it in place.
+    import shutil
+    checkout = tmp_path / "checkout"
+    shutil.copytree(os.path.join(REPO, "torch_ringdist"), checkout / "torch_ringdist",
+                    ignore=shutil.ignore_patterns("*.so", "lib", "include", "_build_config.py",
+                                                  "__pycache__"))
+    for name in ("setup.py", "CMakeLists.txt"):
+        shutil.copy(os.path.join(REPO, name), checkout / name)
     code = f"""
         import sys
-        sys.path.insert(0, {REPO!r})
+        # As on a machine without this checkout's in-place build: no editable-install finder.
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+        sys.path.insert(0, {str(checkout)!r})
         import torch_ringdist
-        assert torch_ringdist.__file__.startswith({REPO!r}), torch_ringdist.__file__
+        assert torch_ringdist.__file__.startswith({str(checkout)!r}), torch_ringdist.__file__
         try:
             torch_ringdist.reduce_kernel_family()
         except ImportError as exc:
             print("MSG:", exc)
-        else:
-            print("LOADED")
     """
     result = _run(code, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert result.returncode == 0, result.stderr
-    if "LOADED" in result.stdout:
-        pytest.skip("an in-place build exists in the source tree, nothing is shadowed")
-    assert "pip install --no-build-isolation" in result.stdout
-    assert "rebuilt" in result.stdout
+    assert f"imported from the source checkout {checkout}" in result.stdout, result.stdout
+    assert f"pip install --no-build-isolation -e {checkout}" in result.stdout, result.stdout
 
 
 def test_hooks_reachable_after_plain_import():
