@@ -13,6 +13,8 @@ from procs import Launched, free_port, torchrun_cmd, world_envs
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "scripts", "quiet_exit.py")
 RUNS = int(os.environ.get("RINGDIST_TEARDOWN_RUNS", "3"))
+# Three ranks: with two, the last rank out is always rank 0's only peer, which hides a race.
+RANKS = 3
 # What noise looks like: a Python or C++ stack trace, or TCPStore complaining of a lost server.
 NOISE = re.compile(r"Traceback|frame #\d|recvValue failed|Connection was likely closed")
 
@@ -23,12 +25,12 @@ def _launch(style):
     """One run in that launch style: [(returncode, output)] by process."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if style == "torchrun":
-        cmds, envs = [torchrun_cmd(2, SCRIPT, "env")], [env]
+        cmds, envs = [torchrun_cmd(RANKS, SCRIPT, "env")], [env]
     elif style == "spawn":
         cmds = [[sys.executable, SCRIPT, "spawn"]]
         envs = [dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))]
-    else:  # plain: two processes, rank 0 hosts the store
-        cmds, envs = [[sys.executable, SCRIPT, "env"]] * 2, world_envs(2, free_port())
+    else:  # plain: a process per rank, rank 0 hosts the store
+        cmds, envs = [[sys.executable, SCRIPT, "env"]] * RANKS, world_envs(RANKS, free_port())
     with Launched(cmds, envs, merge_stderr=True) as run:
         results = run.communicate(120)
     assert not run.timed_out, f"{style} run timed out:\n" + "\n".join(out for _, out, _ in results)

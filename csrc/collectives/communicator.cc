@@ -762,12 +762,13 @@ void Communicator::close(std::chrono::milliseconds maxWait) {
       const auto deadline = Clock::now() + maxWait;
       // Every rank closing: nobody needs our last bytes any more.
       rendezvous_->add("ringdist/closing", 1);
-      awaitCount("ringdist/closing", deadline);
+      awaitCount("ringdist/closing", deadline, /*watchPeers=*/true);
       // Rank 0 leaves last. In a plain env:// launch its process hosts the store: a peer
-      // still polling it after it exited would fail (and TCPStore logs a stack trace).
+      // still polling it after it exited would fail (and TCPStore logs a stack trace). Peers
+      // that are done close their links now, so this wait does not watch them.
       rendezvous_->add("ringdist/closed", 1);
       if (rank_ == 0) {
-        awaitCount("ringdist/closed", deadline);
+        awaitCount("ringdist/closed", deadline, /*watchPeers=*/false);
       }
     } catch (const std::exception& e) {
       logDebug(strCat("rank ", rank_, ": teardown barrier skipped: ", e.what()));
@@ -780,17 +781,27 @@ void Communicator::close(std::chrono::milliseconds maxWait) {
   }
 }
 
-void Communicator::awaitCount(const std::string& key, Clock::time_point deadline) {
+void Communicator::awaitCount(const std::string& key, Clock::time_point deadline,
+                              bool watchPeers) {
   auto sleep = std::chrono::milliseconds(1);
   while (rendezvous_->add(key, 0) < size_ && Clock::now() < deadline) {
-    // Keep moving queued sends: a peer may still need our last bytes.
-    progress();
-    // A peer that closed its links (it aborted) or died will never count itself in, and
-    // needs nothing more from us: stop waiting for it (throws).
-    for (auto& ch : channels_) {
-      if (ch) {
-        ch->checkOpen();
-        ch->checkAlive();
+    if (watchPeers) {
+      try {
+        // Keep moving queued sends: a peer may still need our last bytes.
+        progress();
+        // A peer that closed its links (it aborted) or died will not count itself in.
+        for (auto& ch : channels_) {
+          if (ch) {
+            ch->checkOpen();
+            ch->checkAlive();
+          }
+        }
+      } catch (const std::exception&) {
+        // Or it closed them because the count was complete: then this wait is over too.
+        if (rendezvous_->add(key, 0) >= size_) {
+          return;
+        }
+        throw;
       }
     }
     std::this_thread::sleep_for(sleep);

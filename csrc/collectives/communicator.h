@@ -256,9 +256,10 @@ class Communicator {
   void close(std::chrono::milliseconds maxWait);
 
  private:
-  // Teardown: until the rendezvous counter `key` reaches the group's size, a peer closed its
-  // links or died (throws), or the deadline.
-  void awaitCount(const std::string& key, std::chrono::steady_clock::time_point deadline);
+  // Teardown: until the rendezvous counter `key` reaches the group's size or the deadline;
+  // with watchPeers, moving queued sends and throwing if a peer closed its links or died first.
+  void awaitCount(const std::string& key, std::chrono::steady_clock::time_point deadline,
+                  bool watchPeers);
   std::string pendingPeers() const;
   void setUpHierarchy();
   // Throws if abort was requested or the op's deadline passed.

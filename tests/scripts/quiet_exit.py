@@ -46,7 +46,7 @@ if __name__ == "__main__":
         one_allreduce()
     elif mode == "spawn":
         import torch.multiprocessing as mp
-        mp.spawn(spawned_rank, args=(2,), nprocs=2)
+        mp.spawn(spawned_rank, args=(3,), nprocs=3)
     elif mode == "failed":
         failed_peer()
     else:
