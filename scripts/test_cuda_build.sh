@@ -3,8 +3,9 @@
 # CUDA 13.0 build), compiles ringdist with its CUDA sources (nvcc; TORCH_RINGDIST_CUDA=1 makes
 # a missing piece an error), checks the CUDA code is in, then tests what differs from the
 # first stage's build: every test marked cuda (the CUDA paths' logic on the CPU; GPU tests
-# skip) and one case of every other test function (--smoke: the extension and torch 2.14.1's
-# API). The host code's full matrix ran in the first stage, which this stage does not repeat.
+# skip), one case of every other test function that is not slow (--smoke: the extension and
+# torch 2.14.1's API), and the C++ package. The host code's full matrix and the slow tests ran
+# in the first stage, which this stage does not repeat.
 #
 # The venv (about 5.5 GB) is kept in $RINGDIST_CACHE (scripts/build_cache.sh) and reused
 # while torch and scripts/requirements-dev.txt are unchanged; a fresh machine builds it.
@@ -39,8 +40,13 @@ export MAX_JOBS=${MAX_JOBS:-2}
 echo "cuda stage: built after $(( $(date +%s) - start )) s"
 
 set +e
-bash scripts/run_pytest.sh "$VPY" --smoke -m "not own_build" "$@"
+# Slow tests (trainings, launches, soaks) test host code and the Python side, which the first
+# stage ran on the same sources; of them only the C++ package's test depends on the build (its
+# CMake package and library with CUDA), so it runs here too.
+bash scripts/run_pytest.sh "$VPY" --smoke -m "not own_build and not slow" "$@"
 status=$?
+OMP_NUM_THREADS=1 "$VPY" -P -m pytest tests/test_cpp.py -q -rs --timeout=900 --smoke -m slow \
+  --durations=5 "$@" || status=1  # exit code 5 (nothing collected) fails too
 set -e
 echo "cuda stage: finished after $(( $(date +%s) - start )) s"
 exit "$status"
