@@ -4,11 +4,8 @@ import datetime
 import json
 import os
 import platform
-import shlex
 import socket
 import statistics
-import subprocess
-import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,57 +34,13 @@ def machine_info():
     }
 
 
-def _git(*args):
-    """Output of a git command in this checkout, or None (no git, not a checkout)."""
-    try:
-        out = subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True,
-                             timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_description():
-    """The machine in words, without its hostname: CPU model, cores, memory, kernel (and GPU)."""
-    import torch
-
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
-    text = (f"{_cpu_model()}, {os.cpu_count()} cores, {memory:.1f} GiB memory, "
-            f"{platform.system()} {platform.release()} {platform.machine()}")
-    if torch.cuda.is_available():
-        text += f", {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    return text
-
-
 def provenance():
-    """Where a result comes from (recorded in every benchmark JSON by write_json): the commit
-    of this checkout and whether tracked files differ from it (dirty), the machine, torch and
-    Python versions, the command line and the UTC date. commit and dirty are None outside a
-    git checkout."""
-    import torch
+    """Where a result comes from (recorded in every benchmark JSON by write_json): this
+    checkout's commit and whether tracked files differ from it (dirty), the machine, torch and
+    Python versions, the command line and the UTC date (torch_ringdist._provenance)."""
+    from torch_ringdist._provenance import provenance as record
 
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return {
-        "commit": commit,
-        "dirty": None if status is None else status != "",
-        "machine": machine_description(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "command": shlex.join(sys.argv),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    return record(REPO)
 
 
 def write_json(path, obj):

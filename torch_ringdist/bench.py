@@ -11,14 +11,9 @@ closed form (#wrong counts mismatches). Defaults finish in well under a minute o
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import shlex
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from queue import Empty
@@ -26,6 +21,8 @@ from queue import Empty
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from torch_ringdist._provenance import package_checkout, provenance
 
 BACKENDS = ("ringdist", "gloo")
 # Per size: iterations within this time (after warm-up), never fewer than MIN_ITERS.
@@ -132,46 +129,6 @@ def _wait_for_rows(backend, procs, queue, deadline):
     raise SystemExit(f"torch_ringdist.bench: {backend} gave no result within 300 s")
 
 
-def _git(*args: str) -> str | None:
-    """Output of a git command in this package's folder, or None if that fails."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _provenance() -> dict:
-    """The record benchmarks/bench_common.py's provenance() writes (the package cannot import
-    benchmarks/): commit and dirty only when this package runs from a git checkout of
-    torch_ringdist (None when installed), the machine without its hostname, versions, command
-    line and UTC date."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    top = _git("rev-parse", "--show-toplevel")
-    in_checkout = top is not None and os.path.realpath(os.path.join(top, "torch_ringdist")) == \
-        os.path.realpath(here)
-    commit = _git("rev-parse", "HEAD") if in_checkout else None
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
-    return {
-        "commit": commit,
-        "dirty": None if status is None else status != "",
-        "machine": f"{cpu}, {os.cpu_count()} cores, {memory:.1f} GiB memory, "
-                   f"{platform.system()} {platform.release()} {platform.machine()}",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "command": shlex.join(sys.argv),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
 def _human(size: int) -> str:
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if size >= scale and size % scale == 0:
@@ -218,7 +175,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"nproc": n, "rounds": args.rounds, "torch": torch.__version__,
-                       "cores": os.cpu_count(), "rows": rows, "provenance": _provenance()}, f,
+                       "cores": os.cpu_count(), "rows": rows, "provenance": provenance(package_checkout())}, f,
                       indent=1)
     return 1 if any(any(w) for w in wrong.values()) else 0
 
