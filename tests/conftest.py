@@ -19,10 +19,10 @@ os.environ.setdefault("RINGDIST_SINGLE_COPY", "1")
 
 def pytest_sessionstart(session):
     from torch_ringdist._extension import build_record, source_checkout
-    record = build_record()
-    if record is None and source_checkout() is not None:
+    record, checkout = build_record(), source_checkout()
+    if record is None and checkout is not None:
         raise pytest.UsageError(
-            f"pytest imports torch_ringdist from the unbuilt source folder {source_checkout()}: "
+            f"pytest imports torch_ringdist from the unbuilt source folder {checkout}: "
             "build it in place (TORCH_RINGDIST_TESTING=1 pip install --no-build-isolation -e .), "
             "or run `python -P -m pytest` (scripts/run_pytest.sh) to test the installed package")
     if not getattr(record, "TESTING", False):
