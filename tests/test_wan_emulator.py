@@ -1,0 +1,105 @@
+"""The WAN emulator (benchmarks/wan/emulator.py): four hosts behind its userspace delay line
+measure the round trip time, rate and loss they were given, a ringdist allreduce across two of
+them gives the float64 reference result, and nothing the emulator made outlives it, also when
+the command it drives fails."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks", "wan"))
+import emulator  # noqa: E402
+
+RANK = os.path.join(REPO, "tests", "scripts", "wan_allreduce_rank.py")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/dev/net/tun")
+    or not all(shutil.which(t) for t in ("ip", "unshare", "chrt", "cc")),
+    reason="needs root, /dev/net/tun, ip, unshare, chrt and cc (network namespaces, TUN)")
+
+
+def test_a_check_outside_the_tolerance_fails():
+    wan = emulator.Wan(2, emulator.HostLink(0.02, 100e6))
+    assert wan._row((0, 1), 0.0419, 0.040)["ok"]
+    assert not wan._row((0, 1), 0.0421, 0.040)["ok"]
+    assert not wan._row((0, 1), 0.0101, 0.0)["ok"]     # no loss set: any loss fails
+    assert not wan._row((0, 1), 0.040, 0.040, why="receiver's socket dropped 3 (CPU)")["ok"]
+
+
+def test_paths_compose_host_links():
+    a, b = emulator.HostLink(0.02, 100e6, loss=0.01), emulator.HostLink(0.06, 1e9, loss=0.01)
+    one_way, rate, loss = emulator.path(a, a)
+    assert (one_way, rate) == (0.02, 100e6) and loss == pytest.approx(0.01, rel=1e-12)
+    one_way, rate, _ = emulator.path(a, b)
+    assert (one_way, rate) == (0.04, 100e6)
+
+
+def leftovers(run_id):
+    """Namespaces and processes (by their command line) of one emulator run."""
+    names = [n for n, _ in emulator.our_namespaces() if n.startswith(run_id + "-")]
+    procs = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        cmd = cmdline(pid)
+        if f"/{run_id}-" in cmd and int(pid) != os.getpid():
+            procs.append(cmd)
+    return names, procs
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def root_links():
+    return sorted(line.split(":")[1].strip() for line in
+                  subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines())
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@needs_root
+def test_four_hosts_measure_their_settings_and_carry_an_allreduce():
+    links_before = root_links()
+    with emulator.Wan(4, emulator.HostLink(0.020, 100e6, loss=0.01), timeout=120) as wan:
+        check, run_id = wan.check, wan.run_id
+        assert len(check["rtt"]) == len(check["rate"]) == 4  # every uplink and downlink
+        for row in check["rtt"]:
+            assert row["measured"] == pytest.approx(0.040, rel=0.05), row
+        for row in check["rate"]:
+            assert row["measured"] == pytest.approx(100e6, rel=0.05), row
+        assert check["loss"][0]["measured"] == pytest.approx(0.01, rel=0.05), check["loss"]
+        assert os.listdir(os.path.join(wan.workdir))  # the tools it built
+
+        before = wan.line_stats()["hosts"][0]["up"]["bytes"]
+        port = 29600 + os.getpid() % 1000
+        rank = [sys.executable, RANK, str(port)]
+        assert wan.run([rank, rank, None, None], timeout=90) == [0, 0]
+        crossed = wan.line_stats()["hosts"][0]["up"]["bytes"] - before
+        assert crossed >= 8 * (65536 + 3) // 2  # host 0 sent at least its half through the line
+    assert leftovers(run_id) == ([], [])
+    assert not [c for c in map(cmdline, os.listdir("/proc")) if RANK in c]
+    assert root_links() == links_before
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@needs_root
+def test_nothing_is_left_when_the_command_fails():
+    fail_on_host1 = 'if [ "$WAN_HOST" = 1 ]; then exit 3; fi; exec sleep 287'
+    p = subprocess.Popen([sys.executable, os.path.join(REPO, "benchmarks", "wan", "emulator.py"),
+                          "run", "--hosts", "2", "--delay", "10ms", "--rate", "100mbit",
+                          "--timeout", "60", "--", "sh", "-c", fail_on_host1],
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = p.communicate(timeout=90)
+    finally:
+        p.kill()
+    assert p.returncode == 3, err[-3000:]
+    assert "self-check passed" in err
+    assert leftovers(f"{emulator.PREFIX}-{p.pid}") == ([], [])
+    assert not [c for c in map(cmdline, os.listdir("/proc")) if c.startswith("sleep 287")]
