@@ -13,12 +13,14 @@
  * Times are virtual: a packet's serialisation starts when it reaches the link (read time on
  * an uplink, its due time off the uplink on a downlink), not when this process gets to it,
  * so the line's own scheduling delays do not add to the emulated ones. Packets are written
- * when their due time passes; how late that was is recorded (lateness) and reported.
+ * when their due time passes; how late that was is recorded (lateness) and reported. While
+ * packets flow, the line wakes at most once every T ns (--tick-ns, default 0) and then takes
+ * every packet waiting: fewer wake-ups, each packet read and written up to T late.
  *
  * Usage:
  *   wanline --subnet A.B.C --seed S --stats FILE \
  *           --host NAME,UP_BPS,UP_QUEUE,UP_DELAY_NS,UP_LOSS,DOWN_BPS,DOWN_QUEUE,DOWN_DELAY_NS,DOWN_LOSS
- *           [--host ...]                      (one per host; host i has address A.B.C.(i+1))
+ *           [--host ...] [--tick-ns T]        (one per host; host i has address A.B.C.(i+1))
  * Creates one TUN per host named NAME in the current network namespace, prints "ready", then
  * forwards until SIGTERM, SIGINT or its parent's death. SIGUSR1 and exit write FILE (JSON).
  */
@@ -80,6 +82,7 @@ static unsigned char subnet[3];
 static uint64_t rng_state;
 static uint64_t bad_packets; /* not IPv4, or not addressed to another host */
 static const char *stats_path;
+static int64_t tick_ns; /* least time between two wake-ups while packets flow */
 static volatile sig_atomic_t stop, dump;
 
 static void die(const char *what) {
@@ -180,6 +183,10 @@ static void read_host(int i) {
         ssize_t n = read(hosts[i].fd, buf, sizeof buf);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR) return;
+            if (errno == EBADFD) { /* its device was removed: the emulator is tearing down */
+                stop = 1;
+                return;
+            }
             die("read");
         }
         int j = destination(buf, (int)n, i);
@@ -278,6 +285,8 @@ int main(int argc, char **argv) {
             subnet[0] = x, subnet[1] = y, subnet[2] = z;
         } else if (!strcmp(argv[a], "--seed")) {
             rng_state = strtoull(argv[++a], NULL, 0);
+        } else if (!strcmp(argv[a], "--tick-ns")) {
+            tick_ns = atoll(argv[++a]);
         } else if (!strcmp(argv[a], "--stats")) {
             stats_path = argv[++a];
         } else {
@@ -314,23 +323,31 @@ int main(int argc, char **argv) {
     printf("ready\n");
     fflush(stdout);
 
+    int64_t last_wake = 0;
     while (!stop) {
         if (dump) {
             dump = 0;
             write_stats();
         }
-        int64_t now = now_ns(), next = advance(now);
+        int64_t now = now_ns();
+        if (now - last_wake < tick_ns) { /* busy: let a few packets gather, then take them all */
+            int64_t until = last_wake + tick_ns;
+            struct timespec ts = {until / 1000000000, until % 1000000000};
+            clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+            now = now_ns();
+        }
+        last_wake = now;
+        for (int i = 0; i < nhosts; i++) read_host(i);
+        int64_t next = advance(now_ns());
         struct timespec wait, *timeout = NULL;
         if (next != INT64_MAX) {
+            now = now_ns();
             int64_t d = next > now ? next - now : 0;
             wait.tv_sec = d / 1000000000;
             wait.tv_nsec = d % 1000000000;
             timeout = &wait;
         }
-        int n = ppoll(fds, nhosts, timeout, &during_wait);
-        if (n < 0 && errno != EINTR) die("ppoll");
-        for (int i = 0; n > 0 && i < nhosts; i++)
-            if (fds[i].revents & POLLIN) read_host(i);
+        if (ppoll(fds, nhosts, timeout, &during_wait) < 0 && errno != EINTR) die("ppoll");
     }
     write_stats();
     return 0;

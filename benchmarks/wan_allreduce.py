@@ -1,0 +1,220 @@
+"""Allreduce across emulated WAN hosts (benchmarks/wan/emulator.py): ringdist and gloo in the
+same processes, alternating, on links of a given rate, round trip time and loss.
+
+    python benchmarks/wan_allreduce.py --out benchmarks/results/wan_allreduce.json
+    python benchmarks/wan_allreduce.py --hosts 2 --rtt 100ms --loss 0.001 --sizes 8 1M 16M \\
+        --out benchmarks/results/wan_allreduce_loss.json
+
+Per configuration (hosts x round trip x loss) the emulator brings the hosts up and checks them
+(nothing is reported unless round trip, rate and loss are within 5% of their settings), then one
+process per rank (--procs-per-host) joins a gloo world whose store is on host 0; it makes a
+ringdist group and a gloo group of every rank. Per size: one correctness call per backend
+(integer-valued fp32, exact sums), then --rounds rounds of a batch of back-to-back calls per
+backend, the backends alternating (ringdist gloo ringdist gloo ...), each batch after a barrier;
+a batch's time per call is the slowest rank's. Reported: the median over the rounds, and that as
+a fraction of the ideal
+
+    ideal = 2(N-1)/N * 8S/R + 2(N-1) * d
+
+(N ranks, S bytes, R the link rate in bits/s, d the one-way delay): the bytes every rank's link
+must carry in each direction, plus a ring's 2(N-1) one-way trips (the algorithm ringdist runs
+today; recursive halving-doubling would need 2 log2(N) trips). Small messages are also given in
+one-way trips per call (time / d). Every TCP socket starts with cubic (the emulator's shim); the
+socket limits are the system's. Results are JSON (with provenance), written after each
+configuration; the line's counters (losses, queue drops, lateness) are kept with them.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "wan"))
+
+import emulator  # noqa: E402
+
+BACKENDS = ("ringdist", "gloo")
+PORT = 29700  # inside host 0's namespace: no other process on the machine can hold it
+FORMULA = "ideal = 2(N-1)/N * 8S/R + 2(N-1) * d  (R: link rate, d: one-way delay; a ring's trips)"
+
+
+def batch_for(nbytes):
+    """Calls per timed batch: small messages back to back in a loop (per-call latency), large
+    ones one at a time."""
+    return 10 if nbytes < (64 << 10) else 3 if nbytes < (4 << 20) else 1
+
+
+def ideal_s(nbytes, world, rate_bps, one_way_s):
+    return 2 * (world - 1) / world * 8 * nbytes / rate_bps + 2 * (world - 1) * one_way_s
+
+
+# ---- one rank (in its emulated host) ----------------------------------------------------
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+
+    import torch_ringdist  # noqa: F401
+    from bench_common import time_batches
+
+    host, local = int(os.environ["WAN_HOST"]), int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ["WAN_HOSTS"]) * args.procs_per_host
+    rank = host * args.procs_per_host + local
+    os.environ.update(MASTER_ADDR=os.environ["WAN_ADDRS"].split(",")[0], MASTER_PORT=str(PORT),
+                      GLOO_SOCKET_IFNAME=os.environ["WAN_IFNAME"])
+    timeout = datetime.timedelta(seconds=args.op_timeout)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    groups = {b: dist.new_group(backend=b, timeout=timeout) for b in BACKENDS}
+
+    def slowest(seconds):
+        t = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    rows = []
+    for nbytes in args.sizes:
+        count = max(1, nbytes // 4)
+        wrong = {}
+        for b in BACKENDS:  # correctness, outside the timed batches (also a warm-up)
+            t = torch.full((count,), float(rank + 1))
+            dist.all_reduce(t, group=groups[b])
+            wrong[b] = int((t != world * (world + 1) / 2).sum())
+        zeros = torch.zeros(count)  # stays zero however often it is summed
+        calls = {b: (lambda g=groups[b]: dist.all_reduce(zeros, group=g)) for b in BACKENDS}
+        batch = batch_for(nbytes)
+        times = time_batches(calls, args.rounds, batch, dist.barrier, slowest)
+        row = {"bytes": nbytes, "count": count, "batch": batch, "wrong": wrong,
+               "rounds_s": {b: [us / 1e6 for us in times[b]] for b in BACKENDS},
+               "median_s": {b: statistics.median(times[b]) / 1e6 for b in BACKENDS}}
+        rows.append(row)
+        if rank == 0:
+            print(f"N={world} {nbytes} B: " + "  ".join(
+                f"{b} {row['median_s'][b] * 1e3:.1f} ms" for b in BACKENDS), flush=True)
+    if rank == 0:
+        with open(args.result, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+def host_launcher(args, argv):
+    """One host's ranks: --procs-per-host processes of this script; the first failure ends
+    the others."""
+    procs = [subprocess.Popen(argv, env=dict(os.environ, LOCAL_RANK=str(i)))
+             for i in range(args.procs_per_host)]
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = [c for c in codes if c not in (None, 0)]
+        if bad or all(c == 0 for c in codes):
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            return bad[0] if bad else 0
+        time.sleep(0.1)
+
+
+# ---- the orchestrator (root, outside the namespaces) ---------------------------------------
+
+def run_config(args, hosts, rtt_s, loss):
+    link = emulator.HostLink(rtt_s / 2, args.rate_bps, args.queue, loss)
+    sizes = [s for s in args.sizes if not loss or s <= args.loss_max_bytes]
+    world = hosts * args.procs_per_host
+    print(f"\n== N={world} ({hosts} hosts x {args.procs_per_host}), {args.rate_bps / 1e9:g} Gbit/s, "
+          f"RTT {rtt_s * 1e3:g} ms, loss {loss:g}", flush=True)
+    load_before = os.getloadavg()[0]
+    with emulator.Wan(hosts, link, timeout=args.config_timeout) as wan, \
+            tempfile.TemporaryDirectory(prefix="wan_allreduce-") as tmp:
+        result = os.path.join(tmp, "result.json")
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", "--result", result,
+                "--procs-per-host", str(args.procs_per_host), "--rounds", str(args.rounds),
+                "--op-timeout", str(args.op_timeout), "--sizes", *map(str, sizes)]
+        command = argv if args.procs_per_host == 1 else argv + ["--host-launcher"]
+        logs = [os.path.join(tmp, f"h{i}.log") for i in range(hosts)]
+        env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+            [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+        started = time.monotonic()
+        codes = wan.run(command, env=env, logs=logs, timeout=args.config_timeout)
+        line = wan.line_stats()
+        if any(codes) or not os.path.exists(result):
+            for i, path in enumerate(logs):
+                print(f"---- host {i} log tail\n" + open(path).read()[-3000:], file=sys.stderr)
+            raise RuntimeError(f"ranks failed: exit codes {codes}")
+        with open(result) as f:
+            rows = json.load(f)
+        print(open(logs[0]).read(), end="")
+    for row in rows:
+        row["ideal_s"] = ideal_s(row["bytes"], world, args.rate_bps, rtt_s / 2)
+        row["fraction_of_ideal"] = {b: row["ideal_s"] / row["median_s"][b] for b in BACKENDS}
+        row["one_way_trips_per_call"] = {b: row["median_s"][b] / (rtt_s / 2) for b in BACKENDS}
+    return {"hosts": hosts, "procs_per_host": args.procs_per_host, "world": world,
+            "rate_bps": args.rate_bps, "rtt_s": rtt_s, "loss": loss, "link": link.describe(),
+            "rows": rows, "check": wan.check, "line_after": line,
+            "seconds": time.monotonic() - started,
+            "loadavg_1min_before": load_before, "loadavg_1min_after": os.getloadavg()[0]}
+
+
+def print_table(cfg):
+    print(f"N={cfg['world']} RTT {cfg['rtt_s'] * 1e3:g} ms loss {cfg['loss']:g} "
+          f"(load average {cfg['loadavg_1min_before']:.1f} -> {cfg['loadavg_1min_after']:.1f}); "
+          + FORMULA)
+    print(f"{'size':>10} {'ringdist':>10} {'gloo':>10} {'ideal':>9} {'ringdist':>9} {'gloo':>7} "
+          f"{'trips/call':>11} {'#wrong':>7}")
+    print(f"{'':>10} {'':>10} {'':>10} {'':>9} {'% ideal':>9} {'% ideal':>7} {'ringdist':>11}")
+    for r in cfg["rows"]:
+        m, f = r["median_s"], r["fraction_of_ideal"]
+        print(f"{r['bytes']:>10} {m['ringdist'] * 1e3:>8.1f}ms {m['gloo'] * 1e3:>8.1f}ms "
+              f"{r['ideal_s'] * 1e3:>7.1f}ms {100 * f['ringdist']:>8.1f}% {100 * f['gloo']:>6.1f}% "
+              f"{r['one_way_trips_per_call']['ringdist']:>11.2f} "
+              f"{sum(r['wrong'].values()):>7}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--rtt", nargs="+", default=["100ms", "10ms"])
+    ap.add_argument("--loss", type=float, nargs="+", default=[0.0])
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--queue", help="drop-tail queue per link (default: the emulator's, rate x RTT)")
+    ap.add_argument("--sizes", nargs="+", default=["8", "1MiB", "16MiB", "64MiB"])
+    ap.add_argument("--loss-max-bytes", default="16MiB",
+                    help="largest size measured with loss (a cubic stream at 0.1%% loss and "
+                         "100 ms moves ~1 MB/s)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--procs-per-host", type=int, default=1)
+    ap.add_argument("--op-timeout", type=float, default=600)
+    ap.add_argument("--config-timeout", type=float, default=1800)
+    ap.add_argument("--out")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--host-launcher", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.sizes = [emulator.parse_size(s) for s in args.sizes]
+    if args.host_launcher:
+        argv = [a for a in sys.argv if a != "--host-launcher"]
+        sys.exit(host_launcher(args, [sys.executable] + argv))
+    if args.worker:
+        return worker(args)
+
+    from bench_common import write_json
+    args.rate_bps = emulator.parse_rate(args.rate)
+    args.queue = emulator.parse_size(args.queue) if args.queue else None
+    args.loss_max_bytes = emulator.parse_size(args.loss_max_bytes)
+    out = {"benchmark": "wan_allreduce", "formula": FORMULA, "dtype": "float32", "op": "sum",
+           "rounds": args.rounds, "backends": list(BACKENDS), "tcp_congestion_start": "cubic",
+           "configs": []}
+    for loss in args.loss:
+        for rtt in args.rtt:
+            for hosts in args.hosts:
+                cfg = run_config(args, hosts, emulator.parse_time(rtt), loss)
+                out["configs"].append(cfg)
+                print_table(cfg)
+                if args.out:
+                    write_json(args.out, out)
+
+
+if __name__ == "__main__":
+    main()
