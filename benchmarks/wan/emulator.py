@@ -22,7 +22,8 @@ Self-check, on every bring-up, before any command runs (WanCheckFailed otherwise
   loss        paced small datagrams, pooled over the pairs, within 5% of the setting; enough of
               them that a correct line passes 99.7% of runs (3 sigma: 3600 expected losses), and
               none lost at all when the loss is 0.
-Pairs are host i -> host i+1 (mod N), so every uplink and every downlink is measured.
+Pairs are host i -> host i+1 (mod N), so every uplink and every downlink is measured. The line
+adds 0.1-0.2 ms to a round trip on a busy VM (its wake-ups), so settings under ~4 ms fail.
 
 Commands in the hosts: each runs in its host's namespace with its own hostname (rdwan-PID-hI) and
 its own /dev/shm (so ringdist sees separate hosts), with WAN_HOST (its index), WAN_HOSTS,
@@ -64,9 +65,11 @@ RATE_OVERDRIVE = 1.1
 RATE_PROBE_BYTES = 1500
 # The delay line and the probes run at this real-time (SCHED_FIFO) priority: they emulate
 # network hardware, which does not wait behind the machine's other work (a compiler on a shared
-# 2-core VM delays a normal process by milliseconds). The line sleeps between due packets, and
-# the kernel keeps 5% of each second for other tasks.
-REALTIME = os.environ.get("WAN_PRIO", "chrt --fifo 50").split()
+# 2-core VM delays a normal process by milliseconds; `nice -n -20` did not help, the other work
+# sits in other cgroups). The line sleeps between due packets. The kernel stops real-time tasks
+# for the rest of a second once they have used 95% of it on a CPU (a 50 ms stall seen when the
+# line needed a whole CPU): keep what runs through the line within about 1 Gbit/s each way.
+REALTIME = ["chrt", "--fifo", "50"]
 # While packets flow, the line wakes at most once per TICK_NS and takes every packet then: each
 # wake-up costs a VM several microseconds, a quarter of the line's CPU at 1 Gbit/s without it.
 # A packet is read, and written, up to TICK_NS later than it could be (round trips ~0.1 ms longer).
@@ -268,7 +271,7 @@ class Wan:
                "net.ipv6.conf.default.disable_ipv6=1")
         argv = ["ip", "netns", "exec", self.core, *REALTIME, self.tool("wanline"), "--subnet", SUBNET,
                 "--seed", str(self.seed), "--stats", os.path.join(self.workdir, "line.json"),
-                "--tick-ns", os.environ.get("WAN_TICK_NS", str(TICK_NS))]
+                "--tick-ns", str(TICK_NS)]
         for i, link in enumerate(self.links):
             argv += ["--host", link.line_spec(f"{IFNAME}{i}")]
         self.line = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
