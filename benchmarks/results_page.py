@@ -294,6 +294,38 @@ def ceilings(data):
     return rows
 
 
+def wan(data):
+    """wan_allreduce.py: per configuration and size, the median time against gloo's, and each
+    as a share of the ideal (the formula the file records), or for small messages in one-way
+    trips per call; a configuration during which the
+    delay line wrote over 1% of its packets more than 1 ms late, or any more than 10 ms late,
+    is marked."""
+    from wan_allreduce import line_health
+
+    rows = []
+    for cfg in data["configs"]:
+        health = line_health(cfg)
+        short = health["late_over_10ms"] or health["late_over_1ms"] > 0.01 * health["writes"]
+        where = (f"N={cfg['world']}, RTT {cfg['rtt_s'] * 1e3:g} ms"
+                 + (f", loss {cfg['loss'] * 100:g}%" if cfg["loss"] else "")
+                 + (" (delay line short of CPU: times are upper bounds)" if short else ""))
+        for r in cfg["rows"]:
+            m = r["median_s"]
+            # Small messages run as loops of dependent calls, which overlap: one-way trips per
+            # call says more there than a share of one call's ideal.
+            if r["bytes"] < (64 << 10):
+                share = {b: f"{r['one_way_trips_per_call'][b]:.2f} one-way trips per call"
+                         for b in m}
+            else:
+                share = {b: f"{100 * r['fraction_of_ideal'][b]:.0f}% of ideal" for b in m}
+            wrong = " (WRONG)" if any(r["wrong"].values()) else ""
+            rows.append(Row(f"{where}: {size(r['bytes'])}{wrong}",
+                            f"{us_range([m['ringdist'] * 1e6])} ({share['ringdist']})",
+                            f"gloo {us_range([m['gloo'] * 1e6])} ({share['gloo']})",
+                            ratio_range([m["gloo"] / m["ringdist"]])))
+    return rows
+
+
 # ---- the scenarios: file -> group, title, extractor ----
 
 def ab(ours, ref, ref_name):
@@ -308,6 +340,8 @@ ONE_HOST = "Collectives against gloo, one host, N=2"
 MPI = "Against Open MPI and torch's floor, one host"
 NETNS = "Emulated hosts (network namespaces, `tc tbf` links), one rank per host unless stated"
 DIRECT = "Direct operators and tensor-parallel inference against DeepSpeed, one host"
+WAN = ("Emulated WAN at 1 Gbit/s (`benchmarks/wan/`: delay line, every TCP socket starting with "
+       "cubic), one rank per host; ideal = 2(N-1)/N * 8S/R + 2(N-1) * d")
 DDP = "DDP training step with communication hooks, emulated hosts at 1 Gbit/s"
 DILOCO = "Local steps (DiLoCo), emulated hosts"
 OTHER = "Other operations"
@@ -346,6 +380,8 @@ SCENARIOS = {
     "mixed_2x2.json": (NETNS, "2 hosts x 2 ranks, 10 Gbit/s, one flat ring", sweep),
     "netns5g_n2.json": (NETNS, "N=2, 5 Gbit/s", netns),
     "netns1g_n2.json": (NETNS, "N=2, 1 Gbit/s", netns),
+    "wan_allreduce.json": (WAN, "fp32 allreduce", wan),
+    "wan_allreduce_loss.json": (WAN, "fp32 allreduce, 0.1% random loss", wan),
     "deepspeed_peer_n2.json": (DIRECT, "ringdist's op against DeepSpeed's, N=2",
                                labels("direct-op", "deepspeed", "DeepSpeed's op")),
     "deepspeed_peer_n2_small.json": (DIRECT, "the same, small sizes",
@@ -390,7 +426,7 @@ SCENARIOS = {
                                          "single copy")),
     "ceiling.json": (CEILINGS, "memory and loopback", ceilings),
 }
-GROUPS = [ONE_HOST, MPI, NETNS, DIRECT, DDP, DILOCO, OTHER, GPU, AB, CEILINGS]
+GROUPS = [ONE_HOST, MPI, NETNS, WAN, DIRECT, DDP, DILOCO, OTHER, GPU, AB, CEILINGS]
 
 
 # ---- the page ----

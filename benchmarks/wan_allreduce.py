@@ -157,6 +157,20 @@ def run_config(args, hosts, rtt_s, loss):
             "loadavg_1min_before": load_before, "loadavg_1min_after": os.getloadavg()[0]}
 
 
+def line_health(cfg):
+    """What the delay line did during the ranks' run (its counters after the run less those at
+    the end of the self-check): writes, how many were over 1 ms and over 10 ms late (the line
+    short of CPU: the times are then upper bounds), the latest since bring-up, and queue drops
+    (the senders filling a link's queue: congestion, as on a real link)."""
+    before, after = cfg["check"]["line"]["hosts"], cfg["line_after"]["hosts"]
+    late = [sum(a["late"][b] - p["late"][b] for p, a in zip(before, after)) for b in range(5)]
+    return {"writes": sum(a["written"] - p["written"] for p, a in zip(before, after)),
+            "late_over_1ms": late[3] + late[4], "late_over_10ms": late[4],
+            "late_max_ms": max(a["late_max_ns"] for a in after) / 1e6,
+            "queue_drops": sum(a[k]["queue_drops"] - p[k]["queue_drops"]
+                               for p, a in zip(before, after) for k in ("up", "down"))}
+
+
 def print_table(cfg):
     print(f"N={cfg['world']} RTT {cfg['rtt_s'] * 1e3:g} ms loss {cfg['loss']:g} "
           f"(load average {cfg['loadavg_1min_before']:.1f} -> {cfg['loadavg_1min_after']:.1f}); "
@@ -170,6 +184,10 @@ def print_table(cfg):
               f"{r['ideal_s'] * 1e3:>7.1f}ms {100 * f['ringdist']:>8.1f}% {100 * f['gloo']:>6.1f}% "
               f"{r['one_way_trips_per_call']['ringdist']:>11.2f} "
               f"{sum(r['wrong'].values()):>7}", flush=True)
+    h = line_health(cfg)
+    print(f"line during the run: {h['writes']} packets written, {h['late_over_1ms']} over 1 ms late "
+          f"({100 * h['late_over_1ms'] / max(1, h['writes']):.2f}%), {h['late_over_10ms']} over 10 ms, "
+          f"latest {h['late_max_ms']:.1f} ms; {h['queue_drops']} queue drops", flush=True)
 
 
 def main():
