@@ -53,10 +53,14 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(WIDTH, VOCAB)
 
     def forward(self, tokens):
+        """Logits of every position, (batch * context, VOCAB)."""
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
-        return self.head(x)
+        # The head sees positions as rows: nn.Linear on a 3-D input returns a view of its 2-D
+        # result, and FSDP2 warns when a sharded module returns a view (an in-place op on it
+        # would skip the backward all-gather).
+        return self.head(x.flatten(0, 1))
 
 
 def build(mesh):
@@ -82,7 +86,7 @@ def train(model, opt, steps, rank, per_rank):
     device = next(model.parameters()).device.type
     for step in steps:
         x, y = batch(step, rank, per_rank, device)
-        loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+        loss = F.cross_entropy(model(x), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()
