@@ -1,9 +1,12 @@
-"""Teardown is silent in every launch style: torchrun, torch.multiprocessing.spawn, and a plain
-env:// launch where rank 0's process hosts the store (C++ launches: test_cpp.py). Each style runs
+"""Teardown is silent in every launch style: torchrun, torch.multiprocessing.spawn, a plain env://
+launch where rank 0's process hosts the store, and Open MPI's mpirun, in Python; the C++ example
+(examples/cpp) under a plain env:// launch and under mpirun. Each style runs
 RINGDIST_TEARDOWN_RUNS times (3 in the suite; the release check runs 20) and no run may print a
 stack trace or a store error. A rank whose peer already failed exits within 1 s."""
 import os
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -11,40 +14,77 @@ import pytest
 from procs import Launched, free_port, torchrun_cmd, world_envs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 SCRIPT = os.path.join(HERE, "scripts", "quiet_exit.py")
+MPIRUN = shutil.which("mpirun")
+# One host, root allowed (containers run as root), more ranks than cores allowed.
+MPIRUN_ARGS = ["--allow-run-as-root", "--oversubscribe", "-x", "MASTER_ADDR", "-x", "MASTER_PORT"]
+# The C++ example's run: a few steps (a teardown test, not a training).
+CPP_ARGS = ["--steps", "5"]
 RUNS = int(os.environ.get("RINGDIST_TEARDOWN_RUNS", "3"))
 # Three ranks: with two, the last rank out is always rank 0's only peer, which hides a race.
 RANKS = 3
 # What noise looks like: a Python or C++ stack trace, or TCPStore complaining of a lost server.
-NOISE = re.compile(r"Traceback|frame #\d|recvValue failed|Connection was likely closed")
+NOISE = re.compile(r"Traceback|frame #\d|recvValue failed|Connection was likely closed|"
+                   r"terminate called")
+STYLES = ["torchrun", "spawn", "plain", "mpirun", "cpp-plain", "cpp-mpirun"]
 
 pytestmark = pytest.mark.slow
 
 
-def _launch(style):
-    """One run in that launch style: [(returncode, output)] by process."""
+@pytest.fixture(scope="module")
+def cpp_example():
+    """examples/cpp built against the installed package (build/teardown-example, incremental)."""
+    import torch_ringdist
+
+    build = os.path.join(REPO, "build", "teardown-example")
+    for cmd in (["cmake", "-S", os.path.join(REPO, "examples", "cpp"), "-B", build,
+                 f"-DCMAKE_PREFIX_PATH={torch_ringdist.cmake_prefix_path}"],
+                ["cmake", "--build", build, "--parallel", os.environ.get("MAX_JOBS", "2")]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return os.path.join(build, "ringdist_train")
+
+
+def _launch(style, program=None):
+    """One run in that launch style: [(returncode, output)] by process. `program`: the C++
+    example for the cpp- styles."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if style == "torchrun":
         cmds, envs = [torchrun_cmd(RANKS, SCRIPT, "env")], [env]
     elif style == "spawn":
         cmds = [[sys.executable, SCRIPT, "spawn"]]
         envs = [dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))]
-    else:  # plain: a process per rank, rank 0 hosts the store
+    elif style == "plain":  # a process per rank, rank 0 hosts the store
         cmds, envs = [[sys.executable, SCRIPT, "env"]] * RANKS, world_envs(RANKS, free_port())
+    elif style == "mpirun":  # Open MPI's variables give the ranks; rank 0 hosts the store
+        cmds = [[MPIRUN, *MPIRUN_ARGS, "-n", str(RANKS), sys.executable, SCRIPT, "mpi"]]
+        envs = [{k: v for k, v in world_envs(RANKS, free_port())[0].items()
+                 if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}]
+    elif style == "cpp-plain":  # the C++ example's third launch line (docs/cpp.md)
+        cmds, envs = [[program, *CPP_ARGS]] * RANKS, world_envs(RANKS, free_port())
+    else:  # cpp-mpirun: torch_ringdist::init() reads Open MPI's variables
+        cmds = [[MPIRUN, *MPIRUN_ARGS, "-n", str(RANKS), program, *CPP_ARGS]]
+        envs = [dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))]
     with Launched(cmds, envs, merge_stderr=True) as run:
         results = run.communicate(120)
     assert not run.timed_out, f"{style} run timed out:\n" + "\n".join(out for _, out, _ in results)
     return [(code, out) for code, out, _ in results]
 
 
-@pytest.mark.parametrize("style", ["torchrun", "spawn", "plain"])
-def test_teardown_is_silent(style):
+@pytest.mark.parametrize("style", STYLES)
+def test_teardown_is_silent(style, request):
+    if "mpirun" in style and MPIRUN is None:
+        pytest.skip("mpirun is not installed (benchmarks/setup_mpi.sh)")
+    program = request.getfixturevalue("cpp_example") if style.startswith("cpp") else None
     noisy = []
     for run in range(RUNS):
-        for code, out in _launch(style):
+        outputs = _launch(style, program)
+        for code, out in outputs:
             assert code == 0, f"{style} run {run}: exit code {code}\n{out[-3000:]}"
-            if NOISE.search(out):
-                noisy.append(f"--- run {run} ---\n{out[-3000:]}")
+        if any(NOISE.search(out) for _, out in outputs):
+            noisy.append(f"--- run {run} ---\n" + "\n".join(out[-3000:] for _, out in outputs))
+    print(f"\n{style}: {len(noisy)} noisy runs of {RUNS}")
     assert not noisy, f"{len(noisy)} of {RUNS} {style} runs were noisy:\n" + "\n".join(noisy[:2])
 
 

@@ -1,6 +1,7 @@
 """Registration of the "ringdist" backend with torch.distributed."""
 import atexit
 import logging
+import sys
 
 from torch_ringdist._extension import build_record, load
 
@@ -15,7 +16,11 @@ _exit_hook_registered = False
 def _shutdown_at_exit():
     # Before Python finalizes: a ringdist worker thread still running then would be
     # killed while dropping a tensor (it needs the GIL) and abort the process.
-    load()._shutdown_all()
+    # After an uncaught exception (Python set sys.last_value) the groups are aborted: the
+    # peers may be blocked in an operation with this rank, and waiting for their goodbye
+    # would hold both until the teardown deadline (10 s); closed at once, their operation
+    # fails with this rank's loss within a second.
+    load()._shutdown_all(wait_for_peers=getattr(sys, "last_value", None) is None)
 
 
 def _create_backend(store, rank, world_size, timeout):

@@ -1075,7 +1075,7 @@ ProcessGroupRingdist& ringdistOf(const c10::intrusive_ptr<c10d::ProcessGroup>& g
   return *ringdist;
 }
 
-void shutdownAllBackends() {
+void shutdownAllBackends(bool waitForPeers) {
   std::vector<c10::intrusive_ptr<ProcessGroupRingdist>> live;
   {
     std::lock_guard<std::mutex> lock(gLiveMutex);
@@ -1085,7 +1085,11 @@ void shutdownAllBackends() {
     gLive.clear();
   }
   for (auto& backend : live) {
-    backend->shutdown();
+    if (waitForPeers) {
+      backend->shutdown();
+    } else {
+      backend->abort();
+    }
   }
 }
 

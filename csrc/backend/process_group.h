@@ -251,6 +251,9 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
 // at interpreter exit, before Python finalizes: a worker thread that still
 // runs then, and drops a tensor, would need the GIL, which a finalizing
 // Python never gives back (the thread is unwound and the process aborts).
-TORCH_RINGDIST_API void shutdownAllBackends();
+// waitForPeers false aborts them instead (a process leaving on an uncaught
+// exception): no goodbye wait, whose peers may be blocked in an operation
+// with this rank and would keep both waiting until the teardown deadline.
+TORCH_RINGDIST_API void shutdownAllBackends(bool waitForPeers = true);
 
 }  // namespace ringdist

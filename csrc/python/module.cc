@@ -105,9 +105,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("create_backend", &torch_ringdist::createBackend, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
         "The backend init_process_group('ringdist') makes (torch_ringdist::createBackend)");
-  m.def("_shutdown_all", &ringdist::shutdownAllBackends,
+  m.def("_shutdown_all", &ringdist::shutdownAllBackends, py::arg("wait_for_peers") = true,
         py::call_guard<py::gil_scoped_release>(),
-        "Shut down every live ringdist group (registered with atexit by torch_ringdist)");
+        "Shut down every live ringdist group (registered with atexit by torch_ringdist); "
+        "wait_for_peers=False aborts them instead");
   m.def("reduce_kernel_family", &ringdist::kernelFamily);
 #if RINGDIST_TESTING
   ringdist::defineTestingModule(m);  // test builds only (TORCH_RINGDIST_TESTING)

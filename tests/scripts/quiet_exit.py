@@ -1,6 +1,7 @@
 """Ranks of the teardown test (tests/test_teardown.py). Modes:
   env      init from the environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT: under torchrun, or
            a plain launch where rank 0's process hosts the store), one allreduce, destroy
+  mpi      the same under Open MPI's mpirun (its variables give the rank and world size)
   spawn    the parent of a torch.multiprocessing.spawn world doing the same (rank 0 hosts)
   failed   rank 1 exits at once after init; rank 0's allreduce fails, and rank 0 prints how
            long destroy_process_group and the rest of its exit took after that failure
@@ -43,6 +44,11 @@ def failed_peer():
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "env":
+        one_allreduce()
+    elif mode == "mpi":
+        os.environ.update(RANK=os.environ["OMPI_COMM_WORLD_RANK"],
+                          WORLD_SIZE=os.environ["OMPI_COMM_WORLD_SIZE"],
+                          LOCAL_RANK=os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
         one_allreduce()
     elif mode == "spawn":
         import torch.multiprocessing as mp
