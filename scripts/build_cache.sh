@@ -11,6 +11,9 @@ if command -v ccache >/dev/null && [ "${RINGDIST_NO_CCACHE:-0}" != 1 ]; then
   export CCACHE_DIR=${CCACHE_DIR:-$RINGDIST_CACHE/ccache}
   export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
   export CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-6G}
+  # The library's precompiled torch headers (CMakeLists.txt: TORCH_RINGDIST_PCH) are cached
+  # only with these: the .gch is created during the build, and its macros are checked by gcc.
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache \
     CMAKE_CUDA_COMPILER_LAUNCHER=ccache
 fi
