@@ -91,6 +91,7 @@ def check_ranks_equal():
     return ranks_equal
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k deselect: --smoke picks among what is left
 def pytest_collection_modifyitems(session, config, items):
     """Run each module's tests grouped by world, so every world is spawned once.
 
@@ -118,23 +119,23 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_addoption(parser):
     parser.addoption(
         "--smoke", action="store_true",
-        help="one case of each test function (a two-rank world where it has one), and every "
+        help="one case of each test file (a two-rank world where it has one), and every "
              "case marked cuda: CI's CUDA-build stage, whose host code the first stage tested")
 
 
 def smoke_selection(items):
-    """The items --smoke keeps: per test function its first two-rank case (else its first
+    """The items --smoke keeps: per test file one case (its first two-rank case, else its first
     case), and all of those marked ``cuda``."""
-    chosen: dict[tuple, object] = {}
+    chosen: dict[str, tuple] = {}
     keep = set()
     for item in items:
         if item.get_closest_marker("cuda"):
             keep.add(item)
             continue
-        function = (item.module.__name__ if item.module else "", item.originalname)
+        module = item.module.__name__ if item.module else item.nodeid.split("::")[0]
         params = getattr(getattr(item, "callspec", None), "params", {})
         two_ranks = params.get("ws", params.get("world_size")) == 2
-        if function not in chosen or (two_ranks and not chosen[function][1]):
-            chosen[function] = (item, two_ranks)
+        if module not in chosen or (two_ranks and not chosen[module][1]):
+            chosen[module] = (item, two_ranks)
     keep.update(item for item, _ in chosen.values())
     return keep
