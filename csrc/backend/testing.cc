@@ -233,6 +233,41 @@ at::Tensor codecDecode(const at::Tensor& bytes, const std::string& name, int64_t
 
 // ---------------------------------------------------------------- top-k
 
+namespace {
+
+// The passes of the radix select over x (n entries): per pass a histogram of
+// the digits and the digit holding the cut of the k largest magnitudes.
+// Returns the cut's key and how many entries equal to it are taken.
+topkmath::RadixState radixPasses(const float* x, size_t n, uint32_t k) {
+  namespace tm = topkmath;
+  tm::RadixState s{0u, k};
+  std::vector<uint32_t> hist(tm::kMaxRadixBins);
+  for (int pass = 0; pass < tm::kRadixPasses; ++pass) {
+    std::fill(hist.begin(), hist.end(), 0u);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t key = tm::magnitudeKey(x[i]);
+      if (tm::inPrefix(key, s, pass)) ++hist[tm::radixDigit(key, pass)];
+    }
+    // Every digit is tested, as the GPU's threads do: exactly one may hold the cut.
+    uint32_t above = 0;
+    int holders = 0;
+    tm::RadixState next = s;
+    for (int d = static_cast<int>(tm::radixBins(pass)) - 1; d >= 0; --d) {
+      if (tm::holdsCut(above, hist[d], s.remaining)) {
+        next = tm::narrowTo(s, pass, static_cast<uint32_t>(d), above);
+        ++holders;
+      }
+      above += hist[d];
+    }
+    TORCH_CHECK(holders == 1, "ringdist testing: pass ", pass, ": ", holders,
+                " digits hold the cut, want 1");
+    s = next;
+  }
+  return s;
+}
+
+}  // namespace
+
 // The GPU's radix select (csrc/cuda/topk.cu) rehearsed on the host, step by
 // step through the same shared functions: x = residual + grad, a histogram
 // and the digit holding the cut per pass, then per tile of `tile` entries the
@@ -261,29 +296,7 @@ void topkRadixSelect(const at::Tensor& grad, std::optional<at::Tensor> residual,
   }
   if (k == 0) return;
 
-  tm::RadixState s{0u, static_cast<uint32_t>(k)};
-  std::vector<uint32_t> hist(tm::kMaxRadixBins);
-  for (int pass = 0; pass < tm::kRadixPasses; ++pass) {
-    std::fill(hist.begin(), hist.end(), 0u);
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t key = tm::magnitudeKey(x[i]);
-      if (tm::inPrefix(key, s, pass)) ++hist[tm::radixDigit(key, pass)];
-    }
-    // Every digit is tested, as the GPU's threads do: exactly one may hold the cut.
-    uint32_t above = 0;
-    int holders = 0;
-    tm::RadixState next = s;
-    for (int d = static_cast<int>(tm::radixBins(pass)) - 1; d >= 0; --d) {
-      if (tm::holdsCut(above, hist[d], s.remaining)) {
-        next = tm::narrowTo(s, pass, static_cast<uint32_t>(d), above);
-        ++holders;
-      }
-      above += hist[d];
-    }
-    TORCH_CHECK(holders == 1, "ringdist testing: pass ", pass, ": ", holders,
-                " digits hold the cut, want 1");
-    s = next;
-  }
+  const tm::RadixState s = radixPasses(x, n, static_cast<uint32_t>(k));
 
   const size_t width = static_cast<size_t>(tile);
   const size_t tiles = (n + width - 1) / width;

@@ -295,6 +295,83 @@ struct SentList {
   } sent[kMaxTestMessages];
 };
 
+// One call of sameGpuHostRun: `kind` of the collective on `in` (inCount
+// elements) into `out` (outCount elements).
+struct HostCall {
+  const std::string& kind;
+  char* in;
+  char* out;
+  size_t inCount;
+  size_t outCount;
+  DataType dtype;
+  ReduceOp op;
+  int root;
+  const std::vector<int64_t>& sends;  // all_to_all: elements to each rank
+  const std::vector<int64_t>& receipts;  // and from each
+};
+
+// Runs `call` as the backend would: through the same-GPU path once it is set
+// up, else through the engine's collective on the host.
+void runHostCall(Communicator& comm, Sim& sim, const HostCall& call) {
+  const int n = comm.size();
+  const std::string& kind = call.kind;
+  char* in = call.in;
+  char* out = call.out;
+  const size_t inCount = call.inCount, outCount = call.outCount;
+  const DataType dtype = call.dtype;
+  const ReduceOp reduceOp = call.op;
+  const size_t elem = elementSize(dtype);
+  const bool fused = sim.gpu.ready();
+  if (kind == "all_reduce") {
+    if (fused) sim.gpu.allreduce(comm, sim.stream, in, inCount, dtype, reduceOp);
+    else allreduce(comm, in, inCount, dtype, reduceOp);
+  } else if (kind == "broadcast") {
+    if (fused) sim.gpu.broadcast(comm, sim.stream, in, inCount, dtype, call.root);
+    else ringdist::broadcast(comm, in, inCount, dtype, call.root);
+  } else if (kind == "reduce") {
+    if (fused) sim.gpu.reduce(comm, sim.stream, in, inCount, dtype, reduceOp, call.root);
+    else ringdist::reduce(comm, in, inCount, dtype, reduceOp, call.root);
+  } else if (kind == "reduce_scatter") {
+    if (fused) {
+      sim.gpu.reduceScatter(comm, sim.stream, in, out, outCount, dtype, reduceOp);
+    } else {
+      std::vector<const void*> blocks;
+      for (int r = 0; r < n; ++r) blocks.push_back(in + static_cast<size_t>(r) * outCount * elem);
+      reduceScatter(comm, blocks.data(), out, outCount, dtype, reduceOp);
+    }
+  } else if (kind == "all_gather") {
+    if (fused) {
+      sim.gpu.allgather(comm, sim.stream, in, out, inCount, dtype);
+    } else {
+      std::vector<void*> blocks;
+      for (int r = 0; r < n; ++r) blocks.push_back(out + static_cast<size_t>(r) * inCount * elem);
+      ringdist::allgather(comm, in, blocks.data(), inCount, dtype);
+    }
+  } else if (kind == "all_to_all") {
+    RINGDIST_CHECK(static_cast<int>(call.sends.size()) == n &&
+                     static_cast<int>(call.receipts.size()) == n,
+                   "same_gpu_host_run: all_to_all needs a count per rank");
+    const std::vector<uint64_t> sendCounts(call.sends.begin(), call.sends.end());
+    const std::vector<uint64_t> recvCounts(call.receipts.begin(), call.receipts.end());
+    if (fused) {
+      sim.gpu.alltoall(comm, sim.stream, in, sendCounts, out, recvCounts, dtype);
+    } else {
+      std::vector<const void*> ins;
+      std::vector<void*> outs;
+      size_t sent = 0, received = 0;
+      for (int r = 0; r < n; ++r) {
+        ins.push_back(in + sent * elem);
+        outs.push_back(out + received * elem);
+        sent += sendCounts[static_cast<size_t>(r)];
+        received += recvCounts[static_cast<size_t>(r)];
+      }
+      alltoall(comm, ins.data(), sendCounts, outs.data(), recvCounts, dtype);
+    }
+  } else {
+    RINGDIST_FAIL("same_gpu_host_run: unknown collective ", kind);
+  }
+}
+
 }  // namespace
 
 std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, const std::string& kind,
@@ -312,7 +389,6 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, cons
               input.scalar_type());
   const ReduceOp reduceOp = opFromName(op);
   auto& group = ringdistOf(c10d::resolve_process_group(groupName), "same_gpu_host_run");
-  const int n = group.getSize();
   const auto timeout = std::chrono::milliseconds(timeoutMs);
   Sim* sim = &simFor(groupName, group, static_cast<uint8_t>(device), timeout, peerAccess);
   // The tensors, lent from this rank's arena (or not at all): in place when
@@ -329,59 +405,10 @@ std::map<std::string, int64_t> sameGpuHostRun(const std::string& groupName, cons
   if (lend) std::memcpy(in, input.data_ptr(), inBytes);
   sim->stream.stall(stall);
   sim->platform->vanish(vanish);
-  group.runOnWorker(timeout, [&](Communicator& comm) {
-    const size_t inCount = static_cast<size_t>(input.numel());
-    const size_t outCount = static_cast<size_t>(output.numel());
-    const size_t elem = elementSize(dtype);
-    const bool fused = sim->gpu.ready();
-    if (kind == "all_reduce") {
-      if (fused) sim->gpu.allreduce(comm, sim->stream, in, inCount, dtype, reduceOp);
-      else allreduce(comm, in, inCount, dtype, reduceOp);
-    } else if (kind == "broadcast") {
-      if (fused) sim->gpu.broadcast(comm, sim->stream, in, inCount, dtype, static_cast<int>(root));
-      else ringdist::broadcast(comm, in, inCount, dtype, static_cast<int>(root));
-    } else if (kind == "reduce") {
-      if (fused) sim->gpu.reduce(comm, sim->stream, in, inCount, dtype, reduceOp, static_cast<int>(root));
-      else ringdist::reduce(comm, in, inCount, dtype, reduceOp, static_cast<int>(root));
-    } else if (kind == "reduce_scatter") {
-      if (fused) {
-        sim->gpu.reduceScatter(comm, sim->stream, in, out, outCount, dtype, reduceOp);
-      } else {
-        std::vector<const void*> blocks;
-        for (int r = 0; r < n; ++r) blocks.push_back(in + static_cast<size_t>(r) * outCount * elem);
-        reduceScatter(comm, blocks.data(), out, outCount, dtype, reduceOp);
-      }
-    } else if (kind == "all_gather") {
-      if (fused) {
-        sim->gpu.allgather(comm, sim->stream, in, out, inCount, dtype);
-      } else {
-        std::vector<void*> blocks;
-        for (int r = 0; r < n; ++r) blocks.push_back(out + static_cast<size_t>(r) * inCount * elem);
-        ringdist::allgather(comm, in, blocks.data(), inCount, dtype);
-      }
-    } else if (kind == "all_to_all") {
-      RINGDIST_CHECK(static_cast<int>(sends.size()) == n && static_cast<int>(receipts.size()) == n,
-                     "same_gpu_host_run: all_to_all needs a count per rank");
-      const std::vector<uint64_t> sendCounts(sends.begin(), sends.end());
-      const std::vector<uint64_t> recvCounts(receipts.begin(), receipts.end());
-      if (fused) {
-        sim->gpu.alltoall(comm, sim->stream, in, sendCounts, out, recvCounts, dtype);
-      } else {
-        std::vector<const void*> ins;
-        std::vector<void*> outs;
-        size_t sent = 0, received = 0;
-        for (int r = 0; r < n; ++r) {
-          ins.push_back(in + sent * elem);
-          outs.push_back(out + received * elem);
-          sent += sendCounts[static_cast<size_t>(r)];
-          received += recvCounts[static_cast<size_t>(r)];
-        }
-        alltoall(comm, ins.data(), sendCounts, outs.data(), recvCounts, dtype);
-      }
-    } else {
-      RINGDIST_FAIL("same_gpu_host_run: unknown collective ", kind);
-    }
-  });
+  const HostCall call{kind, in, out, static_cast<size_t>(input.numel()),
+                      static_cast<size_t>(output.numel()), dtype, reduceOp,
+                      static_cast<int>(root), sends, receipts};
+  group.runOnWorker(timeout, [&](Communicator& comm) { runHostCall(comm, *sim, call); });
   sim->stream.drain(3 * timeout + std::chrono::seconds(5));
   sim->stream.stall(false);
   sim->platform->vanish(false);

@@ -44,6 +44,38 @@ void allgatherSingleCopy(Communicator& comm, const void* input, void* const* out
   comm.exchangeDone(peers, peers);
 }
 
+// Transfer t of the ring allgather: whose block it carries, and its byte
+// offset and length in that block (`block` cuts one block into segments).
+struct BlockPiece {
+  int owner;
+  size_t at;
+  size_t bytes;
+};
+
+BlockPiece blockPiece(Communicator& comm, const ChunkLayout& block, size_t elem, size_t transfer,
+                      bool sending) {
+  const long step = static_cast<long>(transfer / block.segmentsPerChunk);
+  const size_t sender = modPos(comm.ringPos() - step - (sending ? 0 : 1), comm.size());
+  size_t offset, length;
+  block.segment(0, transfer % block.segmentsPerChunk, &offset, &length);
+  return BlockPiece{comm.ringRank(static_cast<int>(sender)), offset * elem, length * elem};
+}
+
+// The RingGate of the ring allgather: step 0's sends read the input (our
+// own output block, one block of the gate's bytes); every arrival is final
+// where it lands, in its owner's block.
+auto allgatherGate(StageGate* gate, Communicator& comm, const ChunkLayout& block, size_t elem) {
+  auto need = [&comm, &block, elem](size_t t, bool sending) {
+    const BlockPiece p = blockPiece(comm, block, elem, t, sending);
+    return std::make_pair(p.at, p.bytes);
+  };
+  auto produced = [&comm, &block, elem](size_t t) {
+    const BlockPiece p = blockPiece(comm, block, elem, t, false);
+    return std::make_pair(static_cast<size_t>(p.owner) * block.count * elem + p.at, p.bytes);
+  };
+  return RingGate(gate, gate, block.segmentsPerChunk, 0, need, produced);
+}
+
 void allgatherRing(Communicator& comm, const void* input, void* const* outputs, size_t count,
                    DataType dtype, StageGate* gate) {
   const int n = comm.size();
@@ -52,65 +84,36 @@ void allgatherRing(Communicator& comm, const void* input, void* const* outputs, 
   const size_t elem = elementSize(dtype);
   const bool copyOwn = count > 0 && outputs[rank] != input;
   if (n == 1 || count == 0) {
-    if (copyOwn) {
-      copyBytes(outputs[rank], input, count * elem);
-    }
+    if (copyOwn) copyBytes(outputs[rank], input, count * elem);
     return;
   }
   const ChunkLayout block(count, 1, comm.segmentBytes(), elem);
   const size_t perStep = block.segmentsPerChunk;
   const size_t total = static_cast<size_t>(n - 1) * perStep;
-  const long pos = comm.ringPos();
   Channel& left = comm.channel(comm.left());
   Channel& right = comm.channel(comm.right());
-  // Transfer t's block owner, byte offset in that block and length.
-  auto piece = [&](size_t transfer, bool sending, int* owner, size_t* bytes) {
-    long step = static_cast<long>(transfer / perStep);
-    *owner = comm.ringRank(static_cast<int>(modPos(pos - step - (sending ? 0 : 1), n)));
-    size_t offset, length;
-    block.segment(0, transfer % perStep, &offset, &length);
-    *bytes = length * elem;
-    return offset * elem;
-  };
+  auto piece = [&](size_t t, bool sending) { return blockPiece(comm, block, elem, t, sending); };
+  const auto gated = allgatherGate(gate, comm, block, elem);
+  gated.planSendsFirst(perStep);
   // Own block: input -> outputs[rank], one segment per idle moment.
   size_t ownCopied = copyOwn ? 0 : perStep;
   auto copyOwnSegment = [&] {
-    size_t offset, length;
-    block.segment(0, ownCopied++, &offset, &length);
-    copyBytes(static_cast<char*>(outputs[rank]) + offset * elem,
-              static_cast<const char*>(input) + offset * elem, length * elem);
+    const BlockPiece p = piece(ownCopied++, true);
+    copyBytes(static_cast<char*>(outputs[rank]) + p.at, static_cast<const char*>(input) + p.at,
+              p.bytes);
   };
-
-  if (gate != nullptr) {
-    std::vector<std::pair<size_t, size_t>> ranges;
-    for (size_t t = 0; t < perStep; ++t) {
-      int owner;
-      size_t bytes;
-      size_t at = piece(t, true, &owner, &bytes);
-      ranges.emplace_back(at, bytes);
-    }
-    gate->plan(ranges);
-  }
   // Every receive goes straight to its final place, so all can be posted now.
   std::vector<uint64_t> recvTicket(total);
   for (size_t t = 0; t < total; ++t) {
-    int owner;
-    size_t bytes;
-    size_t at = piece(t, false, &owner, &bytes);
-    recvTicket[t] = left.postRecv(static_cast<char*>(outputs[owner]) + at, bytes);
+    const BlockPiece p = piece(t, false);
+    recvTicket[t] = left.postRecv(static_cast<char*>(outputs[p.owner]) + p.at, p.bytes);
   }
   uint64_t lastSend = 0;
   size_t sent = 0;
   size_t arrived = 0;
   auto countArrivals = [&] {
-    while (arrived < total && left.recvDone(recvTicket[arrived])) {
-      if (gate != nullptr) {
-        int owner;
-        size_t bytes;
-        size_t at = piece(arrived, false, &owner, &bytes);
-        gate->produced(static_cast<size_t>(owner) * count * elem + at, bytes);
-      }
-      ++arrived;
+    for (; arrived < total && left.recvDone(recvTicket[arrived]); ++arrived) {
+      gated.produced(arrived);
     }
   };
   auto finished = [&] {
@@ -122,20 +125,15 @@ void allgatherRing(Communicator& comm, const void* input, void* const* outputs, 
     // Step 0 sends our input; step s forwards transfer - perStep.
     bool waited = false;
     while (sent < total && (sent < perStep || arrived > sent - perStep)) {
-      int owner;
-      size_t bytes;
-      size_t at = piece(sent, true, &owner, &bytes);
-      if (gate != nullptr && sent < perStep) gate->need(at, bytes);
-      const void* from = sent < perStep ? input : outputs[owner];
-      lastSend = right.postSend(static_cast<const char*>(from) + at, bytes);
+      const BlockPiece p = piece(sent, true);
+      waited = gated.need(sent, true);
+      const void* from = sent < perStep ? input : outputs[p.owner];
+      lastSend = right.postSend(static_cast<const char*>(from) + p.at, p.bytes);
       ++sent;
-      waited = gate != nullptr && sent <= perStep;
       if (waited) break;  // between input pieces, forward arrivals
     }
     bool moved = comm.progress();
-    if (finished()) {
-      return;
-    }
+    if (finished()) return;
     if (!moved && !waited) {
       if (ownCopied < perStep) {
         copyOwnSegment();

@@ -130,15 +130,26 @@ void oneShotAllreduce(Communicator& comm, void* data, size_t count, DataType dty
 }
 
 // How one run of ring steps meets the operation's StageGate: `needs`: its
-// step-0 sends and reduce-scatter receives are the operation's first reads of
-// the input (planned, then asked for); `produces`: its final segments are
-// results; `offset`: where its data starts in the gated buffer (bytes).
-struct RingGate {
-  StageGate* gate = nullptr;
-  bool needs = false;
-  bool produces = false;
+// step-0 sends and reduce-scatter receives are the operation's first reads
+// of the input; `produces`: its final segments are results; `offset`: where
+// its data starts in the gated buffer (bytes).
+struct StepsGate {
+  StageGate* needs = nullptr;
+  StageGate* produces = nullptr;
   size_t offset = 0;
 };
+
+// The RingGate of steps over `layout` at ring position `pos`: a transfer's
+// segment is read and finished in place, `gated.offset` into the buffer.
+auto ringGateOf(const StepsGate& gated, const ChunkLayout& layout, long pos, size_t elem) {
+  auto bytes = [&layout, pos, elem, at = gated.offset](size_t transfer, bool sending) {
+    const auto [offset, length] = layout.transferSegment(pos, transfer, sending);
+    return std::make_pair(at + offset * elem, length * elem);
+  };
+  const size_t perStep = layout.segmentsPerChunk;
+  return RingGate(gated.needs, gated.produces, perStep, (layout.chunks - 1) * perStep, bytes,
+                  [bytes](size_t transfer) { return bytes(transfer, false); });
+}
 
 // The order in which a rank sends (and its right neighbour receives) the
 // transfers of steps [first, end): segment j of step s goes out at key
@@ -146,70 +157,45 @@ struct RingGate {
 // kForwardLag segments after it arrived, while it is still in cache, rather
 // than behind the whole chunk of the step before (which re-read it from
 // memory: an N=2 allreduce then moved 5S of memory instead of 4S).
-std::vector<size_t> streamOrder(size_t first, size_t end, size_t perStep) {
-  std::vector<size_t> order(end - first);
-  for (size_t i = 0; i < order.size(); ++i) order[i] = first + i;
-  auto key = [&](size_t t) {
-    const size_t step = (t - first) / perStep;
-    return std::make_pair(t % perStep + step * kForwardLag, step);
-  };
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return key(a) < key(b); });
-  return order;
-}
+struct StreamOrder {
+  StreamOrder(size_t first, size_t end, size_t perStep)
+      : order(end - first), positionOf(end - first) {
+    for (size_t i = 0; i < order.size(); ++i) order[i] = first + i;
+    auto key = [&](size_t t) {
+      const size_t step = (t - first) / perStep;
+      return std::make_pair(t % perStep + step * kForwardLag, step);
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return key(a) < key(b); });
+    for (size_t k = 0; k < order.size(); ++k) positionOf[order[k] - first] = k;
+  }
+  std::vector<size_t> order;       // transfers by stream position
+  std::vector<size_t> positionOf;  // stream positions by transfer - first
+};
 
 // Steps [firstStep, endStep) of a pipelined ring allreduce over `ring` on
 // `count` elements at `data`: steps 0..n-2 reduce-scatter (position p ends
 // owning chunk p, fully reduced), steps n-1..2n-3 allgather. A partial range
 // starts from data that is final for its first step. divisor > 0: the owner
 // divides its chunk by it after the last reduce step (AVG). `gated` says how
-// these steps meet the operation's StageGate, if any (RingGate).
+// these steps meet the operation's StageGate, if any.
 void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count, DataType dtype,
                ReduceFn reduceFn, long firstStep, long endStep, int divisor,
-               const RingGate& gated = {}) {
+               const StepsGate& gated = {}) {
   const int n = ring.size();
   const size_t elem = elementSize(dtype);
   const ChunkLayout layout(count, n, comm.segmentBytes(), elem);
   const size_t perStep = layout.segmentsPerChunk;
-  const size_t first = static_cast<size_t>(firstStep) * perStep;  // transfers [first, end)
-  const size_t end = static_cast<size_t>(endStep) * perStep;
-  const size_t total = end - first;
+  // Transfers [first, first + total).
+  const size_t first = static_cast<size_t>(firstStep) * perStep;
+  const size_t total = static_cast<size_t>(endStep - firstStep) * perStep;
   const size_t reduceScatterTransfers = static_cast<size_t>(n - 1) * perStep;
-  const long pos = ring.pos;
   char* base = static_cast<char*>(data);
   Channel& left = comm.channel(ring.left());
   Channel& right = comm.channel(ring.right());
-
-  auto segmentOf = [&](size_t transfer, bool sending, size_t* offset, size_t* length) {
-    long step = static_cast<long>(transfer / perStep);
-    size_t chunk = modPos(pos - step - (sending ? 1 : 2), n);
-    layout.segment(chunk, transfer % perStep, offset, length);
-  };
-
-  // Positions in the stream (both directions use the same order) and back.
-  const std::vector<size_t> order = streamOrder(first, end, perStep);
-  std::vector<size_t> positionOf(total);
-  for (size_t k = 0; k < total; ++k) positionOf[order[k] - first] = k;
-  StageGate* const needs = gated.needs ? gated.gate : nullptr;
-  StageGate* const produces = gated.produces ? gated.gate : nullptr;
-  auto needSegment = [&](size_t transfer, bool sending) {
-    size_t offset, length;
-    segmentOf(transfer, sending, &offset, &length);
-    if (length > 0) needs->need(gated.offset + offset * elem, length * elem);
-  };
-  if (needs != nullptr) {
-    std::vector<std::pair<size_t, size_t>> ranges;
-    auto add = [&](size_t transfer, bool sending) {
-      size_t offset, length;
-      segmentOf(transfer, sending, &offset, &length);
-      if (length > 0) ranges.emplace_back(gated.offset + offset * elem, length * elem);
-    };
-    for (size_t t : order) {
-      if (t < perStep) add(t, true);
-      if (t < reduceScatterTransfers) add(t, false);
-    }
-    needs->plan(ranges);
-  }
+  const auto gate = ringGateOf(gated, layout, ring.pos, elem);
+  const StreamOrder stream(first, first + total, perStep);  // both directions' order
+  gate.plan(stream.order);
   std::vector<uint64_t> sendTicket(total, 0);  // indexed by transfer - first
   std::vector<uint64_t> recvTicket(total, 0);
   size_t sent = 0;       // stream positions whose send is posted
@@ -220,13 +206,10 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
     // Send, in stream order, every transfer whose data is final here: the
     // first step sends what we hold; step s forwards what step s-1 received.
     while (sent < total) {
-      const size_t t = order[sent];
-      if (t >= first + perStep && positionOf[t - perStep - first] >= processed) {
-        break;
-      }
-      if (needs != nullptr && t < perStep) needSegment(t, true);
-      size_t offset, length;
-      segmentOf(t, true, &offset, &length);
+      const size_t t = stream.order[sent];
+      if (t >= first + perStep && stream.positionOf[t - perStep - first] >= processed) break;
+      gate.need(t, true);
+      const auto [offset, length] = layout.transferSegment(ring.pos, t, true);
       lastSend = sendTicket[t - first] = right.postSend(base + offset * elem, length * elem);
       ++sent;
     }
@@ -234,45 +217,37 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
     // into a region our reduce-scatter sent earlier; that send must be done
     // (sends of an earlier call were waited for before it returned).
     while (posted < total && posted - processed < kRecvWindow) {
-      const size_t t = order[posted];
-      size_t offset, length;
-      segmentOf(t, false, &offset, &length);
+      const size_t t = stream.order[posted];
+      const auto [offset, length] = layout.transferSegment(ring.pos, t, false);
+      char* target = base + offset * elem;
       if (t < reduceScatterTransfers) {
-        if (needs != nullptr) needSegment(t, false);
-        char* target = base + offset * elem;
+        gate.need(t, false);
         recvTicket[t - first] = left.postRecvReduce(target, target, length * elem, elem, reduceFn);
       } else {
-        size_t earlier = t - reduceScatterTransfers;
-        if (earlier >= first && (positionOf[earlier - first] >= sent ||
+        const size_t earlier = t - reduceScatterTransfers;
+        if (earlier >= first && (stream.positionOf[earlier - first] >= sent ||
                                  !right.sendDone(sendTicket[earlier - first]))) {
           break;
         }
-        recvTicket[t - first] = left.postRecv(base + offset * elem, length * elem);
+        recvTicket[t - first] = left.postRecv(target, length * elem);
       }
       ++posted;
     }
     bool moved = comm.progress();
-    const size_t t = processed < posted ? order[processed] : 0;
+    const size_t t = processed < posted ? stream.order[processed] : 0;
     if (processed < posted && left.recvDone(recvTicket[t - first])) {
-      bool lastReduceStep = t / perStep == static_cast<size_t>(n - 2);
-      size_t offset, length;
-      segmentOf(t, false, &offset, &length);
-      if (lastReduceStep && divisor > 0) {
-        divideInPlace(base + offset * elem, length, dtype, divisor);  // the owner finalises its chunk
+      if (divisor > 0 && t / perStep == static_cast<size_t>(n - 2)) {  // the owner's last reduce
+        const auto [offset, length] = layout.transferSegment(ring.pos, t, false);
+        divideInPlace(base + offset * elem, length, dtype, divisor);
       }
-      if (produces != nullptr && length > 0 && (lastReduceStep || t >= reduceScatterTransfers)) {
-        produces->produced(gated.offset + offset * elem, length * elem);
-      }
+      gate.produced(t);
       ++processed;
       continue;
     }
-    if (!moved) {
-      comm.waitForActivity();
-    }
+    if (!moved) comm.waitForActivity();
   }
-  if (sent > 0) {  // a channel completes its sends in the order they were posted
-    comm.waitUntil([&] { return right.sendDone(lastSend); });
-  }
+  // A channel completes its sends in the order they were posted.
+  if (sent > 0) comm.waitUntil([&] { return right.sendDone(lastSend); });
 }
 
 // One host (Communicator::singleCopy; two ranks from
@@ -329,7 +304,7 @@ void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
                    StageGate* gate) {
   const int n = comm.size();
   ringSteps(comm, comm.ring(), data, count, dtype, reduceFunction(dtype, op), 0, 2 * (n - 1),
-            op == ReduceOp::kAvg ? n : 0, {gate, true, true, 0});
+            op == ReduceOp::kAvg ? n : 0, {gate, gate, 0});
 }
 
 // Two levels, for H hosts of L ranks each: reduce-scatter inside the host
@@ -349,7 +324,7 @@ void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataTyp
   ReduceFn reduceFn = reduceFunction(dtype, op);
   // A gate: the host's reduce-scatter first reads the input; the cross ring
   // finishes this rank's chunk and the host's allgather brings the others.
-  ringSteps(comm, host, data, count, dtype, reduceFn, 0, l - 1, 0, {gate, true, false, 0});
+  ringSteps(comm, host, data, count, dtype, reduceFn, 0, l - 1, 0, {gate, nullptr, 0});
   const size_t elem = elementSize(dtype);
   const ChunkLayout layout(count, host.size(), comm.segmentBytes(), elem);
   const size_t own = static_cast<size_t>(host.pos);
@@ -358,10 +333,10 @@ void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataTyp
     ringSteps(comm, cross, static_cast<char*>(data) + layout.chunkOffset(own) * elem,
               layout.chunkLength(own), dtype, reduceFn, 0, 2 * (h - 1),
               op == ReduceOp::kAvg ? comm.size() : 0,
-              {gate, false, true, layout.chunkOffset(own) * elem});
+              {nullptr, gate, layout.chunkOffset(own) * elem});
   }
   ringSteps(comm, host, data, count, dtype, reduceFn, l - 1, 2 * (l - 1), 0,
-            {gate, false, true, 0});
+            {nullptr, gate, 0});
 }
 
 // Through the links: the one-round, single-copy or ring paths by size.

@@ -26,72 +26,70 @@
 
 namespace ringdist {
 
+namespace {
+
+// The RingGate of the ring reduce-scatter: every transfer reads input (of
+// chunk c, at byte gateAt[c] of the gate's input); the last step's finish
+// the segments of the output.
+auto reduceScatterGate(StageGate* gate, const std::vector<size_t>& gateAt,
+                       const ChunkLayout& layout, long pos, size_t elem) {
+  const size_t perStep = layout.segmentsPerChunk;
+  auto within = [&layout, elem](size_t t) {  // t's byte offset within its chunk
+    return t % layout.segmentsPerChunk * layout.segmentElems * elem;
+  };
+  auto bytes = [&layout, pos, elem](size_t t, bool sending) {
+    return layout.transferSegment(pos, t, sending).second * elem;
+  };
+  return RingGate(
+      gate, gate, perStep, (layout.chunks - 1) * perStep,
+      [&gateAt, &layout, pos, within, bytes](size_t t, bool sending) {
+        const size_t chunk = layout.chunkOf(pos, t, sending);
+        return std::make_pair(gateAt[chunk] + within(t), bytes(t, sending));
+      },
+      [within, bytes](size_t t) { return std::make_pair(within(t), bytes(t, false)); });
+}
+
+}  // namespace
+
 // The fully reduced chunk is left in an accumulator when out is null.
 char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chunks,
                         const ChunkLayout& layout, DataType dtype, ReduceOp op, char* out,
                         StageGate* gate, const std::vector<size_t>& gateAt) {
   const int n = comm.size();
   const size_t elem = elementSize(dtype);
-  const size_t segElems = layout.segmentElems;
+  const size_t segBytes = layout.segmentElems * elem;
   const size_t perStep = layout.segmentsPerChunk;
   const size_t total = static_cast<size_t>(n - 1) * perStep;
   const size_t lastStep = static_cast<size_t>(n - 2);
   const long pos = comm.ringPos();
   ReduceFn reduceFn = reduceFunction(dtype, op);
-
-  const size_t accBytes = perStep * segElems * elem;
+  const size_t accBytes = perStep * segBytes;
   char* scratch = comm.scratch(2 * accBytes);
   char* acc[2] = {scratch, scratch + accBytes};
   char* result = out != nullptr ? out : acc[lastStep % 2];
   Channel& left = comm.channel(comm.left());
   Channel& right = comm.channel(comm.right());
-
-  auto chunkOf = [&](size_t transfer, bool sending) {
-    long step = static_cast<long>(transfer / perStep);
-    return modPos(pos - step - (sending ? 1 : 2), n);
+  // Transfer t's segment: its elements, and its byte offset within its chunk.
+  auto lengthOf = [&](size_t t, bool sending) {
+    return layout.transferSegment(pos, t, sending).second;
   };
-  auto lengthOf = [&](size_t chunk, size_t segment) {
-    size_t offset, length;
-    layout.segment(chunk, segment, &offset, &length);
-    return length;
-  };
-
-  // Input segment `seg` of `chunk` in the gate's bytes.
-  auto gated = [&](size_t chunk, size_t seg) {
-    return std::make_pair(gateAt[chunk] + seg * segElems * elem, lengthOf(chunk, seg) * elem);
-  };
-  if (gate != nullptr) {  // step 0's sends all go out first, then the receives
-    std::vector<std::pair<size_t, size_t>> ranges;
-    auto add = [&](size_t chunk, size_t seg) {
-      if (lengthOf(chunk, seg) > 0) ranges.push_back(gated(chunk, seg));
-    };
-    for (size_t t = 0; t < perStep; ++t) add(chunkOf(t, true), t);
-    for (size_t t = 0; t < total; ++t) add(chunkOf(t, false), t % perStep);
-    gate->plan(ranges);
-  }
-  auto need = [&](size_t chunk, size_t seg) {
-    if (gate == nullptr) return false;
-    const auto [offset, bytes] = gated(chunk, seg);
-    if (bytes > 0) gate->need(offset, bytes);
-    return true;
-  };
-
+  auto within = [&](size_t t) { return t % perStep * segBytes; };
+  const auto gated = reduceScatterGate(gate, gateAt, layout, pos, elem);
+  gated.planSendsFirst(total);  // one input piece per round: step 0's sends go first
   std::vector<uint64_t> sendTicket(total, 0);
   std::vector<uint64_t> recvTicket(total, 0);
   size_t sent = 0, posted = 0, processed = 0;
   while (processed < total || sent < total) {
     bool waited = false;  // a gate waits for one input piece per round, so arrivals go on
     while (sent < total && (sent < perStep || processed > sent - perStep) && !waited) {
-      size_t step = sent / perStep, seg = sent % perStep;
-      size_t chunk = chunkOf(sent, true);
-      if (step == 0) waited = need(chunk, seg);
-      const char* src = step == 0 ? chunks[chunk] + seg * segElems * elem
-                                  : acc[(step - 1) % 2] + seg * segElems * elem;
-      sendTicket[sent] = right.postSend(src, lengthOf(chunk, seg) * elem);
+      waited = gated.need(sent, true);
+      const char* src = sent < perStep ? chunks[layout.chunkOf(pos, sent, true)]
+                                       : acc[(sent / perStep - 1) % 2];
+      sendTicket[sent] = right.postSend(src + within(sent), lengthOf(sent, true) * elem);
       ++sent;
     }
     while (posted < total && posted - processed < kRecvWindow && !waited) {
-      size_t step = posted / perStep, seg = posted % perStep;
+      const size_t step = posted / perStep;
       char* dst = step == lastStep ? result : acc[step % 2];
       bool intoAccumulator = dst == acc[0] || dst == acc[1];
       // This accumulator segment was last read by the send of transfer
@@ -100,29 +98,22 @@ char* ringReduceScatter(Communicator& comm, const std::vector<const char*>& chun
           (posted - perStep >= sent || !right.sendDone(sendTicket[posted - perStep]))) {
         break;
       }
-      size_t chunk = chunkOf(posted, false);
-      waited = need(chunk, seg);
+      waited = gated.need(posted, false);
       recvTicket[posted] = left.postRecvReduce(
-          dst + seg * segElems * elem, chunks[chunk] + seg * segElems * elem,
-          lengthOf(chunk, seg) * elem, elem, reduceFn);
+          dst + within(posted), chunks[layout.chunkOf(pos, posted, false)] + within(posted),
+          lengthOf(posted, false) * elem, elem, reduceFn);
       ++posted;
     }
     bool moved = comm.progress();
     if (processed < posted && left.recvDone(recvTicket[processed])) {
-      size_t step = processed / perStep, seg = processed % perStep;
-      const size_t length = lengthOf(chunkOf(processed, false), seg);
-      if (step == lastStep && op == ReduceOp::kAvg) {
-        divideInPlace(result + seg * segElems * elem, length, dtype, n);
+      if (processed / perStep == lastStep && op == ReduceOp::kAvg) {
+        divideInPlace(result + within(processed), lengthOf(processed, false), dtype, n);
       }
-      if (step == lastStep && gate != nullptr && length > 0) {
-        gate->produced(seg * segElems * elem, length * elem);
-      }
+      gated.produced(processed);
       ++processed;
       continue;
     }
-    if (!moved && !waited) {
-      comm.waitForActivity();
-    }
+    if (!moved && !waited) comm.waitForActivity();
   }
   comm.waitUntil([&] { return total == 0 || right.sendDone(sendTicket[total - 1]); });
   return result;

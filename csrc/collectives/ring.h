@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "csrc/collectives/collectives.h"
@@ -10,6 +11,11 @@
 #include "csrc/reduce/reduce.h"
 
 namespace ringdist {
+
+inline size_t modPos(long value, int n) {
+  long m = value % n;
+  return static_cast<size_t>(m < 0 ? m + n : m);
+}
 
 // How a ring algorithm cuts a buffer.
 //   chunk    one of N near-equal parts of the buffer (sizes differ by at most
@@ -46,6 +52,18 @@ struct ChunkLayout {
     *offset = chunkOffset(c) + (begin < len ? begin : len);
     *length = begin < len ? (len - begin < segmentElems ? len - begin : segmentElems) : 0;
   }
+  // The chunk ring position `pos` sends (or receives) in transfer t.
+  size_t chunkOf(long pos, size_t transfer, bool sending) const {
+    const long step = static_cast<long>(transfer / segmentsPerChunk);
+    return modPos(pos - step - (sending ? 1 : 2), static_cast<int>(chunks));
+  }
+  // Transfer t's segment that ring position `pos` sends (or receives), as
+  // (offset, length) in elements.
+  std::pair<size_t, size_t> transferSegment(long pos, size_t transfer, bool sending) const {
+    size_t offset, length;
+    segment(chunkOf(pos, transfer, sending), transfer % segmentsPerChunk, &offset, &length);
+    return {offset, length};
+  }
 
   size_t count;
   size_t chunks;
@@ -55,10 +73,78 @@ struct ChunkLayout {
   size_t segmentsPerChunk;
 };
 
-inline size_t modPos(long value, int n) {
-  long m = value % n;
-  return static_cast<size_t>(m < 0 ? m + n : m);
-}
+// How one run of ring transfers meets its operation's StageGate (the
+// glossary's gate), shared by the ring allreduce, allgather and
+// reduce-scatter. Of the run's transfers, the sends of step 0 (transfer <
+// perStep) and the receives of reduce steps (transfer < reduceTransfers:
+// they combine the input with what arrives) read the input first; the
+// receives of the last reduce step and of every later (allgather) step
+// finish their segment. With `needs`, the run plans those reads once, in the
+// order it makes them, and asks for each before making it; with `produces`,
+// it tells of each finished segment. inputBytes(transfer, sending) and
+// outputBytes(transfer) give a transfer's (offset, bytes) in the gate's input
+// and output; empty ranges are left out. Without a gate, nothing happens.
+template <typename InputBytes, typename OutputBytes>
+class RingGate {
+ public:
+  RingGate(StageGate* needs, StageGate* produces, size_t perStep, size_t reduceTransfers,
+           InputBytes inputBytes, OutputBytes outputBytes)
+      : needs_(needs), produces_(produces), perStep_(perStep),
+        reduceTransfers_(reduceTransfers), inputBytes_(inputBytes), outputBytes_(outputBytes) {}
+
+  // Plans the reads of the transfers of `order`, each transfer's send then
+  // its receive (the order in which the allreduce's stream makes them).
+  void plan(const std::vector<size_t>& order) const {
+    if (needs_ == nullptr) return;
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (size_t t : order) {
+      add(&ranges, t, true);
+      add(&ranges, t, false);
+    }
+    needs_->plan(ranges);
+  }
+  // Plans the reads of transfers 0..total-1, every send before any receive
+  // (the order in which a loop that waits for one input piece per round
+  // makes them).
+  void planSendsFirst(size_t total) const {
+    if (needs_ == nullptr) return;
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (size_t t = 0; t < total; ++t) add(&ranges, t, true);
+    for (size_t t = 0; t < total; ++t) add(&ranges, t, false);
+    needs_->plan(ranges);
+  }
+  // Before transfer t's send (or receive): asks for the input it reads, if
+  // it reads any. Returns whether it asked (it may have waited).
+  bool need(size_t transfer, bool sending) const {
+    if (needs_ == nullptr || !readsInput(transfer, sending)) return false;
+    const auto [offset, bytes] = inputBytes_(transfer, sending);
+    if (bytes > 0) needs_->need(offset, bytes);
+    return true;
+  }
+  // After transfer t's receive completed: tells of its segment if final.
+  void produced(size_t transfer) const {
+    if (produces_ == nullptr || transfer + perStep_ < reduceTransfers_) return;
+    const auto [offset, bytes] = outputBytes_(transfer);
+    if (bytes > 0) produces_->produced(offset, bytes);
+  }
+
+ private:
+  bool readsInput(size_t transfer, bool sending) const {
+    return transfer < (sending ? perStep_ : reduceTransfers_);
+  }
+  void add(std::vector<std::pair<size_t, size_t>>* ranges, size_t transfer, bool sending) const {
+    if (!readsInput(transfer, sending)) return;
+    const auto range = inputBytes_(transfer, sending);
+    if (range.second > 0) ranges->push_back(range);
+  }
+
+  StageGate* const needs_;
+  StageGate* const produces_;
+  const size_t perStep_;
+  const size_t reduceTransfers_;
+  InputBytes inputBytes_;
+  OutputBytes outputBytes_;
+};
 
 // The ring reduce-scatter shared by reduce_scatter and reduce
 // (reduce_scatter.cc). chunks[c] is the input chunk of ring position c

@@ -240,26 +240,46 @@ void SameGpu::checkUsable(const char* op) const {
   }
 }
 
+namespace {
+
+// The leader reaches the others' memory through what they lend; memory that
+// cannot be lent goes through the rank's scratch slot, copied in (`fill`) on
+// its queue. Returns what was lent. Nothing is lent for no bytes (the record
+// stays invalid).
+void* lendOrScratch(SameGpuPlatform& platform, SignalQueue& queue, Communicator& comm, void* data,
+                    size_t bytes, int slot, bool fill, MemoryRecord* record) {
+  if (bytes == 0) return data;
+  std::string why;
+  if (!platform.lend(data, bytes, record, &why)) {
+    void* scratch = platform.scratch(slot, bytes);
+    if (fill) queue.copy(scratch, data, bytes);
+    RINGDIST_CHECK(platform.lend(scratch, bytes, record, &why), "ringdist ", comm.opName(),
+                   ": rank ", comm.rank(), " cannot lend its scratch memory: ", why);
+    data = scratch;
+  }
+  record->valid = 1;
+  return data;
+}
+
+// An alltoall's spans: what every rank sends to every other, by the counts
+// (elements) each lent.
+std::vector<FusedSpan> alltoallSpansOf(Communicator& comm, const std::vector<Lent>& lent,
+                                       DataType dtype) {
+  const size_t elem = elementSize(dtype);
+  std::vector<std::vector<uint64_t>> bytes;
+  for (const Lent& theirs : lent) {
+    bytes.emplace_back(theirs.sends, theirs.sends + comm.size());
+    for (uint64_t& b : bytes.back()) b *= elem;
+  }
+  return alltoallSpans(bytes);
+}
+
+}  // namespace
+
 void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
   checkUsable(comm.opName());
-  // The leader reaches the others' memory through what they lend; memory that
-  // cannot be lent goes through the rank's scratch slot, copied in (`fill`) on
-  // its queue. Nothing is lent for no bytes (the record stays invalid).
-  auto lend = [&](void* data, size_t bytes, int slot, bool fill, MemoryRecord* record) {
-    if (bytes == 0) return data;
-    std::string why;
-    if (!platform_->lend(data, bytes, record, &why)) {
-      void* scratch = platform_->scratch(slot, bytes);
-      if (fill) queue.copy(scratch, data, bytes);
-      RINGDIST_CHECK(platform_->lend(scratch, bytes, record, &why), "ringdist ", comm.opName(),
-                     ": rank ", comm.rank(), " cannot lend its scratch memory: ", why);
-      data = scratch;
-    }
-    record->valid = 1;
-    return data;
-  };
   // What this rank's memory is for this call: its tensors, or the scratch it
-  // lends in their place.
+  // lends in their place (lendOrScratch).
   const void* input = call.input;
   void* output = call.output;
   if (call.copyInput) {
@@ -273,12 +293,14 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
     std::copy(call.recvCounts->begin(), call.recvCounts->end(), mine.receipts);
   }
   if (!signals_->isLeader()) {  // split: every rank lends
-    input = lend(const_cast<void*>(input), call.inputBytes, 0, !call.copyInput, &mine.input);
+    input = lendOrScratch(*platform_, queue, comm, const_cast<void*>(input), call.inputBytes, 0,
+                          !call.copyInput, &mine.input);
     if (call.input == call.output && !call.copyInput) {  // in place
       output = const_cast<void*>(input);
       mine.output = mine.input;
     } else {
-      output = lend(call.output, call.outputBytes, 1, false, &mine.output);
+      output = lendOrScratch(*platform_, queue, comm, call.output, call.outputBytes, 1, false,
+                             &mine.output);
     }
   }
   comm.exchangeHeaders(call.header, comm.others(), comm.others());
@@ -286,13 +308,7 @@ void SameGpu::run(Communicator& comm, SignalQueue& queue, const Call& call) {
   std::vector<FusedSpan> spans = call.spans;
   if (call.sendCounts != nullptr) {
     checkPairs(comm, lent);
-    const size_t elem = elementSize(static_cast<DataType>(call.header.dtype));
-    std::vector<std::vector<uint64_t>> bytes;
-    for (const Lent& theirs : lent) {
-      bytes.emplace_back(theirs.sends, theirs.sends + comm.size());
-      for (uint64_t& b : bytes.back()) b *= elem;
-    }
-    spans = alltoallSpans(bytes);
+    spans = alltoallSpansOf(comm, lent, static_cast<DataType>(call.header.dtype));
   }
 
   FusedArgs args;
