@@ -4,6 +4,8 @@ No processes, no build: lizard (pinned in scripts/requirements-dev.txt) finds ev
 every source file and its length in lines, comments and blank lines included. lizard does not know
 the .cu and .cuh extensions, so those are read as C++. The one function allowed to be longer is
 the pybind11 binding list (PYBIND11_MODULE in csrc/python/module.cc): one statement per binding.
+Functions another change is splitting right now are listed in PENDING until it lands; an entry
+that is no longer over the limit fails the test, so it is dropped with the split.
 """
 import glob
 import os
@@ -17,6 +19,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 80
 SOURCE_SUFFIXES = (".h", ".cc", ".cu", ".cuh")
 ALLOWED = {("csrc/python/module.cc", "PYBIND11_MODULE")}
+# Being split with the Communicator (waiting apart from the group's topology and lifecycle).
+PENDING = {("csrc/collectives/communicator.cc", "ringdist::Communicator::waitForActivity")}
 
 
 def functions(path, text):
@@ -26,24 +30,32 @@ def functions(path, text):
     return [(f.name, f.start_line, f.length) for f in found]
 
 
-def too_long(root):
-    """'path:line name (N lines)' for each function under root/csrc over MAX_LINES."""
+def too_long(root, allowed=ALLOWED):
+    """'path:line name (N lines)' for each function under root/csrc over MAX_LINES, and the
+    (path, name) of the `allowed` ones that are."""
     paths = glob.glob(os.path.join(root, "csrc", "**", "*"), recursive=True)
-    out = []
+    out, excused = [], set()
     for path in sorted(p for p in paths if p.endswith(SOURCE_SUFFIXES) and os.path.isfile(p)):
         rel = os.path.relpath(path, root)
         with open(path, encoding="utf-8") as f:
             text = f.read()
         for name, line, length in functions(rel, text):
-            if length > MAX_LINES and (rel, name) not in ALLOWED:
+            if length <= MAX_LINES:
+                continue
+            if (rel, name) in allowed:
+                excused.add((rel, name))
+            else:
                 out.append(f"{rel}:{line} {name} ({length} lines)")
-    return out
+    return out, excused
 
 
 def test_no_function_over_80_lines():
-    long = too_long(REPO)
+    long, excused = too_long(REPO, ALLOWED | PENDING)
     assert not long, (f"{len(long)} function(s) over {MAX_LINES} lines; split each into "
                       "functions that read top to bottom:\n" + "\n".join(long))
+    done = sorted(PENDING - excused)
+    assert not done, (f"no longer over {MAX_LINES} lines (or renamed): drop from PENDING in "
+                      f"tests/test_code_shape.py: {done}")
 
 
 def test_the_check_finds_long_functions(tmp_path):
@@ -67,7 +79,8 @@ def test_the_check_finds_long_functions(tmp_path):
     for rel, text in files.items():
         os.makedirs(tmp_path / os.path.dirname(rel), exist_ok=True)
         (tmp_path / rel).write_text(text)
-    found = too_long(str(tmp_path))
+    found, excused = too_long(str(tmp_path))
+    assert excused == ALLOWED
     assert [entry.split(" ")[1] for entry in found] == ["longLoop", "longKernelHost"], found
     assert found[0] == "csrc/collectives/long.cc:81 longLoop (81 lines)"
     assert found[1].startswith("csrc/cuda/long.cu:")
