@@ -9,7 +9,7 @@
 
 #include <cstdlib>
 
-#include "csrc/backend/options.h"
+#include "csrc/backend/environment.h"
 #include "csrc/backend/process_group.h"
 #include "csrc/transport/mesh.h"
 

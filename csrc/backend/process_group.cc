@@ -9,7 +9,7 @@
 #include <mutex>
 
 #include "csrc/backend/dtypes.h"
-#include "csrc/backend/options.h"
+#include "csrc/backend/environment.h"
 #include "csrc/backend/sparse_allreduce.h"
 #include "csrc/backend/store_rendezvous.h"
 #include "csrc/codec/codec.h"

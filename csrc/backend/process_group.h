@@ -9,10 +9,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "csrc/backend/device_stage.h"
 #include "csrc/backend/flight_recorder.h"
 #include "csrc/backend/worker.h"
 #include "csrc/common/options.h"
+#include "csrc/gpu/stage/device_stage.h"
 #include "csrc/transport/host_identity.h"
 #include "torch_ringdist/export.h"
 

@@ -2,16 +2,16 @@
 
 #include <ATen/ATen.h>
 
-#include "csrc/backend/device_stage.h"
 #include "csrc/backend/dtypes.h"
 #include "csrc/codec/codec.h"
-#include "csrc/hooks/topk.h"
+#include "csrc/gpu/stage/device_stage.h"
+#include "csrc/topk/topk.h"
 #ifdef RINGDIST_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "csrc/cuda/codec.h"
-#include "csrc/cuda/topk.h"
+#include "csrc/gpu/cuda/codec.h"
+#include "csrc/gpu/cuda/topk.h"
 #endif
 
 namespace ringdist {

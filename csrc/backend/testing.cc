@@ -11,14 +11,14 @@
 #include "csrc/common/cpu.h"
 #include "csrc/codec/codec.h"
 #include "csrc/codec/elementwise_codec.h"
-#include "csrc/hooks/topk_math.h"
 #include "csrc/reduce/elementwise.h"
+#include "csrc/topk/topk_math.h"
 #ifdef RINGDIST_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "csrc/cuda/codec.h"
-#include "csrc/cuda/reduce.h"
+#include "csrc/gpu/cuda/codec.h"
+#include "csrc/gpu/cuda/reduce.h"
 #endif
 #include "csrc/reduce/half.h"
 #include "csrc/reduce/reduce.h"

@@ -31,9 +31,9 @@
 #include "csrc/backend/process_group.h"
 #include "csrc/backend/testing.h"
 #include "csrc/collectives/collectives.h"
-#include "csrc/collectives/same_gpu.h"
 #include "csrc/common/error.h"
 #include "csrc/common/shared_memory.h"
+#include "csrc/gpu/same_gpu.h"
 #include "csrc/reduce/reduce.h"
 
 namespace ringdist::testing {

@@ -3,7 +3,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include "csrc/backend/device_stage.h"
+#include "csrc/gpu/stage/device_stage.h"
 
 namespace ringdist {
 

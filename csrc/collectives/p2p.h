@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "csrc/collectives/communicator.h"
-#include "csrc/collectives/peer_memory.h"
+#include "csrc/gpu/platform/peer_memory.h"
 
 namespace ringdist {
 

@@ -30,10 +30,10 @@
 #include "csrc/common/crc32c.h"
 #include "csrc/common/error.h"
 #include "csrc/common/rendezvous.h"
-#include "csrc/hooks/topk.h"
 #include "csrc/reduce/elementwise.h"
 #include "csrc/reduce/half.h"
 #include "csrc/reduce/reduce.h"
+#include "csrc/topk/topk.h"
 #include "csrc/transport/mesh.h"
 
 using namespace ringdist;

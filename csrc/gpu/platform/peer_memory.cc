@@ -1,4 +1,4 @@
-#include "csrc/collectives/peer_memory.h"
+#include "csrc/gpu/platform/peer_memory.h"
 
 #include <algorithm>
 #include <cstring>

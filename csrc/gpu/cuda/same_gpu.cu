@@ -1,4 +1,4 @@
-#include "csrc/cuda/same_gpu.h"
+#include "csrc/gpu/cuda/same_gpu.h"
 
 #include <cuda.h>  // the driver's types and constants only: its functions come through entry points
 
@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "csrc/common/error.h"
-#include "csrc/cuda/ipc.h"
+#include "csrc/gpu/cuda/ipc.h"
 #include "csrc/reduce/reduce.h"
 
 namespace ringdist {

@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "csrc/collectives/communicator.h"
-#include "csrc/collectives/peer_memory.h"
-#include "csrc/collectives/same_gpu_platform.h"
-#include "csrc/collectives/stream_signals.h"
+#include "csrc/gpu/platform/peer_memory.h"
+#include "csrc/gpu/platform/same_gpu_platform.h"
+#include "csrc/gpu/platform/stream_signals.h"
 
 namespace ringdist {
 

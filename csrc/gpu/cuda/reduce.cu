@@ -3,7 +3,7 @@
 // pairs supported and the bool mapping are the CPU's (reduceFunction,
 // boolReduceOp). Compiled with
 // -fmad=false so no multiply-add is fused behind the shared arithmetic's back.
-#include "csrc/cuda/reduce.h"
+#include "csrc/gpu/cuda/reduce.h"
 
 #include <algorithm>
 #include <cstdint>

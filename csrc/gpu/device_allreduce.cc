@@ -22,7 +22,7 @@
 // bit those of the CPU path, and the same on every rank.
 #ifdef RINGDIST_CUDA
 
-#include "csrc/collectives/device_allreduce.h"
+#include "csrc/gpu/device_allreduce.h"
 
 #include <algorithm>
 
@@ -30,7 +30,7 @@
 #include "csrc/collectives/ring.h"
 #include "csrc/common/error.h"
 #include "csrc/common/logging.h"
-#include "csrc/cuda/reduce.h"
+#include "csrc/gpu/cuda/reduce.h"
 #include "csrc/reduce/reduce.h"
 
 namespace ringdist {

@@ -13,7 +13,7 @@
 //           unlucky sample) lowers the threshold and scans again.
 // Every entry above the threshold is a candidate and at least k are, so the
 // result is the exact top k, whatever the sample.
-#include "csrc/hooks/topk.h"
+#include "csrc/topk/topk.h"
 
 #include <algorithm>
 #include <cstring>
@@ -22,7 +22,7 @@
 
 #include "csrc/common/cpu.h"
 #include "csrc/common/error.h"
-#include "csrc/hooks/topk_math.h"
+#include "csrc/topk/topk_math.h"
 
 #if defined(RINGDIST_X86)
 #include <immintrin.h>

@@ -11,7 +11,7 @@
 // aligned. All arithmetic is
 // csrc/codec/block_math.h, compiled with -fmad=false, so both kernels give
 // the same bytes.
-#include "csrc/cuda/codec.h"
+#include "csrc/gpu/cuda/codec.h"
 
 #include <cstdint>
 

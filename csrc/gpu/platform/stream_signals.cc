@@ -1,4 +1,4 @@
-#include "csrc/collectives/stream_signals.h"
+#include "csrc/gpu/platform/stream_signals.h"
 
 #include <new>
 

@@ -1,4 +1,4 @@
-#include "csrc/backend/device_stage.h"
+#include "csrc/gpu/stage/device_stage.h"
 
 #ifdef RINGDIST_CUDA
 #include <ATen/ATen.h>
@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "csrc/collectives/collectives.h"
-#include "csrc/collectives/device_allreduce.h"
-#include "csrc/collectives/same_gpu.h"
 #include "csrc/collectives/stage_pieces.h"
 #include "csrc/common/error.h"
-#include "csrc/cuda/codec.h"
-#include "csrc/cuda/same_gpu.h"
+#include "csrc/gpu/cuda/codec.h"
+#include "csrc/gpu/cuda/same_gpu.h"
+#include "csrc/gpu/device_allreduce.h"
+#include "csrc/gpu/same_gpu.h"
 #endif
 
 namespace ringdist {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "csrc/collectives/communicator.h"
-#include "csrc/cuda/ipc.h"
+#include "csrc/gpu/cuda/ipc.h"
 
 namespace ringdist {
 

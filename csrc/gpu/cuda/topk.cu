@@ -17,14 +17,14 @@
 // Scatter: one launch per rank, in rank order. A rank's indices are distinct,
 // so its additions never collide, and each entry sums the ranks in the CPU's
 // order.
-#include "csrc/cuda/topk.h"
+#include "csrc/gpu/cuda/topk.h"
 
 #include <cub/block/block_load.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "csrc/common/error.h"
-#include "csrc/hooks/topk_math.h"
+#include "csrc/topk/topk_math.h"
 
 namespace ringdist {
 namespace cuda {

@@ -11,7 +11,7 @@
 // into and out of their scratch around them where a tensor could not be lent.
 // The host never waits for the device; the Watch bounds the device part by
 // the op's deadline.
-#include "csrc/collectives/same_gpu.h"
+#include "csrc/gpu/same_gpu.h"
 
 #include <algorithm>
 #include <cstdio>

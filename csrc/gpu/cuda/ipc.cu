@@ -1,4 +1,4 @@
-#include "csrc/cuda/ipc.h"
+#include "csrc/gpu/cuda/ipc.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "csrc/backend/options.h"
+#include "csrc/backend/environment.h"
 
 #include <cerrno>
 #include <cstdlib>

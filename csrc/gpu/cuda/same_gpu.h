@@ -15,9 +15,9 @@
 #include <memory>
 #include <vector>
 
-#include "csrc/collectives/fused.h"
-#include "csrc/collectives/same_gpu_platform.h"
 #include "csrc/common/types.h"
+#include "csrc/gpu/platform/fused.h"
+#include "csrc/gpu/platform/same_gpu_platform.h"
 
 namespace ringdist {
 namespace cuda {

@@ -45,8 +45,8 @@
 #include <cstdint>
 #include <string>
 
-#include "csrc/collectives/fused.h"
 #include "csrc/common/shared_memory.h"
+#include "csrc/gpu/platform/fused.h"
 
 namespace ringdist {
 

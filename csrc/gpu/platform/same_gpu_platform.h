@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <string>
 
-#include "csrc/collectives/peer_memory.h"
-#include "csrc/collectives/stream_signals.h"
+#include "csrc/gpu/platform/peer_memory.h"
+#include "csrc/gpu/platform/stream_signals.h"
 
 namespace ringdist {
 
