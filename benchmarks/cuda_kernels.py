@@ -61,7 +61,7 @@ def main():
 
     print(f"{torch.cuda.get_device_name()}, {args.mib} MiB float32; D2D copy {copy_gbps:.1f} GB/s "
           f"(read + write)")
-    # The staged path's ceiling (csrc/backend/device_stage.h): copies to and from pinned
+    # The staged path's ceiling (csrc/gpu/stage/device_stage.h): copies to and from pinned
     # host memory, counted one way (bytes crossing PCIe per second).
     pinned = torch.empty(n, pin_memory=True)
     d2h_ms = timed(lambda: pinned.copy_(a, non_blocking=True), args.reps)

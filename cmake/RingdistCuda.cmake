@@ -1,4 +1,4 @@
-# Whether csrc/cuda/ is compiled (RINGDIST_WITH_CUDA) and, if so, the CUDA
+# Whether csrc/gpu/cuda/ is compiled (RINGDIST_WITH_CUDA) and, if so, the CUDA
 # language, its architectures and torch's CUDA libraries on torch_ringdist_torch.
 #
 # TORCH_RINGDIST_CUDA: AUTO compiles CUDA when torch is a CUDA build and nvcc

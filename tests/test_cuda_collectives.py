@@ -27,7 +27,7 @@ pytestmark = [
 
 # Every rank on device 0: what NCCL refuses ("Duplicate GPU detected"). "fused" worlds take the
 # same-GPU path (RINGDIST_CUDA_FUSED=1: stream-ordered hand-offs, one fused kernel per
-# allreduce, allgather, reduce-scatter, broadcast and reduce; csrc/collectives/same_gpu.h), in
+# allreduce, allgather, reduce-scatter, broadcast and reduce; csrc/gpu/same_gpu.h), in
 # "fused-expandable" from expandable segments, which cannot be lent, so every call goes through
 # the ranks' scratch. By default allreduce goes GPU to GPU through CUDA IPC buffers from 2 MiB
 # and everything else through pinned host memory; "ipc" and "ipc64K" take the IPC buffers at

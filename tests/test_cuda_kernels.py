@@ -1,4 +1,4 @@
-"""The GPU reduce kernels (csrc/cuda/reduce.cu) against the CPU kernels, bit for bit, for
+"""The GPU reduce kernels (csrc/gpu/cuda/reduce.cu) against the CPU kernels, bit for bit, for
 every dtype and op, on awkward sizes. NaN results compare equal whatever their payload:
 the GPU returns its one canonical NaN where x86 passes an operand's NaN on (IEEE 754
 leaves the payload open); measured on an H100 that is the only difference. Needs a CUDA build of ringdist and a GPU; skipped
@@ -111,7 +111,7 @@ def test_cuda_reduce_on_unaligned_views(dtype):
         assert _same_bits_or_both_nan(got, T.reduce_kernel(x, y, "sum")), (dtype, start)
 
 
-# ------------------------------------------------ top-k (csrc/cuda/topk.cu)
+# ------------------------------------------------ top-k (csrc/gpu/cuda/topk.cu)
 def _topk_cases():
     from test_topk_ops import KINDS
     for kind in sorted(KINDS):

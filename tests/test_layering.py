@@ -3,9 +3,9 @@
 No processes, no build: reads the sources. The table below is the one in ARCHITECTURE.md's
 "Include rules" (change both together): for each folder, which other folders, or which files of
 them, its quoted includes may name. Also checked: torch's headers only in backend/, api/,
-python/ and the public headers; every quoted include is a full path to an existing file; the
-engine reads no environment variable, and RINGDIST_* variables are read only in
-csrc/backend/options.cc.
+python/, gpu/stage/ and the public headers; every quoted include is a full path to an existing
+file; the table has no cycle; the engine reads no environment variable, and RINGDIST_* variables
+are read only in csrc/backend/environment.cc.
 """
 import glob
 import os
@@ -19,30 +19,31 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE_SUFFIXES = (".h", ".cc", ".cu", ".cuh")
 
 # The layers, as ARCHITECTURE.md's "Include rules" table names them. A file's layer is its
-# folder under csrc/ (transport/tcp and transport/shm apart from transport's interface), or
-# "include" for the installed headers.
-ENGINE = {"common", "reduce", "codec", "hooks", "transport", "transport/tcp", "transport/shm",
-          "cuda", "collectives"}
-TORCH_LAYERS = {"backend", "api", "python", "include"}
+# folder under csrc/ (the subfolders of transport/ and gpu/ apart from the files above them),
+# or "include" for the installed headers.
+ENGINE = {"common", "reduce", "codec", "topk", "transport", "transport/tcp", "transport/shm",
+          "gpu/platform", "gpu/cuda", "collectives", "gpu"}
+TORCH_LAYERS = {"gpu/stage", "backend", "api", "python", "include"}
+SUBLAYERED = ("transport", "gpu")
 
 # What each layer may include besides its own files: whole layers, or single files
 # (paths from the root). Rules that need more than a list are in allowed() below.
-CUDA_PLATFORM = {  # all of collectives/ that cuda/ sees: the interface it implements
-    "csrc/collectives/same_gpu_platform.h", "csrc/collectives/peer_memory.h",
-    "csrc/collectives/stream_signals.h", "csrc/collectives/fused.h"}
 COLLECTIVES_TRANSPORT = {"csrc/transport/channel.h", "csrc/transport/board.h"}
 MAY_INCLUDE = {
     "include": set(),
     "common": set(),
     "reduce": {"common"},
     "codec": {"common", "reduce"},
-    "hooks": {"common", "reduce"},
+    "topk": {"common", "reduce"},
     "transport": {"common", "transport/tcp", "transport/shm"},  # from .cc files only
     "transport/tcp": {"common", "transport"},
     "transport/shm": {"common", "transport"},
-    "cuda": {"common", "reduce", "codec", "hooks"} | CUDA_PLATFORM,
-    "collectives": {"common", "reduce", "codec", "cuda"} | COLLECTIVES_TRANSPORT,
-    "backend": (ENGINE - {"transport/tcp", "transport/shm"}) | {"include"},
+    "gpu/platform": {"common", "reduce"},
+    "gpu/cuda": {"common", "reduce", "codec", "topk", "gpu/platform"},
+    "collectives": {"common", "reduce", "codec", "gpu/platform"} | COLLECTIVES_TRANSPORT,
+    "gpu": {"common", "reduce", "codec", "collectives", "gpu/platform", "gpu/cuda"},
+    "gpu/stage": ENGINE - {"transport", "transport/tcp", "transport/shm"},
+    "backend": (ENGINE - {"transport/tcp", "transport/shm"}) | {"gpu/stage", "include"},
     "python": {"backend", "common", "include"},
 }
 MAY_INCLUDE["api"] = MAY_INCLUDE["backend"] | {"backend"}
@@ -63,8 +64,8 @@ def layer_of(path):
     parts = path.split("/")
     if parts[0] == "include":
         return "include"
-    if parts[1] == "transport" and len(parts) > 3:
-        return "transport/" + parts[2]
+    if parts[1] in SUBLAYERED and len(parts) > 3:
+        return parts[1] + "/" + parts[2]
     return parts[1]
 
 
@@ -133,18 +134,31 @@ def test_includes_follow_the_layers():
     assert not bad, "includes against the layer rules:\n" + "\n".join(bad)
 
 
-def test_cuda_platform_headers_stay_small():
-    # cuda/ may see these because they name nothing of the Communicator or the transports.
-    bad = []
-    for path in sorted(CUDA_PLATFORM):
-        for line, kind, target in includes(path):
-            resolved = resolve(target) if kind == '"' else None
-            if resolved is None:
-                continue
-            ok = resolved in CUDA_PLATFORM or layer_of(resolved) in ("common", "reduce")
-            if not ok:
-                bad.append(f"{path}:{line}: \"{target}\"")
-    assert not bad, "the same-GPU platform's headers include more:\n" + "\n".join(bad)
+def test_layers_have_no_cycle():
+    # transport/ picks tcp/ and shm/ from its .cc files, which include its headers back: one
+    # layer with its implementations, not two. Every other edge points down.
+    edges = {layer: {r if not r.startswith("csrc/") else layer_of(r) for r in rules}
+             for layer, rules in MAY_INCLUDE.items()}
+    edges["transport"] -= {"transport/tcp", "transport/shm"}
+    done, path = set(), []
+
+    def visit(layer):
+        if layer in path:
+            return path[path.index(layer):] + [layer]
+        if layer in done:
+            return None
+        path.append(layer)
+        for below in sorted(edges[layer] - {layer}):
+            cycle = visit(below)
+            if cycle:
+                return cycle
+        path.pop()
+        done.add(layer)
+        return None
+
+    for layer in sorted(edges):
+        cycle = visit(layer)
+        assert not cycle, "a cycle in the layer table: " + " -> ".join(cycle)
 
 
 def test_torch_only_above_the_engine():
@@ -176,7 +190,7 @@ ENV_READ = re.compile(r"\b(?:std::)?(?:secure_)?getenv\s*\(|\benviron\b")
 # A RINGDIST_* name handed to getenv or to a helper around it (envOr, envString, ...).
 RINGDIST_READ = re.compile(r'\b\w*env\w*\s*\(\s*"RINGDIST_\w*', re.I)
 RINGDIST_LITERAL = re.compile(r'"RINGDIST_\w*')
-OPTIONS_CC = "csrc/backend/options.cc"
+ENVIRONMENT_CC = "csrc/backend/environment.cc"
 
 
 def test_engine_reads_no_environment():
@@ -188,15 +202,16 @@ def test_engine_reads_no_environment():
     assert not bad, "the engine reads the environment:\n" + "\n".join(bad)
 
 
-def test_ringdist_variables_read_only_in_options():
+def test_ringdist_variables_read_only_in_environment_cc():
     bad = []
     for path in sources():
-        if path == OPTIONS_CC:
+        if path == ENVIRONMENT_CC:
             continue
         text = code(path)
         bad += [where(path, text, m) for m in RINGDIST_READ.finditer(text)]
         if ENV_READ.search(text):  # a file that reads the environment names no RINGDIST_*
             bad += [where(path, text, m) for m in RINGDIST_LITERAL.finditer(text)]
     bad = list(dict.fromkeys(bad))  # a read that both patterns see, once
-    assert not bad, f"RINGDIST_* read outside {OPTIONS_CC}:\n" + "\n".join(bad)
-    assert RINGDIST_READ.search(code(OPTIONS_CC)), f"{OPTIONS_CC} reads no RINGDIST_*: stale pattern"
+    assert not bad, f"RINGDIST_* read outside {ENVIRONMENT_CC}:\n" + "\n".join(bad)
+    assert RINGDIST_READ.search(code(ENVIRONMENT_CC)), \
+        f"{ENVIRONMENT_CC} reads no RINGDIST_*: stale pattern"

@@ -2,7 +2,7 @@
 
 No processes, no build: reads the table and the sources. Every default the table gives
 (`RINGDIST_X` / `kName` = value, or `kName` (`header`) = value) equals the constant in
-csrc/common/options.h (or the header named), every setting is read in csrc/backend/options.cc
+csrc/common/options.h (or the header named), every setting is read in csrc/backend/environment.cc
 with that constant (or that default) as its fallback, every function the code column names is in
 the file it names, and the table names every default of CollectiveOptions that routes use.
 """
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.quick
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCHITECTURE = "docs/ARCHITECTURE.md"
 OPTIONS_H = "csrc/common/options.h"
-OPTIONS_CC = "csrc/backend/options.cc"
+ENVIRONMENT_CC = "csrc/backend/environment.cc"
 HEADING = "## Allreduce routes"
 COLUMNS = ["route", "group and tensor", "taken when", "thresholds: setting / constant = default",
            "code"]
@@ -27,7 +27,7 @@ UNITS = {"": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 # `RINGDIST_X` / `kName` = 64 KiB, `kName` (`csrc/x.h`) = 4 KiB, `kName` = 1.2
 DEFAULT = re.compile(r"(?:`(RINGDIST_\w+)` / )?`(k\w+)`(?: \(`([\w/.]+)`\))? = "
                      r"([0-9]+(?:\.[0-9]+)?)(?: ([KMG]iB))?")
-# `RINGDIST_X` = 1, = auto: a flag or a name, its default in options.cc
+# `RINGDIST_X` = 1, = auto: a flag or a name, its default in environment.cc
 SETTING_DEFAULT = re.compile(r"`(RINGDIST_\w+)` = (\w+)")
 SETTING = re.compile(r"`(RINGDIST_\w+)`")
 # `name`, `Class::name` in `csrc/path`
@@ -74,9 +74,9 @@ def table_value(number, unit):
     return int(value) if value.is_integer() else value
 
 
-def fallback_in_options(setting):
-    """The fallback options.cc reads `setting` with (the text after the name)."""
-    m = re.search(r'"' + setting + r'",\s*([^,)]+)', read(OPTIONS_CC))
+def fallback_in_environment(setting):
+    """The fallback environment.cc reads `setting` with (the text after the name)."""
+    m = re.search(r'"' + setting + r'",\s*([^,)]+)', read(ENVIRONMENT_CC))
     return m.group(1).strip() if m else None
 
 
@@ -102,27 +102,27 @@ def test_defaults_equal_the_constants():
             code, table = cpp_value(defined[name]), table_value(number, unit)
             if code != table:
                 bad.append(f"{row['route']}: {name} = {code} in {header}, the table says {table}")
-            if setting and fallback_in_options(setting) != name:
-                bad.append(f"{row['route']}: {OPTIONS_CC} does not read {setting} with "
-                           f"{name} as its default (reads {fallback_in_options(setting)})")
+            if setting and fallback_in_environment(setting) != name:
+                bad.append(f"{row['route']}: {ENVIRONMENT_CC} does not read {setting} with "
+                           f"{name} as its default (reads {fallback_in_environment(setting)})")
             checked += 1
     assert not bad, "\n".join(bad)
     assert checked >= 10, f"only {checked} defaults parsed: the table's format changed"
 
 
-def test_settings_read_in_options():
+def test_settings_read_in_environment_cc():
     bad = []
     for row in route_rows():
         cell = row[COLUMNS[3]]
         for setting in SETTING.findall(" ".join(row.values())):
-            if fallback_in_options(setting) is None:
-                bad.append(f"{row['route']}: {setting} is not read in {OPTIONS_CC}")
+            if fallback_in_environment(setting) is None:
+                bad.append(f"{row['route']}: {setting} is not read in {ENVIRONMENT_CC}")
         for setting, default in SETTING_DEFAULT.findall(cell):
-            fallback = fallback_in_options(setting)
+            fallback = fallback_in_environment(setting)
             expected = {"0": "false", "1": "true"}.get(default, f'"{default}"')
             if fallback != expected:
                 bad.append(f"{row['route']}: {setting} = {default} in the table, "
-                           f"{OPTIONS_CC} falls back to {fallback}")
+                           f"{ENVIRONMENT_CC} falls back to {fallback}")
     assert not bad, "\n".join(bad)
 
 

@@ -1,6 +1,6 @@
 """The fused top-k kernels behind the topk hook (torch_ringdist._C.topk_select / topk_scatter),
 and the GPU's radix select rehearsed on the host through the arithmetic it shares with the
-CPU kernels (csrc/hooks/topk_math.h), against those kernels.
+CPU kernels (csrc/topk/topk_math.h), against those kernels.
 
 Single process, no backend. References: a stable descending torch.sort of the
 magnitudes (ties to the lower index; NaN largest, as torch.topk), torch.topk's

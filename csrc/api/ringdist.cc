@@ -18,7 +18,7 @@ namespace torch_ringdist {
 namespace {
 
 // Launcher variables only (MASTER_ADDR): RINGDIST_* are read in
-// csrc/backend/options.cc.
+// csrc/backend/environment.cc.
 std::string envOr(const char* name, const char* fallback) {
   const char* value = std::getenv(name);
   return value != nullptr ? value : fallback;

@@ -31,7 +31,7 @@ namespace {
 // The engine works on flat host memory: a contiguous CPU tensor is used as
 // is, any other CPU tensor gets contiguous memory (a copy if the op reads it),
 // a CUDA tensor a pinned host twin that `stage` fills if the op reads it
-// (device_stage.h). Outputs (read = false) are written whole by the engine;
+// (gpu/stage/device_stage.h). Outputs (read = false) are written whole by the engine;
 // they are written back after the operation (onto the group's stream for
 // CUDA).
 struct Flat {

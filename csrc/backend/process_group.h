@@ -205,7 +205,7 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
                                          std::string statsKey = "",
                                          std::vector<at::Tensor> inputs = {});
   // Whether a collective with this stage goes through the same-GPU path
-  // (device_stage.h); sets it up first if the group has not yet.
+  // (gpu/stage/device_stage.h); sets it up first if the group has not yet.
   bool onSameGpu(const std::shared_ptr<DeviceStage>& stage, Call call);
   // Whether a staged allreduce, allgather or reduce-scatter of CUDA tensors
   // (the largest `bytes`) copies while its ring runs (DeviceStage::pipelined*).

@@ -20,7 +20,7 @@ namespace {
 
 #ifdef RINGDIST_CUDA
 // The GPU round trip, queued on the current stream: the same encode/decode
-// as the wire path (csrc/cuda/codec.h), so the residual is exactly what the
+// as the wire path (csrc/gpu/cuda/codec.h), so the residual is exactly what the
 // compressed allreduce loses.
 void cudaRoundTrip(Codec codec, const at::Tensor& in, at::Tensor& result, bool residual) {
   const size_t count = static_cast<size_t>(in.numel());

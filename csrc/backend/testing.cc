@@ -124,7 +124,7 @@ at::Tensor widen(const at::Tensor& bits, const std::string& from, bool shared) {
   return out;
 }
 
-// The GPU reduce kernel (csrc/cuda/reduce.cu) on the caller's current stream.
+// The GPU reduce kernel (csrc/gpu/cuda/reduce.cu) on the caller's current stream.
 at::Tensor reduceWithCudaKernel(const at::Tensor& a, const at::Tensor& b, const std::string& opName) {
 #ifdef RINGDIST_CUDA
   const DataType dtype = cudaOperandType(a);
@@ -268,7 +268,7 @@ topkmath::RadixState radixPasses(const float* x, size_t n, uint32_t k) {
 
 }  // namespace
 
-// The GPU's radix select (csrc/cuda/topk.cu) rehearsed on the host, step by
+// The GPU's radix select (csrc/gpu/cuda/topk.cu) rehearsed on the host, step by
 // step through the same shared functions: x = residual + grad, a histogram
 // and the digit holding the cut per pass, then per tile of `tile` entries the
 // counts, the offsets before each tile, and the writes in index order. Output

@@ -1,4 +1,4 @@
-// The same-GPU collectives (csrc/collectives/same_gpu.h) run on the CPU, for
+// The same-GPU collectives (csrc/gpu/same_gpu.h) run on the CPU, for
 // tests: the very protocol, registration cache, fallbacks and watch that
 // drive a GPU, with host stand-ins for what CUDA provides:
 //  - a "stream" is a thread running what was queued on it in order; its

@@ -9,7 +9,7 @@ namespace ringdist {
 
 // One queued operation. Completed by the backend's worker thread; wait()
 // blocks the caller, getFuture() holds the output tensors (DDP calls it on
-// every step) or the error. On CUDA tensors (`stage`, device_stage.h),
+// every step) or the error. On CUDA tensors (`stage`, gpu/stage/device_stage.h),
 // wait() and synchronize() also make the caller's current stream wait for the
 // op's device work, and the future is CUDA-aware (completed on the group's
 // stream), as NCCL's are.

@@ -56,7 +56,7 @@ class Worker {
 
   // Queues `body` as one operation (flight-recorder record `traceId`); the
   // Work completes when it returned (or fails with the error it threw, which
-  // aborts the group). With a `stage` (CUDA tensors, device_stage.h) the body
+  // aborts the group). With a `stage` (CUDA tensors, gpu/stage/device_stage.h) the body
   // runs between the stage's stageIn() and recordDone().
   // inlineIfIdle (the latency path: the caller waits for the result anyway,
   // or the group has one rank): when the worker is idle, with nothing queued,

@@ -1,7 +1,7 @@
 #pragma once
 
 // The arithmetic of one codec block (terms in codec.h), written once for the
-// CUDA kernels (csrc/cuda/codec.cu) and checked on the CPU against the CPU
+// CUDA kernels (csrc/gpu/cuda/codec.cu) and checked on the CPU against the CPU
 // codec kernels (tests/test_shared_arithmetic.py): the scale of a block from
 // its largest magnitude, and each element's encoding and decoding. Exact
 // operations and single roundings only, so CPU and GPU give the same bytes.

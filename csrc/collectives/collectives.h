@@ -22,22 +22,22 @@ enum AllreduceVariant : uint8_t {
   kRingAllreduce = 0,
   kOneShotAllreduce = 1,      // small buffers: one round
   kHierarchicalAllreduce = 2, // several hosts with several ranks each
-  kDeviceAllreduce = 3,       // GPU memory of one host's ranks (device_allreduce.h)
+  kDeviceAllreduce = 3,       // GPU memory of one host's ranks (gpu/device_allreduce.h)
   kSingleCopyAllreduce = 4,   // one host: copies straight between the ranks' buffers
-  kSameGpuAllreduce = 5,      // ranks sharing one GPU: one fused kernel (same_gpu.h)
+  kSameGpuAllreduce = 5,      // ranks sharing one GPU: one fused kernel (gpu/same_gpu.h)
 };
 
 // Broadcast, allgather and reduce-scatter: how the bytes travel; in OpHeader::variant.
 enum CopyVariant : uint8_t {
   kRingCopy = 0,    // through the links (rings, sockets)
   kSingleCopy = 1,  // one host: ranks copy straight from or into peers' buffers (Communicator::singleCopy)
-  kSameGpuCopy = 2, // ranks sharing one GPU: one fused kernel (same_gpu.h); reduce-scatter too
+  kSameGpuCopy = 2, // ranks sharing one GPU: one fused kernel (gpu/same_gpu.h); reduce-scatter too
 };
 
 // Memory that fills and drains while an operation runs: a CUDA tensor's
 // pinned host twin, copied from the GPU piece by piece ahead of the ring and
 // back to it as each piece becomes final, so the copies overlap the network
-// (device_stage.cc). The rings (allreduce flat and two-level, allgather,
+// (gpu/stage/device_stage.cc). The rings (allreduce flat and two-level, allgather,
 // reduce-scatter) ask before they first read input bytes and say when output
 // bytes are final; their other paths need the whole input first and produce
 // the whole output at the end. Offsets and lengths in bytes: need() counts

@@ -33,7 +33,7 @@ namespace ringdist {
 // link. A link where an earlier receive waits for the same tag is passed
 // over: its next message of that tag is owed to someone else.
 //
-// A device message (ranks sharing a GPU, same_gpu.h) travels the same way,
+// A device message (ranks sharing a GPU, gpu/same_gpu.h) travels the same way,
 // matched by the same rules: its header names the tensor's size and dtype,
 // its payload is the DeviceMessage telling the receiver where the data is.
 // A receive that can take one (onDevice) gets it instead of bytes; the sender

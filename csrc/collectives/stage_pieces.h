@@ -1,7 +1,7 @@
 #pragma once
 
 // How a StageGate (collectives.h) moves its buffer in pieces: the one rule
-// the CUDA pinned twin (device_stage.cc's PipelinedTwin) and its CPU
+// the CUDA pinned twin (gpu/stage/device_stage.cc's PipelinedTwin) and its CPU
 // rehearsal (backend/testing_gated.cc) share. The plan's ranges are grouped
 // into pieces of up to `pieceBytes` (a range joins one of the last few pieces
 // when it continues it, so ranges the ring reads side by side from two chunks

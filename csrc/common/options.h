@@ -9,7 +9,7 @@ namespace ringdist {
 
 // Every setting of the engine, with its default and the reason for it. The
 // backend fills one Options from the environment and validates it
-// (csrc/backend/options.cc, where the RINGDIST_* names live); each layer gets
+// (csrc/backend/environment.cc, where the RINGDIST_* names live); each layer gets
 // its part. Nothing below csrc/backend/ reads the environment.
 
 // ------------------------------------------------------------------ transport

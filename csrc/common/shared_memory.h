@@ -2,7 +2,7 @@
 
 // A named POSIX shared-memory object mapped into this process: what the
 // shared-memory transport's per-host segment (csrc/transport/shm/segment.h)
-// and the same-GPU signal page (csrc/collectives/stream_signals.h) are made
+// and the same-GPU signal page (csrc/gpu/platform/stream_signals.h) are made
 // of. Here, below both, so the collectives need no transport header for it.
 
 #include <cstddef>

@@ -11,7 +11,7 @@
 // memory over the GPUs' links.
 //
 // Written against SameGpuPlatform (same_gpu_platform.h), so the same code
-// runs the GPU (CUDA IPC, stream memory operations: csrc/cuda/same_gpu.cu)
+// runs the GPU (CUDA IPC, stream memory operations: csrc/gpu/cuda/same_gpu.cu)
 // and, in tests, host memory with a thread per stream
 // (csrc/backend/testing_same_gpu.cc).
 

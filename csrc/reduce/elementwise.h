@@ -1,11 +1,11 @@
 #pragma once
 
 // The arithmetic of one element, written once for the CPU kernels
-// (csrc/reduce/reduce.cc) and the CUDA kernels (csrc/cuda/): reduce ops and
+// (csrc/reduce/reduce.cc) and the CUDA kernels (csrc/gpu/cuda/): reduce ops and
 // float <-> fp16/bf16 conversions. Everything here is plain integer and
 // single float operations, so CPU and GPU give the same bits: CUDA code
 // built from it must not contract a * b + c into a fused multiply-add
-// (csrc/cuda/ compiles with -fmad=false). tests/test_shared_arithmetic.py
+// (csrc/gpu/cuda/ compiles with -fmad=false). tests/test_shared_arithmetic.py
 // checks these functions, run on the CPU, against the CPU kernels.
 
 #include <cstdint>

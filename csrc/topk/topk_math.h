@@ -1,7 +1,7 @@
 #pragma once
 
 // The arithmetic of the top-k hook (terms in topk.h), written once for the CPU
-// kernels (csrc/hooks/topk.cc), the GPU kernels (csrc/cuda/topk.cu) and the
+// kernels (csrc/topk/topk.cc), the GPU kernels (csrc/gpu/cuda/topk.cu) and the
 // CPU rehearsal of the GPU algorithm (_C.testing.topk_radix_select), which
 // tests/test_topk_ops.py checks against the CPU kernels on every machine.
 //

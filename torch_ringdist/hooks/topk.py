@@ -62,8 +62,8 @@ class TopKState(HookState):
                              "elements; int32 indices need buckets under 2^31 elements")
         ext = load()
         # Selection and scatter run where the bucket is: fused C++ passes on the
-        # host (csrc/hooks/topk.cc) or, for a CUDA bucket, the GPU kernels
-        # (csrc/cuda/topk.cu), so only the selection leaves the GPU. A build
+        # host (csrc/topk/topk.cc) or, for a CUDA bucket, the GPU kernels
+        # (csrc/gpu/cuda/topk.cu), so only the selection leaves the GPU. A build
         # without CUDA kernels copies a CUDA bucket to the host for them.
         device = buffer.device
         if device.type != "cpu" and not ext.cuda_compiled():

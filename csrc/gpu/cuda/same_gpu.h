@@ -1,8 +1,8 @@
 #pragma once
 
-// The platform of the same-GPU collectives (csrc/collectives/same_gpu.h) on
-// a CUDA device, implementing csrc/collectives/same_gpu_platform.h (all this
-// layer sees of collectives/): tensors lent as (cudaIpcMemHandle_t of their
+// The platform of the same-GPU collectives (csrc/gpu/same_gpu.h) on a CUDA
+// device, implementing csrc/gpu/platform/same_gpu_platform.h (this layer sees
+// nothing of collectives/): tensors lent as (cudaIpcMemHandle_t of their
 // allocation, offset) and opened with cudaIpcOpenMemHandle; the signal page
 // registered with cudaHostRegister; queues that are CUDA streams, whose
 // signals are stream memory operations (cuStreamWriteValue32 /

@@ -1,5 +1,5 @@
 // Top-k selection and scatter on the GPU (radix select; terms in
-// csrc/hooks/topk_math.h, contract in csrc/hooks/topk.h).
+// csrc/topk/topk_math.h, contract in csrc/topk/topk.h).
 //
 // Selection, queued on one stream with no host wait:
 //   histogram  per pass, each block counts in shared memory the digits of the

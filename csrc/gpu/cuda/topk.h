@@ -1,8 +1,8 @@
 #pragma once
 
 // The top-k hook's kernels on the GPU (terms and contract in
-// csrc/hooks/topk.h): the same selection and the same dense result as the CPU
-// kernels, bit for bit, computed through csrc/hooks/topk_math.h. So a CUDA
+// csrc/topk/topk.h): the same selection and the same dense result as the CPU
+// kernels, bit for bit, computed through csrc/topk/topk_math.h. So a CUDA
 // bucket never leaves the GPU; only the selection crosses to the host for the
 // allgather. Built only with CUDA (RINGDIST_CUDA).
 

@@ -7,7 +7,7 @@
 // the order that gives the host path's bits), combines them, and writes the
 // result to every rank's output or to one rank's. Allreduce, reduce, reduce-scatter,
 // allgather, broadcast and alltoall are span lists (the builders below). Written once
-// for the CUDA kernel (csrc/cuda/same_gpu.cu) and the CPU run of the same
+// for the CUDA kernel (csrc/gpu/cuda/same_gpu.cu) and the CPU run of the same
 // code that tests check against the engine.
 
 #include <cstddef>

@@ -1,11 +1,11 @@
 #pragma once
 
-// What a device gives the same-GPU collectives (same_gpu.h): lending and
-// mapping memory, the signal page, queues. The GPU's implementation lives in
-// csrc/cuda/same_gpu.cu, below collectives/, so this header and the ones it
-// includes (peer_memory.h, stream_signals.h, fused.h) name nothing of the
-// Communicator or the transports: they are all csrc/cuda/ may see of
-// collectives/ (docs/ARCHITECTURE.md, "Include rules").
+// What a device gives the same-GPU collectives (csrc/gpu/same_gpu.h): lending
+// and mapping memory, the signal page, queues. The GPU's implementation
+// (csrc/gpu/cuda/same_gpu.cu) and the CPU run of the protocol implement it, so
+// this folder names nothing of the Communicator or the transports: it sits
+// below csrc/gpu/cuda/ and csrc/collectives/ (docs/ARCHITECTURE.md, "Include
+// rules").
 
 #include <array>
 #include <cstddef>

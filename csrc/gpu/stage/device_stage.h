@@ -14,7 +14,7 @@
 
 namespace ringdist {
 
-// Whether this build holds ringdist's CUDA code (csrc/cuda/, RINGDIST_CUDA).
+// Whether this build holds ringdist's CUDA code (csrc/gpu/cuda/, RINGDIST_CUDA).
 #ifdef RINGDIST_CUDA
 constexpr bool kCudaCompiled = true;
 #else
@@ -64,7 +64,7 @@ class DeviceStage {
 
   // The allreduce of a CUDA tensor when every rank of the group is on this
   // host, run as the body: device to device through memory the ranks share
-  // (csrc/collectives/device_allreduce.h); no host twin.
+  // (csrc/gpu/device_allreduce.h); no host twin.
   virtual void allreduce(Communicator& comm, const at::Tensor& tensor, DataType dtype,
                          ReduceOp op) = 0;
 
@@ -80,7 +80,7 @@ class DeviceStage {
   virtual void pipelinedReduceScatter(Communicator& comm, const at::Tensor& input,
                                       const at::Tensor& output, DataType dtype, ReduceOp op) = 0;
 
-  // Ranks sharing one GPU (csrc/collectives/same_gpu.h). sameGpu(): -1 until
+  // Ranks sharing one GPU (csrc/gpu/same_gpu.h). sameGpu(): -1 until
   // the group's set-up ran, then whether its collectives on this device go
   // this way. setUpSameGpu is that set-up, run as an operation of its own
   // before the group's first collective on the device.
