@@ -12,6 +12,7 @@ ranks to die, which the cached World harness (world.py) does not do.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,10 +24,22 @@ WORKER = os.path.join(HERE, "scripts", "shm_worker.py")
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (another process may take it before it is bound)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now, below the kernel's ephemeral range: the kernel hands
+    ephemeral ports to every outgoing connection and bind(0) on the machine, so one of those
+    could take the port before the test's store binds it; a port below the range is taken only
+    by a process that asks for it by number."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    low = max(1024, ephemeral_low - 12000)
+    for _ in range(100):
+        port = random.randrange(low, ephemeral_low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port in {low}..{ephemeral_low - 1}")
 
 
 def port_clash(returncode: int, output: str) -> bool:
