@@ -1,4 +1,5 @@
-"""Shared fixtures: cached multi-process worlds and cross-rank comparison helpers."""
+"""pytest's setup for the suite: the build check, the fixtures over tests/harness/ (cached
+multi-process worlds), the order of the items and --smoke."""
 from __future__ import annotations
 
 import os
@@ -6,8 +7,9 @@ import sys
 
 import pytest
 
+# tests/ on the import path whatever pytest's import mode: the test files import harness.*
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from world import World, close_all, default_backend  # noqa: E402
+from harness.world import World, close_all, default_backend  # noqa: E402
 
 # By default a host measures at connect time whether single copy beats the shared-memory
 # rings (RINGDIST_SINGLE_COPY=auto), so the path a large same-host transfer takes depends on
@@ -66,29 +68,6 @@ def world_factory():
 
     yield get
     close_all(worlds.values())
-
-
-def ranks_equal(results, what: str = "result") -> None:
-    """Assert every rank returned the same value (bytes, digests, dicts of them...).
-
-    For dicts, report which keys differ so a failure names the offending case.
-    """
-    assert len(results) >= 1
-    ref = results[0]
-    if isinstance(ref, dict):
-        bad = []
-        for r, res in enumerate(results[1:], start=1):
-            assert res.keys() == ref.keys(), f"rank {r} returned different {what} keys"
-            bad += [f"{k} (rank 0 vs rank {r})" for k in ref if res[k] != ref[k]]
-        assert not bad, f"{what} differs across ranks for: " + ", ".join(bad[:20])
-    else:
-        for r, res in enumerate(results[1:], start=1):
-            assert res == ref, f"{what} differs between rank 0 and rank {r}"
-
-
-@pytest.fixture
-def check_ranks_equal():
-    return ranks_equal
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k deselect: --smoke picks among what is left

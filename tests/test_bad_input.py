@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from world import default_backend
+from harness.world import default_backend
 
 pytestmark = pytest.mark.quick
 

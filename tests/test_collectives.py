@@ -20,8 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ranks_equal
-from world import default_backend
+from harness.world import default_backend, ranks_equal
 
 # ---------------------------------------------------------------- the matrix axes
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool"]

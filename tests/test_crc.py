@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from procs import field, launch
+from harness.procs import field, launch
 
 TRANSPORTS = ["tcp", "auto"]
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import test_collectives as tc
 from torch_ringdist._extension import load
-from world import default_backend
+from harness.world import default_backend
 
 pytestmark = [
     pytest.mark.cuda,
@@ -448,7 +448,7 @@ def _w_mixed_backend(rank, ws):
 def test_cpu_ringdist_cuda_nccl_one_rank(tmp_path):
     """The README's mixed form: ringdist for CPU tensors, NCCL for CUDA (one rank: NCCL
     needs one GPU per rank)."""
-    from world import World
+    from harness.world import World
 
     world = World(1, backend="cpu:ringdist,cuda:nccl")
     try:

@@ -2,7 +2,7 @@
 
 Every rank also trains a plain (non-DDP) copy of the same model on the *global*
 batch; DDP's averaged gradients over equal local shards must reproduce it.
-The functions named ``_w_*`` run inside the world's ranks (tests/world.py).
+The functions named ``_w_*`` run inside the world's ranks (tests/harness/world.py).
 """
 import copy
 
@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from conftest import ranks_equal
+from harness.world import ranks_equal
 
 pytestmark = pytest.mark.quick
 

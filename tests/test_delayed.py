@@ -6,7 +6,7 @@
 - local (DGA): each of the N replicas, simulated side by side,
   w_k <- w_k - lr * (g_k(t) + mean_j g_j(t - s) - g_k(t - s)), step 0 synchronous.
 - Convergence on a least-squares problem: within 2% of synchronous DDP's final loss.
-The functions named ``_w_*`` run inside the world's ranks (tests/world.py).
+The functions named ``_w_*`` run inside the world's ranks (tests/harness/world.py).
 """
 import collections
 import time
@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from conftest import ranks_equal
+from harness.world import ranks_equal
 
 LR = 0.05
 PER_RANK = 8

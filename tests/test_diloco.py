@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from world import default_backend
+from harness.world import default_backend
 
 pytestmark = [pytest.mark.quick,
               pytest.mark.skipif(default_backend() != "ringdist",

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch.distributed as dist
 
-from spawned import report
+from harness.spawned import report
 
 pytestmark = pytest.mark.slow
 

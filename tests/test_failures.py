@@ -3,7 +3,7 @@ SIGKILLed mid-allreduce, a rank that skips a collective, ``work.wait`` timeouts,
 that disagree about a collective, point-to-point misuse, TORCH_DISTRIBUTED_DEBUG=DETAIL.
 
 Group lifecycle is in test_lifecycle.py, the handshake against foreign clients in
-test_handshake.py; spawned.py describes the worlds all three use.
+test_handshake.py; harness/spawned.py describes the worlds all three use.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from procs import tail
-from spawned import RINGDIST_ONLY, TRANSPORTS, Spawned, ft_world, report, sec, transports
+from harness.procs import tail
+from harness.spawned import RINGDIST_ONLY, TRANSPORTS, Spawned, ft_world, report, sec, transports
 
 pytestmark = RINGDIST_ONLY
 

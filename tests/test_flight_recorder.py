@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from spawned import Spawned
+from harness.spawned import Spawned
 
 pytestmark = pytest.mark.quick
 

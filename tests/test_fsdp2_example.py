@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from procs import torchrun_output
-from world import default_backend
+from harness.procs import torchrun_output
+from harness.world import default_backend
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "fsdp2_train.py")

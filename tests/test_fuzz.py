@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-import wire_client as wire
-from procs import Launched, free_port
+from harness import wire_client as wire
+from harness.procs import Launched, free_port
 
 pytestmark = [pytest.mark.own_build, pytest.mark.slow]
 

@@ -3,8 +3,8 @@
 While ranks sit in their accept loop during init, clients that are not ranks of the
 group (garbage, wrong secrets, replayed MACs, other protocol versions, impostor
 ranks, pickled payloads, silent connections) are dropped and logged, and the job is
-unaffected; the listener binds the chosen address only, never a wildcard. The
-clients speak the wire format of wire_client.py; spawned.py describes the worlds.
+unaffected; the listener binds the chosen address only, never a wildcard. The clients
+speak the wire format of harness/wire_client.py; harness/spawned.py describes the worlds.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-import wire_client as wire
-from procs import tail
-from spawned import RINGDIST_ONLY, Spawned, proc_sockets, report
+from harness import wire_client as wire
+from harness.procs import tail
+from harness.spawned import RINGDIST_ONLY, Spawned, proc_sockets, report
 
 pytestmark = [pytest.mark.quick, RINGDIST_ONLY]
 

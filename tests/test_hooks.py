@@ -16,8 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from conftest import ranks_equal
-from world import default_backend
+from harness.world import default_backend, ranks_equal
 
 pytestmark = pytest.mark.skipif(default_backend() != "ringdist",
                                 reason="hooks and codecs need the ringdist backend")

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from spawned import Spawned
+from harness.spawned import Spawned
 
 pytestmark = pytest.mark.quick
 

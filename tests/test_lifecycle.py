@@ -1,6 +1,6 @@
 """Group lifecycle with real processes (issue 5, scenarios 5-7): many async operations
 over two groups, init/destroy cycles without leaks, a torchrun restart that resumes
-from a checkpoint. spawned.py describes the worlds.
+from a checkpoint. harness/spawned.py describes the worlds.
 """
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from procs import Launched, descendants, port_clash, tail, torchrun_cmd
-from spawned import HERE, RINGDIST_ONLY, Spawned, ft_world, proc_sockets, report, sec, transports
+from harness.procs import Launched, descendants, port_clash, tail, torchrun_cmd
+from harness.spawned import RINGDIST_ONLY, Spawned, ft_world, proc_sockets, report, sec, transports
 
 pytestmark = RINGDIST_ONLY
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN_KILL_SCRIPT = os.path.join(HERE, "failure_scripts", "train_kill.py")
 
 
@@ -214,7 +215,7 @@ def test_exit_without_destroy_is_quiet(tmp_path):
     import subprocess
     import sys
 
-    from procs import free_port
+    from harness.procs import free_port
 
     for attempt in range(4):
         out = subprocess.run([sys.executable, "-P", EXIT_SCRIPT, "3", str(free_port())],

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from procs import free_port
+from harness.procs import free_port
 
 pytest.importorskip("sklearn")
 pytest.importorskip("lightning")

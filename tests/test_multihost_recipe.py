@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from procs import torchrun_output
+from harness.procs import torchrun_output
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 

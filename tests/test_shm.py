@@ -2,7 +2,7 @@
 import os
 
 import pytest
-from procs import field, launch
+from harness.procs import field, launch
 
 
 def ringdist_shm_entries():

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch.distributed as dist
 
-from spawned import Spawned, report
+from harness.spawned import Spawned, report
 
 pytest.importorskip("sklearn")
 if not hasattr(dist, "shrink_group"):

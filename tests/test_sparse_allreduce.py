@@ -1,7 +1,7 @@
 """Sparse COO allreduce (SUM): against the dense sum of every rank's tensor (each rank
 rebuilds every other rank's input from its seed), and DDP with a sparse embedding against
 a single-process reference trained on the global batch. The functions named ``_w_*`` run
-inside the world's ranks (tests/world.py).
+inside the world's ranks (tests/harness/world.py).
 """
 import copy
 import hashlib
@@ -13,8 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from conftest import ranks_equal
-from world import default_backend
+from harness.world import default_backend, ranks_equal
 
 pytestmark = pytest.mark.quick
 

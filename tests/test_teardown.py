@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from procs import Launched, free_port, torchrun_cmd, world_envs
+from harness.procs import Launched, free_port, torchrun_cmd, world_envs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from procs import torchrun_output
+from harness.procs import torchrun_output
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "tp_inference.py")

@@ -19,8 +19,8 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "scripts", "shm_worker.py")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(TESTS, "scripts", "shm_worker.py")
 
 
 def free_port() -> int:

@@ -29,14 +29,14 @@ import time
 import pytest
 import torch.distributed as dist
 
-from procs import Launched, tail, world_envs
-from world import default_backend
+from harness.procs import Launched, tail, world_envs
+from harness.world import default_backend
 
 RINGDIST_ONLY = pytest.mark.skipif(default_backend() != "ringdist",
                                    reason="ringdist failure behaviour (spawns ringdist worlds itself)")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-RANKS_SCRIPT = os.path.join(HERE, "failure_scripts", "ranks.py")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANKS_SCRIPT = os.path.join(TESTS, "failure_scripts", "ranks.py")
 # Private key for the shared harness: these worlds get aborted subgroups and DETAIL mode.
 FT_ENV = {"RINGDIST_TEST_WORLD": "failures"}
 # Transports (RINGDIST_TRANSPORT): "tcp" forces the TCP mesh; "auto" is what users get

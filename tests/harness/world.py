@@ -33,9 +33,9 @@ import traceback
 import weakref
 from multiprocessing.connection import Connection, wait as mp_wait
 
-from procs import Launched, tail, world_envs
+from harness.procs import Launched, tail, world_envs
 
-__all__ = ["World", "WorldError", "WorldHung", "close_all", "default_backend"]
+__all__ = ["World", "WorldError", "WorldHung", "close_all", "default_backend", "ranks_equal"]
 
 
 def default_backend() -> str:
@@ -328,6 +328,24 @@ class World:
         for r, tb in sorted(failed.items()):
             parts.append(f"--- rank {r} ---\n{tb}")
         return "\n".join(parts)
+
+
+def ranks_equal(results, what: str = "result") -> None:
+    """Assert every rank returned the same value (bytes, digests, dicts of them...).
+
+    For dicts, report which keys differ so a failure names the offending case.
+    """
+    assert len(results) >= 1
+    ref = results[0]
+    if isinstance(ref, dict):
+        bad = []
+        for r, res in enumerate(results[1:], start=1):
+            assert res.keys() == ref.keys(), f"rank {r} returned different {what} keys"
+            bad += [f"{k} (rank 0 vs rank {r})" for k in ref if res[k] != ref[k]]
+        assert not bad, f"{what} differs across ranks for: " + ", ".join(bad[:20])
+    else:
+        for r, res in enumerate(results[1:], start=1):
+            assert res == ref, f"{what} differs between rank 0 and rank {r}"
 
 
 # ====================================================================== worker
