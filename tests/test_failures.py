@@ -7,9 +7,12 @@ test_handshake.py; harness/spawned.py describes the worlds all three use.
 """
 from __future__ import annotations
 
+import datetime
+import gc
 import os
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -18,6 +21,7 @@ import torch.distributed as dist
 
 from harness.procs import tail
 from harness.spawned import RINGDIST_ONLY, TRANSPORTS, Spawned, ft_world, report, sec, transports
+from harness.spawned_rank import error_record, init_group, resources
 
 pytestmark = RINGDIST_ONLY
 
@@ -31,6 +35,78 @@ def _later_op_problems(who, error, elapsed, succeeded, slow) -> list[str]:
     if elapsed > 2:
         return [f"{who}: {slow.format(elapsed)}"]
     return []
+
+
+def _looped_op(rank, ws, dist, torch, t):
+    """The op kill_mid_allreduce loops (FT_OP): allreduce, or broadcast from rank 1, allgather
+    and reduce_scatter, which on one host read peers' memory (single copy)."""
+    op = os.environ.get("FT_OP", "allreduce")
+    codec = os.environ.get("FT_CODEC")  # compressed allreduces (AVG keeps ones at one)
+    if codec:
+        import torch_ringdist
+        return lambda: torch_ringdist.all_reduce(t, codec=codec, op=dist.ReduceOp.AVG, async_op=True)
+    if op == "broadcast":
+        return lambda: dist.broadcast(t, src=1, async_op=True)
+    if op == "allgather":
+        out = torch.empty(t.numel() * ws, dtype=t.dtype)
+        return lambda: dist.all_gather_into_tensor(out, t, async_op=True)
+    if op == "reduce_scatter":
+        block = t.numel() // ws
+        out = torch.empty(block, dtype=t.dtype)
+        return lambda: dist.reduce_scatter_tensor(out, t[:block * ws], op=dist.ReduceOp.MAX,
+                                                  async_op=True)
+    return lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+
+
+def kill_mid_allreduce(rank, ws, store, dist, torch):
+    """Loop 64 MiB allreduces (or FT_OP) until the test SIGKILLs one rank; survivors report
+    the error."""
+    before = resources()
+    t_init = time.monotonic()
+    dist.init_process_group("ringdist", rank=rank, world_size=ws, store=store,
+                            timeout=datetime.timedelta(seconds=10))
+    init_s = time.monotonic() - t_init
+    numel = int(os.environ.get("FT_NUMEL", 16 << 20))  # 64 MiB of float32
+    t = torch.ones(numel, dtype=torch.float32)
+    issue = _looped_op(rank, ws, dist, torch, t)
+    issue().wait()  # warm-up: connections and buffers in place
+    after_init = resources()
+    store.add("ft/looping", 1)
+    iters, op_times = 0, []
+    result = {"init_s": init_s, "resources_before_init": before, "resources_after_init": after_init}
+    stop_at = time.monotonic() + float(os.environ.get("FT_LOOP_MAX_S", 60))
+    while True:
+        t0 = time.monotonic()
+        try:
+            issue().wait()
+        except Exception as e:  # noqa: BLE001  (what we are here for)
+            result["error_wall_time"] = time.time()
+            result["error_wait_s"] = time.monotonic() - t0
+            result["error"] = error_record(e)
+            break
+        op_times.append(time.monotonic() - t0)
+        iters += 1
+        if time.monotonic() > stop_at:
+            result["error"] = None
+            break
+    result["iters"] = iters
+    result["median_op_s"] = sorted(op_times)[len(op_times) // 2] if op_times else None
+    # Later operations on the aborted group fail at once with the same error.
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+        result["later_error"] = None
+    except Exception as e:  # noqa: BLE001
+        result["later_error"] = error_record(e)
+    result["later_error_s"] = time.monotonic() - t0
+    del t
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    result["destroy_s"] = time.monotonic() - t0
+    gc.collect()
+    time.sleep(0.3)  # let any exiting thread finish leaving
+    result["resources_after_destroy"] = resources()
+    return result
 
 
 # ================================================== 1. SIGKILL in a large allreduce
@@ -53,7 +129,7 @@ def test_sigkill_mid_allreduce_fails_survivors_fast(tmp_path, record_property, t
         env["FT_CODEC"] = "int8"
     if transport.endswith(("-broadcast", "-allgather", "-reduce_scatter")):
         env.update(FT_OP=transport.split("-")[1], FT_NUMEL=str(4 << 20))
-    with Spawned("kill_mid_allreduce", ws, tmp_path, env=env) as w:
+    with Spawned(kill_mid_allreduce, ws, tmp_path, env=env) as w:
         w.wait_until("every rank looping over 64 MiB allreduces",
                      lambda: w.store.add("ft/looping", 0) >= ws, timeout=90)
         time.sleep(0.4)  # well inside an allreduce (each takes ~0.1-1 s here)
@@ -108,13 +184,41 @@ def test_sigkill_mid_allreduce_fails_survivors_fast(tmp_path, record_property, t
     assert not problems, "\n".join(problems)
 
 
+def single_copy_abort(rank, ws, store, dist, torch):
+    """2 ranks: rank 0 broadcasts 1 MiB, writing half of it straight into rank 1's buffer
+    while rank 1 reads the other half. Rank 0's writes wait 300 ms with their write flag set
+    (RINGDIST_TEST_SINGLE_COPY_WRITE_DELAY_MS, set by the test), and another thread of rank 1
+    aborts its group 100 ms into the broadcast. Both ranks must fail; rank 1's broadcast must
+    return only after rank 0's write in flight ended, so no byte lands in the buffer rank 1
+    lent after it returned (filled with a pattern at once, checked 500 ms later)."""
+    init_group(rank, ws, store, dist)
+    t = torch.full((1 << 18,), float(rank))
+    group = dist.new_group(timeout=datetime.timedelta(seconds=20))
+    out = {"error": None}
+    timer = threading.Timer(0.1, group.abort) if rank == 1 else None
+    start = time.monotonic()
+    try:
+        if timer is not None:
+            timer.start()
+        dist.broadcast(t, src=0, group=group)
+    except Exception as e:  # noqa: BLE001 (reported)
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+    out["seconds"] = time.monotonic() - start
+    if rank == 1:
+        t.fill_(-1.0)
+        time.sleep(0.5)
+        out["stray_elements"] = int((t != -1.0).sum())
+        timer.join(10)
+    return out
+
+
 def test_single_copy_abort_mid_write(tmp_path):
     """A reader aborted while the root's write into its buffer is in flight (single-copy
     broadcast): both ranks fail, naming the cause, and the reader's broadcast returns only
     once the write ended, so nothing lands in its buffer afterwards (without the wait in
     ShmChannel::close, the 300 ms-delayed write lands after the return)."""
     env = {"RINGDIST_TEST_SINGLE_COPY_WRITE_DELAY_MS": "300"}
-    with Spawned("single_copy_abort", 2, tmp_path, env=env) as w:
+    with Spawned(single_copy_abort, 2, tmp_path, env=env) as w:
         got = w.results(120)
     root, reader = got[0], got[1]
     assert reader["error"] and "aborted" in reader["error"], reader

@@ -7,15 +7,51 @@ import sys
 import pytest
 
 from harness.spawned import Spawned
+from harness.spawned_rank import init_group
 
 pytestmark = pytest.mark.quick
+
+
+def trace_desync(rank, ws, store, dist, torch):
+    """3 ranks record a few ops (checked live with torch_ringdist.trace()), then rank 1 calls
+    all_reduce with 7 elements where the others pass 8; with RINGDIST_TRACE_DUMP set every
+    rank dumps its trace."""
+    import time
+
+    import torch_ringdist
+
+    init_group(rank, ws, store, dist)
+    wall_before = time.time_ns()
+    dist.all_reduce(torch.ones(8))
+    dist.all_reduce(torch.ones(8))
+    out = torch.empty(ws * 5)
+    dist.all_gather_into_tensor(out, torch.ones(5))
+    if rank == 0:
+        dist.send(torch.ones(2), dst=1)
+    elif rank == 1:
+        dist.recv(torch.empty(2), src=0)
+    dist.barrier()
+    dist.all_reduce(torch.ones(8))
+    dist.all_reduce(torch.ones(8))
+    wall_after = time.time_ns()
+    keys = ("profiling_name", "collective_seq_id", "p2p_seq_id", "input_sizes", "output_sizes",
+            "state", "is_p2p", "time_created_ns", "time_discovered_started_ns",
+            "time_discovered_completed_ns")
+    result = {"live": [{k: e[k] for k in keys} for e in torch_ringdist.trace()["entries"]],
+              "wall": (wall_before, wall_after)}
+    try:
+        dist.all_reduce(torch.ones(7 if rank == 1 else 8))
+        result["error"] = None
+    except Exception as e:  # noqa: BLE001 (reported)
+        result["error"] = str(e).splitlines()[0][:300]
+    return result
 
 
 def test_trace_and_desync_dump(tmp_path):
     trace_dir = tmp_path / "trace"
     trace_dir.mkdir()
     env = {"RINGDIST_TRACE_DUMP": trace_dir / "rank_", "RINGDIST_TRACE_BUFFER": 6}
-    with Spawned("trace_desync", 3, tmp_path, env=env) as w:
+    with Spawned(trace_desync, 3, tmp_path, env=env) as w:
         ranks = w.results(120)
 
     # Live: the last 6 of 7 records (RINGDIST_TRACE_BUFFER=6), in issue order, all completed.

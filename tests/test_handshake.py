@@ -8,6 +8,8 @@ speak the wire format of harness/wire_client.py; harness/spawned.py describes th
 """
 from __future__ import annotations
 
+import datetime
+import os
 import pickle
 import secrets
 import socket
@@ -18,6 +20,7 @@ import pytest
 from harness import wire_client as wire
 from harness.procs import tail
 from harness.spawned import RINGDIST_ONLY, Spawned, proc_sockets, report
+from harness.spawned_rank import STORE_TIMEOUT
 
 pytestmark = [pytest.mark.quick, RINGDIST_ONLY]
 
@@ -81,6 +84,57 @@ def _hello(secret, rank, size, acceptor, **header):
     return lambda nonce: wire.hello(secret, nonce, rank, size, acceptor, **header)
 
 
+def _wait_key(store, key):
+    store.wait([key], STORE_TIMEOUT)
+
+
+def held_init(rank, ws, store, dist, torch):
+    """Ranks >= FT_HOLD_FROM wait for the test's "ft/go" before joining the group, so the
+    lower ranks sit in the handshake accept loop while the test probes their listeners."""
+    hold_from = int(os.environ["FT_HOLD_FROM"])
+    if rank >= hold_from:
+        _wait_key(store, "ft/go")
+    t0 = time.monotonic()
+    dist.init_process_group("ringdist", rank=rank, world_size=ws, store=store,
+                            timeout=datetime.timedelta(seconds=int(os.environ["FT_INIT_TIMEOUT"])))
+    out = {"init_s": time.monotonic() - t0}
+    store.add("ft/inited", 1)
+    _wait_key(store, "ft/go2")  # the test probes the (closed) listener after init
+    errors = []
+    for k in range(3):
+        x = torch.arange(1000, dtype=torch.float32) + rank + k
+        dist.all_reduce(x)
+        exp = torch.arange(1000, dtype=torch.float32) * ws + sum(range(ws)) + ws * k
+        if not torch.equal(x, exp):
+            errors.append(f"allreduce {k}: {x[:4].tolist()} != {exp[:4].tolist()}")
+    outs = [torch.empty(5, dtype=torch.int64) for _ in range(ws)]
+    dist.all_gather(outs, torch.full((5,), rank * 10, dtype=torch.int64))
+    if [int(o[0]) for o in outs] != [r * 10 for r in range(ws)]:
+        errors.append(f"all_gather: {[o.tolist() for o in outs]}")
+    b = torch.full((7,), 42.0 if rank == ws - 1 else -1.0, dtype=torch.float64)
+    dist.broadcast(b, src=ws - 1)
+    if not bool((b == 42.0).all()):
+        errors.append(f"broadcast: {b.tolist()}")
+    # Object collectives (pickle on the wire) after foreign clients tried to talk to us:
+    # only authenticated peers' bytes may ever reach the unpickler.
+    objs = [None] * ws
+    dist.all_gather_object(objs, {"rank": rank, "payload": list(range(rank + 3))})
+    if objs != [{"rank": r, "payload": list(range(r + 3))} for r in range(ws)]:
+        errors.append(f"all_gather_object: {objs}")
+    lst = [f"from {ws - 1}", ws - 1] if rank == ws - 1 else [None, None]
+    dist.broadcast_object_list(lst, src=ws - 1)
+    if lst != [f"from {ws - 1}", ws - 1]:
+        errors.append(f"broadcast_object_list: {lst}")
+    gathered = [None] * ws if rank == 0 else None
+    dist.gather_object(("g", rank), gathered, dst=0)
+    if rank == 0 and gathered != [("g", r) for r in range(ws)]:
+        errors.append(f"gather_object: {gathered}")
+    dist.barrier()
+    out["errors"] = errors
+    dist.destroy_process_group()
+    return out
+
+
 @pytest.fixture(scope="module")
 def handshake_run(tmp_path_factory):
     """A 3-rank world whose rank 2 is held back: ranks 0 and 1 sit in the accept loop while
@@ -89,7 +143,7 @@ def handshake_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("handshake")
     obs = {"probes": {}}
     # The TCP handshake is what is probed: force TCP links even between same-host ranks.
-    with Spawned("held_init", ws, tmp, env={"FT_HOLD_FROM": 2, "FT_INIT_TIMEOUT": 20,
+    with Spawned(held_init, ws, tmp, env={"FT_HOLD_FROM": 2, "FT_INIT_TIMEOUT": 20,
                                             "RINGDIST_TRANSPORT": "tcp"}) as w:
         store = w.store
         keys = w.wait_until("ranks 0 and 1 publishing their addresses",
@@ -178,7 +232,7 @@ def test_handshake_drops_foreign_clients(handshake_run, record_property):
     report(record_property, "init_s_per_rank", [obs["results"][r]["init_s"] for r in range(3)])
     report(record_property, "after_init_probe", obs["after_init_probe"])
     problems = [f"{name}: {r}" for name, r in obs["probes"].items() if r["outcome"] != "dropped"]
-    # 12: object collectives ran after the probes (ranks.py held_init) and nothing
+    # 12: object collectives ran after the probes (held_init) and nothing
     # a foreign client sent was ever unpickled.
     if obs["marker"].exists():
         problems.append("a rank unpickled bytes sent by a foreign client")
@@ -227,7 +281,7 @@ N_SILENT = 3
 def test_handshake_survives_silent_clients(tmp_path, record_property):
     """Foreign clients that connect during init and then say nothing (a port scanner, a
     stuck prober) must not keep the real ranks from connecting within the init timeout."""
-    with Spawned("held_init", 2, tmp_path, env={"FT_HOLD_FROM": 1, "FT_INIT_TIMEOUT": 10,
+    with Spawned(held_init, 2, tmp_path, env={"FT_HOLD_FROM": 1, "FT_INIT_TIMEOUT": 10,
                                                 "RINGDIST_TRANSPORT": "tcp"}) as w:
         key = w.wait_until("rank 0 publishing its address",
                            lambda: _store_key(w.store, "ringdist/addr/0"), timeout=60)

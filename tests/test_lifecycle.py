@@ -4,6 +4,8 @@ from a checkpoint. harness/spawned.py describes the worlds.
 """
 from __future__ import annotations
 
+import datetime
+import gc
 import os
 import subprocess
 import sys
@@ -16,11 +18,12 @@ import torch.distributed as dist
 
 from harness.procs import Launched, descendants, port_clash, tail, torchrun_cmd
 from harness.spawned import RINGDIST_ONLY, Spawned, ft_world, proc_sockets, report, sec, transports
+from harness.spawned_rank import error_record, resources
 
 pytestmark = RINGDIST_ONLY
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TRAIN_KILL_SCRIPT = os.path.join(HERE, "failure_scripts", "train_kill.py")
+TRAIN_KILL_SCRIPT = os.path.join(HERE, "scenarios", "lifecycle_train_kill.py")
 
 
 # ---------------------------------------- 5. 1000 async ops over two groups, reverse waits
@@ -83,12 +86,43 @@ def _foreign_shm(name: str) -> bool:
 _OUR_PIDS: set[str] = set()
 
 
+def cycles(rank, ws, store, dist, torch):
+    """N init/destroy cycles, each on a fresh FileStore; resources after every cycle."""
+    n = int(os.environ["FT_CYCLES"])
+    store_dir = os.environ["FT_STORE_DIR"]
+    per_cycle, times = {}, []
+    for i in range(1, n + 1):
+        t0 = time.monotonic()
+        fs = dist.FileStore(os.path.join(store_dir, f"cycle{i}"), ws)
+        dist.init_process_group("ringdist", rank=rank, world_size=ws, store=fs,
+                                timeout=datetime.timedelta(seconds=10))
+        x = torch.full((1000,), float(rank + i))
+        dist.all_reduce(x)
+        expected = float(sum(r + i for r in range(ws)))
+        if not bool((x == expected).all()):
+            raise AssertionError(f"cycle {i}: allreduce gave {x[:4].tolist()}, expected {expected}")
+        dist.destroy_process_group()
+        del fs, x
+        gc.collect()
+        times.append(time.monotonic() - t0)
+        if i in (1, 5, n):
+            time.sleep(0.2)
+            per_cycle[str(i)] = resources()
+    out = {"per_cycle": per_cycle, "cycle_s": times}
+    try:
+        dist.all_reduce(torch.ones(2))
+        out["after_destroy_error"] = None
+    except Exception as e:  # noqa: BLE001
+        out["after_destroy_error"] = error_record(e)
+    return out
+
+
 @transports
 def test_init_destroy_cycles_do_not_leak(tmp_path, record_property, transport):
     ws = 2
     stores = tmp_path / "stores"
     stores.mkdir()
-    with Spawned("cycles", ws, tmp_path, env={"FT_CYCLES": N_CYCLES, "FT_STORE_DIR": str(stores),
+    with Spawned(cycles, ws, tmp_path, env={"FT_CYCLES": N_CYCLES, "FT_STORE_DIR": str(stores),
                                               "RINGDIST_TRANSPORT": transport}) as w:
         _OUR_PIDS.update(str(p) for p in w.pids)
         res = w.results(timeout=240)
@@ -203,7 +237,7 @@ def test_torchrun_restart_resumes_from_checkpoint(tmp_path, record_property):
 
 
 # ---------------------------------------- exit without destroy_process_group
-EXIT_SCRIPT = os.path.join(HERE, "failure_scripts", "exit_without_destroy.py")
+EXIT_SCRIPT = os.path.join(HERE, "scenarios", "lifecycle_exit_without_destroy.py")
 
 
 @pytest.mark.slow

@@ -1,15 +1,18 @@
 """dist.shrink_group on ringdist: training that survives SIGKILLed ranks, a death during the
-shrink itself, and SHRINK_ABORT on a healthy group (scenarios in failure_scripts/ranks.py)."""
+shrink itself, and SHRINK_ABORT on a healthy group."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch.distributed as dist
 
 from harness.spawned import Spawned, report
+from harness.spawned_rank import init_group
 
 pytest.importorskip("sklearn")
 if not hasattr(dist, "shrink_group"):
@@ -62,8 +65,43 @@ def test_training_survives_two_kills(record_property, straight):
     assert len(agreement) == 2 and all(m < 300 for m in agreement), agreement
 
 
+def _sum_ok(dist, torch):
+    """An allreduce on the current default group, against its closed form."""
+    n = dist.get_world_size()
+    t = torch.full((1000,), float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    return bool(torch.all(t == n * (n + 1) / 2))
+
+
+def death_during_shrink(rank, ws, store, dist, torch):
+    """4 ranks. Rank 3 dies; then rank 2 dies after agreeing but before connecting: the
+    shrink of ranks 0 and 1 must fail within RINGDIST_SHRINK_TIMEOUT, naming the problem."""
+    import torch_ringdist
+
+    init_group(rank, ws, store, dist)
+    _sum_ok(dist, torch)
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        _sum_ok(dist, torch)
+        _sum_ok(dist, torch)
+        return {"error": None}
+    except dist.DistBackendError:
+        pass
+    lost = torch_ringdist.lost_ranks(wait=0.5)
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        dist.shrink_group(lost)
+        return {"lost": lost, "error": None}
+    except Exception as e:  # noqa: BLE001 (reported to the test)
+        return {"lost": lost, "error": f"{type(e).__name__}: {e}"[:600],
+                "seconds": time.monotonic() - start}
+
+
 def test_death_during_shrink_is_a_clear_error(tmp_path):
-    with Spawned("death_during_shrink", 4, tmp_path, env={"RINGDIST_SHRINK_TIMEOUT": 3}) as w:
+    with Spawned(death_during_shrink, 4, tmp_path, env={"RINGDIST_SHRINK_TIMEOUT": 3}) as w:
         got = w.results(120, expect_dead=(2, 3))  # ranks 2 and 3 SIGKILL themselves
         assert [w.procs[r].poll() for r in (2, 3)] == [-9, -9], w.logs_text()
     for rank, r in got.items():
@@ -73,8 +111,39 @@ def test_death_during_shrink_is_a_clear_error(tmp_path):
         assert r["seconds"] < 15, r
 
 
+def abort_healthy(rank, ws, store, dist, torch):
+    """3 ranks, all alive; ranks 0 and 1 drop rank 2 with SHRINK_ABORT. The survivors get a
+    working group at once (no wait for rank 2 at teardown), subgroups made before are gone,
+    and rank 2, still using the old group, gets an error instead of a hang."""
+    init_group(rank, ws, store, dist)
+    sub = dist.new_group([0, 1])
+    old_transports = dist.group.WORLD._get_backend(torch.device("cpu")).transports
+    _sum_ok(dist, torch)
+    if rank == 2:
+        start = time.monotonic()
+        try:
+            time.sleep(1.0)  # the others shrink meanwhile
+            _sum_ok(dist, torch)
+            return {"error": None}
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"{type(e).__name__}: {e}"[:300], "seconds": time.monotonic() - start}
+    start = time.monotonic()
+    dist.shrink_group([2], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+    seconds = time.monotonic() - start
+    new = dist.group.WORLD._get_backend(torch.device("cpu"))
+    try:
+        dist.all_reduce(torch.ones(1), group=sub)
+        subgroup = "usable"
+    except Exception as e:  # noqa: BLE001
+        subgroup = type(e).__name__
+    return {"seconds": seconds, "rank": dist.get_rank(), "size": dist.get_world_size(),
+            "sum_ok": _sum_ok(dist, torch), "backend": dist.get_backend(),
+            "transports": new.transports, "old_transports": old_transports[:2],
+            "subgroup": subgroup}
+
+
 def test_shrink_abort_of_a_healthy_group(tmp_path):
-    with Spawned("abort_healthy", 3, tmp_path) as w:
+    with Spawned(abort_healthy, 3, tmp_path) as w:
         got = w.results(120)
     for rank in (0, 1):
         r = got[rank]

@@ -15,7 +15,7 @@ from harness.procs import Launched, free_port, torchrun_cmd, world_envs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-SCRIPT = os.path.join(HERE, "scripts", "quiet_exit.py")
+SCRIPT = os.path.join(HERE, "scenarios", "teardown.py")
 MPIRUN = shutil.which("mpirun")
 # One host, root allowed (containers run as root), more ranks than cores allowed.
 MPIRUN_ARGS = ["--allow-run-as-root", "--oversubscribe", "-x", "MASTER_ADDR", "-x", "MASTER_PORT"]

@@ -22,7 +22,7 @@ from harness.procs import Launched, free_port
 pytestmark = [pytest.mark.own_build, pytest.mark.slow]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TARGET = os.path.join(REPO, "tests", "scripts", "fuzz_target.py")
+TARGET = os.path.join(REPO, "tests", "scenarios", "wire_fuzzing.py")
 CASES = int(os.environ.get("RINGDIST_FUZZ_CASES", "40"))
 
 

@@ -6,7 +6,7 @@ or in pipes. No wait is without a deadline, and ``kill()`` SIGKILLs each process
 together with everything it started (torchrun's workers sit in sessions of their
 own), so a test never hangs and leaves nothing running. ``world_envs()`` gives the
 environments of a torch.distributed world's ranks; ``launch()`` runs a world of
-scripts/shm_worker.py ranks for tests that need per-rank environments or expect
+scenarios/shm.py ranks for tests that need per-rank environments or expect
 ranks to die, which the cached World harness (world.py) does not do.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(TESTS, "scripts", "shm_worker.py")
+WORKER = os.path.join(TESTS, "scenarios", "shm.py")
 
 
 def free_port() -> int:
@@ -236,13 +236,13 @@ def torchrun_output(script: str, *args, nproc: int = 2, timeout: float = 120, at
 
 
 def launch(world, mode, env=None, rank_env=None, timeout=120):
-    """Runs `world` ranks of scripts/shm_worker.py in `mode`; `env` applies to every rank,
+    """Runs `world` ranks of scenarios/shm.py in `mode`; `env` applies to every rank,
     rank_env[r] to rank r only. Returns [(returncode, stdout, stderr)] by rank; never hangs."""
     with Launched([[sys.executable, "-P", WORKER, mode]] * world,
                   world_envs(world, free_port(), env, rank_env)) as ranks:
         results = ranks.communicate(timeout)
     if ranks.timed_out:
-        raise TimeoutError(f"shm_worker.py {mode}: the world of {world} did not finish within "
+        raise TimeoutError(f"scenarios/shm.py {mode}: the world of {world} did not finish within "
                            f"{timeout}s (killed)\n" + "\n".join(
                                f"--- rank {r} ---\n{out[-2000:]}\n{err[-2000:]}"
                                for r, (_, out, err) in enumerate(results)))

@@ -7,9 +7,9 @@ Two kinds of worlds are used there:
   failing collective runs on a fresh ``dist.new_group`` with a short timeout, so only
   that subgroup is aborted and the world stays usable. These worlds carry a private env
   key so the session cache never hands them to other test files;
-* worlds spawned by the test (``Spawned``: tests/failure_scripts/ranks.py), for
-  scenarios that kill a rank, re-initialise the default group, or hold a rank back
-  during init. Their ranks initialise with small timeouts (10 s; 20 s where a rank is
+* worlds spawned by the test (``Spawned``), whose ranks run harness/spawned_rank.py with
+  a scenario function of the test's own file, for scenarios that kill a rank,
+  re-initialise the default group, or hold a rank back during init. Their ranks initialise with small timeouts (10 s; 20 s where a rank is
   held back).
 
 Every wait is bounded; hung ranks get their stacks dumped (SIGUSR1) and are killed.
@@ -35,8 +35,7 @@ from harness.world import default_backend
 RINGDIST_ONLY = pytest.mark.skipif(default_backend() != "ringdist",
                                    reason="ringdist failure behaviour (spawns ringdist worlds itself)")
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RANKS_SCRIPT = os.path.join(TESTS, "failure_scripts", "ranks.py")
+RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spawned_rank.py")
 # Private key for the shared harness: these worlds get aborted subgroups and DETAIL mode.
 FT_ENV = {"RINGDIST_TEST_WORLD": "failures"}
 # Transports (RINGDIST_TRANSPORT): "tcp" forces the TCP mesh; "auto" is what users get
@@ -65,9 +64,10 @@ def ft_world(world_factory, ws, env=None, transport=None):
 
 # ============================================================ self-spawned worlds
 class Spawned:
-    """``ws`` processes running failure_scripts/ranks.py SCENARIO, around a TCPStore hosted here."""
+    """``ws`` processes running ``scenario(rank, ws, store, dist, torch)`` (a function of a
+    test file, spawned_rank.py), around a TCPStore hosted here."""
 
-    def __init__(self, scenario: str, ws: int, workdir, env: dict | None = None):
+    def __init__(self, scenario, ws: int, workdir, env: dict | None = None):
         self.ws = ws
         self.workdir = str(workdir)
         self.outdir = os.path.join(self.workdir, "results")
@@ -75,7 +75,9 @@ class Spawned:
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=sec(60),
                                    wait_for_workers=False)
         self.logs = [os.path.join(self.workdir, f"rank{r}.log") for r in range(ws)]
-        self.ranks = Launched([[sys.executable, "-u", RANKS_SCRIPT, scenario, self.outdir]] * ws,
+        command = [sys.executable, "-u", RANK_SCRIPT, scenario.__module__, scenario.__name__,
+                   self.outdir]
+        self.ranks = Launched([command] * ws,
                               world_envs(ws, self.store.port, env), cwd=self.workdir, logs=self.logs)
         self.procs = self.ranks.procs
 

@@ -1,6 +1,7 @@
 """Ranks launched by torch.multiprocessing.spawn that never call destroy_process_group;
-rank 0 hosts the store and exits first. Usage: exit_without_destroy.py WORLD_SIZE PORT.
-Prints "done" from the parent; everything else on stdout/stderr is noise."""
+rank 0 hosts the store and exits first (tests/test_lifecycle.py). Usage:
+lifecycle_exit_without_destroy.py WORLD_SIZE PORT. Prints "done" from the parent; everything
+else on stdout/stderr is noise."""
 import sys
 import time
 

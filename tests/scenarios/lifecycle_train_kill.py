@@ -1,7 +1,7 @@
 """Runs examples/train_ddp.py unchanged, except that one worker SIGKILLs itself at a given
 optimizer step of the first torchrun attempt (test-only; the example is not edited).
 
-    torchrun ... tests/failure_scripts/train_kill.py <train_ddp.py arguments>
+    torchrun ... tests/scenarios/lifecycle_train_kill.py <train_ddp.py arguments>
 
 FT_KILL_RANK   global rank that dies (default 1)
 FT_KILL_STEP   optimizer step (1-based, counted in this process) at which it dies

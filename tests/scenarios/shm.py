@@ -1,4 +1,5 @@
-"""A ringdist rank for tests/test_shm.py, launched with RANK/WORLD_SIZE/MASTER_* set.
+"""A ringdist rank for tests/test_shm.py and tests/test_crc.py (harness/procs.py's launch()),
+launched with RANK/WORLD_SIZE/MASTER_* set.
 
 Modes (argv[1]):
   run      a few allreduces, prints the transports and "DONE"

@@ -1,4 +1,4 @@
-"""Rank 0 of a 2-rank group whose rank 1 is the fuzzer in tests/test_fuzz.py.
+"""Rank 0 of a 2-rank group whose rank 1 is the fuzzer in tests/test_wire_fuzzing.py.
 
 Runs under the AddressSanitizer build. For each case it joins a fresh group (a
 store prefix per case), issues receives and collectives that read what the fake
