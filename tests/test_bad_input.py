@@ -143,7 +143,7 @@ def _bad_call(rank, ws, case):
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("ws", [1, 2, 3, 4], ids=lambda w: f"ws{w}")
-def test_bad_input(world_factory, ws, case):
+def test_bad_call_raises_on_every_rank_and_leaves_the_group_usable(world_factory, ws, case):
     backend = default_backend()
     if backend == "gloo" and case in GLOO_GAPS:
         pytest.skip(GLOO_GAPS[case])
