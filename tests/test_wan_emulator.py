@@ -13,7 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "benchmarks", "wan"))
 import emulator  # noqa: E402
 
-RANK = os.path.join(REPO, "tests", "scripts", "wan_allreduce_rank.py")
+RANK = os.path.join(REPO, "tests", "scenarios", "wan_emulator.py")
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists("/dev/net/tun")
     or not all(shutil.which(t) for t in ("ip", "unshare", "chrt", "cc")),
