@@ -1,7 +1,7 @@
 """A dead rank ends every command users run, fast and loudly: each command below is started as a
 user would start it, one of its ranks is SIGKILLed mid-run (or made to raise, through
-scripts/fail_on_signal/sitecustomize.py), and the command must exit non-zero, with the dead
-rank's error in its output, within DEADLINE_S of the death. The delay measured is printed
+scenarios/dead_rank_fail_on_signal/sitecustomize.py), and the command must exit non-zero, with
+the dead rank's error in its output, within DEADLINE_S of the death. The delay measured is printed
 (`pytest -s`) and asserted.
 
 The doctor (`python -m torch_ringdist`) starts no ranks, so it has none to lose. The elastic
@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from procs import Launched, descendants, tail, torchrun_cmd
+from harness.procs import Launched, descendants, tail, torchrun_cmd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-FAIL_ON_SIGNAL = os.path.join(HERE, "scripts", "fail_on_signal")
+FAIL_ON_SIGNAL = os.path.join(HERE, "scenarios", "dead_rank_fail_on_signal")
 EXAMPLES = os.path.join(REPO, "examples")
 # From the death to the command's exit. Not 1 s: the figures are dominated by process exits
 # (a launcher, a Python interpreter that imported torch), which a busy 2-core machine slows many
