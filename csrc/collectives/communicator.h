@@ -9,6 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include "csrc/collectives/board.h"
+#include "csrc/collectives/op_header.h"
+#include "csrc/collectives/single_copy.h"
+#include "csrc/collectives/waiter.h"
 #include "csrc/common/options.h"
 #include "csrc/common/rendezvous.h"
 #include "csrc/common/types.h"
@@ -17,56 +21,9 @@
 
 namespace ringdist {
 
-// Kinds of operation; travel in op headers (append only).
-enum class OpType : uint8_t {
-  kAllreduce = 1,
-  kBroadcast,
-  kAllgather,
-  kReduceScatter,
-  kReduce,
-  kGather,
-  kScatter,
-  kAlltoall,
-  kBarrier,
-  kSend,
-  kCompressedAllreduce,
-};
-
-const char* opTypeName(OpType type);
-
-// Sent ahead of every operation's data to each peer it talks to, so ranks
-// that disagree on the operation, its size or dtype fail with a clear error
-// instead of reading each other's bytes as data. Every field is compared.
-struct OpHeader {
-  uint32_t magic;
-  uint8_t type;          // OpType
-  uint8_t dtype;         // DataType
-  uint8_t op;            // ReduceOp (reductions; else SUM)
-  uint8_t variant;       // allreduce: its algorithm; compressed allreduce: its codec
-  uint64_t seq;          // collective sequence number in this group (0 for sends)
-  uint64_t count;        // elements (all-to-all: to this peer; send: bytes)
-  int32_t root;          // rooted collectives, else -1
-  uint32_t segmentBytes; // collectives: how buffers are cut into segments
-  int32_t tag;           // send: the message tag
-  uint32_t padding;      // 0: keeps the header a multiple of 8 bytes
-};
-static_assert(sizeof(OpHeader) == 40, "OpHeader is a wire format");
-constexpr uint32_t kOpMagic = 0x52444f50;  // "RDOP", first field of every header
 // Receives in flight per channel in the ring pipelines (>= 2 so receiving
 // segment i+1 overlaps reducing segment i).
 constexpr size_t kRecvWindow = 4;
-// Before sleeping on a shared-memory doorbell, poll this long: a peer on
-// another core usually answers within microseconds, and a futex round trip
-// costs more than that. Skipped when ranks outnumber cores.
-constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
-// Longest single sleep; between sleeps dead peers and deadlines are checked.
-constexpr auto kMaxSleep = std::chrono::milliseconds(50);
-// Looks at the board before a timed wait (a pause each, ~1 us in all).
-constexpr int kQuickLooks = 64;
-
-// Data of a small operation published on the board (Communicator::publish),
-// at most this many bytes; the allreduce takes that way up to it.
-constexpr size_t kBoardDataBytes = 4 << 10;
 
 // Ranks arranged in a ring (members by position; we sit at pos): all of a
 // group, or part of it for the two-level allreduce.
@@ -78,9 +35,12 @@ struct SubRing {
   int right() const { return members[static_cast<size_t>((pos + 1) % size())]; }
 };
 
-// One process group's view of its peers: channels, ring order, progress
-// loop, deadlines and abort state. Single-threaded: only the backend's
-// worker thread calls into it.
+// One process group's view of its peers: channels, ring order, the
+// operation's lifecycle (headers, deadline, abort, teardown). It composes the
+// wait policy (Waiter), the board's protocol (BoardProtocol) and single copy
+// (SingleCopy), and forwards what the collectives call of them.
+// Single-threaded: only the backend's worker thread calls into it, except
+// where a method says "any thread".
 class Communicator {
  public:
   // ring: ranks in ring order (a permutation of 0..size-1), the ranks of
@@ -135,21 +95,6 @@ class Communicator {
   // small operation see what every peer called (publish()).
   OpHeader makeHeader(OpType type, uint64_t count, DataType dtype, ReduceOp op, int root,
                       bool publish = true);
-
-  // The board (Board): each rank's area holds the number (seq) of the last
-  // collective it published and, by that number's parity, its header and up
-  // to kBoardDataBytes of data. Every collective publishes its header there,
-  // so a rank that takes the board for a small operation meets a peer that
-  // took another path as a header mismatch, not a timeout.
-  bool hasBoard() const { return board_ != nullptr; }
-  // Publishes `header` with `bytes` of `data` (waiting, bounded, until every
-  // peer published the one before, so that no one still reads the entry this
-  // overwrites) and wakes the peers that sleep.
-  // Returns where our data sits on the board.
-  const char* publish(const OpHeader& header, const void* data, size_t bytes);
-  // The data `peer` published with the collective `mine` (waits, bounded,
-  // until it published it), after checking its header against ours.
-  const char* published(int peer, const OpHeader& mine);
   // Sends `mine` to each of sendTo and checks the header from each of
   // recvFrom. sendCount/expectCount (indexed by rank) override `count` per
   // peer for operations with per-peer sizes.
@@ -157,33 +102,33 @@ class Communicator {
                        const std::vector<int>& recvFrom,
                        const std::vector<uint64_t>* sendCount = nullptr,
                        const std::vector<uint64_t>* expectCount = nullptr);
-  // Single copy: exchangeHeaders with each of peers both ways; our header is
-  // followed by the address of the buffer we lend, and addresses[peer]
-  // (indexed by rank) receives the one that follows each peer's header.
-  // `with` >= 0: addresses go to and come from that peer only. The second
-  // form lends each peer its own buffer, lentTo[peer] (indexed by rank).
-  void exchangeHeadersAndAddresses(const OpHeader& mine, const std::vector<int>& peers,
-                                   const void* lent, std::vector<uint64_t>* addresses,
-                                   int with = -1);
-  void exchangeHeadersAndAddresses(const OpHeader& mine, const std::vector<int>& peers,
-                                   const std::vector<const void*>& lentTo,
-                                   std::vector<uint64_t>* addresses, int with = -1);
   void exchangeRingHeaders(const OpHeader& mine);
   // checkHeader for each header in[i] received from recvFrom[i].
   void checkHeaders(const OpHeader& mine, const std::vector<int>& recvFrom,
                     const std::vector<OpHeader>& in, const std::vector<uint64_t>* expectCount);
   // Throws, naming both calls, if `theirs` (from peer) differs from `expected`.
-  void checkHeader(const OpHeader& expected, const OpHeader& theirs, int peer);
+  void checkHeader(const OpHeader& expected, const OpHeader& theirs, int peer) {
+    checkOpHeader(expected, theirs, rank_, peer, opName());
+  }
 
-  // Progress every channel once without blocking; true if a byte moved.
-  bool progress();
-  // Blocks (poll) until some channel can progress, the deadline passes or
-  // maxSleep elapsed (for conditions no file descriptor signals, such as a
-  // send queue draining).
-  // kUncappedSleep: sleep until activity (poll slices of at most 1 s).
-  static constexpr std::chrono::microseconds kUncappedSleep = std::chrono::seconds(1);
-  // wakesSeen (idle waits only): wakeCount() when the caller last found
-  // nothing to do; a wake() since then ends the wait.
+  // Throws if abort was requested or the op's deadline passed.
+  void throwIfStopped();
+  // Any thread: the running operation (and every later wait) fails at its
+  // next wait with "aborted", instead of waiting for peers that may never come.
+  void requestAbort();
+
+  // The board (board.h): every collective publishes its header there.
+  bool hasBoard() const { return board_.exists(); }
+  const char* publish(const OpHeader& header, const void* data, size_t bytes) {
+    return board_.publish(header, data, bytes);
+  }
+  const char* published(int peer, const OpHeader& mine) { return board_.published(peer, mine); }
+
+  // Waiting (waiter.h). waitForActivity: abort and the deadline checked,
+  // then Waiter::waitForActivity until the op's deadline.
+  static constexpr std::chrono::microseconds kUncappedSleep = Waiter::kUncappedSleep;
+  bool progress() { return waiter_.progress(); }
+  bool hasPending() const { return waiter_.hasPending(); }
   void waitForActivity(std::chrono::microseconds maxSleep = kUncappedSleep,
                        const uint64_t* wakesSeen = nullptr);
   void waitUntil(const std::function<bool()>& done,
@@ -195,48 +140,46 @@ class Communicator {
   // after some progress, after maxWait, or once wake() was called after the
   // caller read wakeCount() as wakesSeen.
   void progressIdle(std::chrono::milliseconds maxWait, uint64_t wakesSeen);
-  bool hasPending() const;
-  // Receives from any source watch links with nothing queued on them: bytes
-  // arriving there end an idle wait as well.
-  void setWatched(int peer, bool on);
-  bool watchingAny() const;
-  // Any thread: ends the worker's idle wait (new work was queued).
-  void wake();
-  // Whether waits may busy-poll (every local rank has a core).
-  bool spins() const { return spin_; }
-  // Whether a busy-poll yields the core between looks (true: the op runs on
-  // the worker, and the process's caller thread may need the core; false:
-  // the caller runs it, on the latency path).
-  void setSpinYields(bool yields) { spinYields_ = yields; }
-  // Any thread: the running operation (and every later wait) fails at its
-  // next wait with "aborted", instead of waiting for peers that may never come.
-  void requestAbort();
-  uint64_t wakeCount() const { return wakes_.load(); }
+  void setWatched(int peer, bool on) { waiter_.setWatched(peer, on); }
+  bool watchingAny() const { return waiter_.watchingAny(); }
+  void wake() { waiter_.wake(); }  // any thread
+  uint64_t wakeCount() const { return waiter_.wakeCount(); }
+  bool spins() const { return waiter_.spins(); }
+  void setSpinYields(bool yields) { waiter_.setSpinYields(yields); }
+  uint64_t sharedCoreWaits() const { return waiter_.sharedCoreWaits(); }
+  uint64_t sleeps() const { return waiter_.sleeps(); }
+
+  // Single copy (single_copy.h): whether a collective of `bytes` per rank
+  // copies peers' memory directly (every peer on this host, the host agreed
+  // at connect time, and bytes >= singleCopyBytes); the same answer on every rank.
+  bool singleCopy(size_t bytes) const {
+    return singleCopy_.peersCopyable() && options_.singleCopyBytes > 0 &&
+        bytes >= options_.singleCopyBytes;
+  }
+  void exchangeHeadersAndAddresses(const OpHeader& mine, const std::vector<int>& peers,
+                                   const void* lent, std::vector<uint64_t>* addresses,
+                                   int with = -1) {
+    singleCopy_.exchangeHeadersAndAddresses(mine, peers, lent, addresses, with);
+  }
+  void exchangeHeadersAndAddresses(const OpHeader& mine, const std::vector<int>& peers,
+                                   const std::vector<const void*>& lentTo,
+                                   std::vector<uint64_t>* addresses, int with = -1) {
+    singleCopy_.exchangeHeadersAndAddresses(mine, peers, lentTo, addresses, with);
+  }
+  void readPeer(int peer, uint64_t from, void* dst, size_t bytes) {
+    singleCopy_.read(peer, from, dst, bytes);
+  }
+  void writePeer(int peer, uint64_t to, const void* src, size_t bytes) {
+    singleCopy_.write(peer, to, src, bytes);
+  }
+  void exchangeDone(const std::vector<int>& to, const std::vector<int>& from) {
+    singleCopy_.exchangeDone(to, from);
+  }
+  uint64_t singleCopyBytes() const { return singleCopy_.bytes(); }
 
   // Bytes moved over all channels and through the board so far (statistics).
   uint64_t bytesSent() const;
   uint64_t bytesReceived() const;
-  // Waits that slept without spinning because a peer shared this CPU.
-  uint64_t sharedCoreWaits() const { return sharedCoreWaits_; }
-  // Shared-memory waits that went to sleep on their doorbell.
-  uint64_t sleeps() const { return sleeps_; }
-
-  // Whether a collective of `bytes` per rank copies peers' memory
-  // directly (every peer on this host, the host agreed at connect time, and
-  // bytes >= singleCopyBytes); the same answer on every rank.
-  bool singleCopy(size_t bytes) const {
-    return peersCopyable_ && options_.singleCopyBytes > 0 && bytes >= options_.singleCopyBytes;
-  }
-  // Reads bytes at `from` in peer's memory into dst (writePeer: src to `to`
-  // in the peer's memory), in pieces, checking abort and the deadline
-  // between them.
-  void readPeer(int peer, uint64_t from, void* dst, size_t bytes);
-  void writePeer(int peer, uint64_t to, const void* src, size_t bytes);
-  // Tells each of `to` that we are done with its memory and waits until each
-  // of `from` is done with ours (one byte each way).
-  void exchangeDone(const std::vector<int>& to, const std::vector<int>& from);
-  // Bytes copied from or into peers' memory so far (statistics).
-  uint64_t singleCopyBytes() const { return singleCopyBytes_; }
 
   // Scratch memory owned by the communicator, grown on demand, 64-byte aligned.
   char* scratch(size_t bytes);
@@ -262,36 +205,6 @@ class Communicator {
                   bool watchPeers);
   std::string pendingPeers() const;
   void setUpHierarchy();
-  // Throws if abort was requested or the op's deadline passed.
-  void throwIfStopped();
-  // readPeer/writePeer's loop: copy(done, piece) for each piece of at most
-  // kSingleCopyPieceBytes, abort and deadline checked and links progressed
-  // between pieces; counts the bytes in singleCopyBytes_.
-  template <typename Copy>
-  void copyInPieces(size_t bytes, Copy copy);
-  static void cpuRelax();
-  // One wait of a shared-memory waiter: spins kSpinBeforeSleep if `spin`
-  // (not when ranks outnumber cores, nor for a peer that last waited on this
-  // CPU: the scheduler put it beside us, and it runs only once we leave the
-  // core; a spinning peer answers within microseconds, a sleep costs a
-  // wake-up), then sleeps on `bell` for at most `left`. kQuiet: a whole
-  // sleep passed with done() still false and no wake-up.
-  enum class BellWait { kDone, kWoken, kQuiet };
-  template <typename Done>
-  BellWait waitOnBell(Doorbell* bell, bool spin, std::chrono::microseconds left, const Done& done);
-  // waitForActivity's wait on shared-memory links: until a transfer moved, a
-  // watched link got bytes, or a wake-up since wakesSeen; or one sleep.
-  void sleepOnDoorbell(Doorbell* bell, bool coreShared, std::chrono::milliseconds left,
-                       const uint64_t* wakesSeen);
-  // Until peer's board area has published at least `seq` (peers ring our
-  // doorbell when they publish); deadline, abort and the peer's liveness
-  // checked.
-  void waitForPublished(int peer, uint64_t seq);
-  // Bytes on a watched link: what progress() reports for queued receives.
-  bool watchedArrival();
-  bool wokenSince(const uint64_t* wakesSeen) const {
-    return wakesSeen != nullptr && wakes_.load() != *wakesSeen;
-  }
 
   const int rank_;
   const int size_;
@@ -312,23 +225,12 @@ class Communicator {
   size_t scratchBytes_ = 0;
   bool aborted_ = false;
   bool closed_ = false;
-  bool spin_ = false;  // busy-poll briefly before sleeping (a core per local rank)
-  bool spinYields_ = true;
-  uint64_t sharedCoreWaits_ = 0;
-  uint64_t sleeps_ = 0;
-  bool peersCopyable_ = false;  // every peer's channel copiesPeerMemory()
-  uint64_t singleCopyBytes_ = 0;
-  std::vector<char> watched_;  // by peer, see setWatched
-  std::shared_ptr<Board> board_;
-  int boardWaitsFor_ = -1;  // the peer a board wait is for (pendingPeers)
-  uint64_t boardBytesPublished_ = 0;  // counted in bytesSent() / bytesReceived()
-  uint64_t boardBytesRead_ = 0;
-  int wakeFd_ = -1;            // eventfd written by wake(), polled by idle waits
-  Doorbell* localBell_ = nullptr;  // rung by wake() when idle waits sleep on it
-  std::atomic<bool> idleWaiting_{false};
-  std::atomic<uint64_t> wakes_{0};
   std::atomic<bool> abortRequested_{false};
   std::string abortReason_;
+  // After channels_, which they read.
+  Waiter waiter_;
+  BoardProtocol board_;
+  SingleCopy singleCopy_;
 };
 
 }  // namespace ringdist

@@ -9,7 +9,7 @@ with the group secret from the store; the secret never crosses the wire):
     acceptor -> dialer   ACK {magic, HMAC(secret, "ack", nonceD, acceptor, rank, size)}
 
 then every operation's data is preceded by an op header (OpHeader in
-csrc/collectives/communicator.h). Used by the handshake tests (foreign clients) and
+csrc/collectives/op_header.h). Used by the handshake tests (foreign clients) and
 the fuzzer (an authenticated rank sending hostile frames).
 """
 from __future__ import annotations
