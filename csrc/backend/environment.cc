@@ -86,6 +86,10 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
   o.mesh.shmRingBytes = envBytes("RINGDIST_SHM_RING_BYTES", kDefaultShmRingBytes, 4096);
   o.mesh.hostLabel = hostLabel(rank, size);
   o.mesh.link.checksums = envFlag("RINGDIST_CRC", false);
+  o.mesh.tcp.congestion = envString("RINGDIST_TCP_CONGESTION", kDefaultTcpCongestion);
+  o.mesh.tcp.bufferBytes = envBytes("RINGDIST_TCP_BUFFER_BYTES", kDefaultTcpBufferBytes, 0);
+  RINGDIST_CHECK(o.mesh.tcp.bufferBytes <= (1u << 30),
+                 "ringdist: RINGDIST_TCP_BUFFER_BYTES must be <= 1G, got ", o.mesh.tcp.bufferBytes);
 
   o.collectives.segmentBytes = envBytes("RINGDIST_SEGMENT_BYTES", kDefaultSegmentBytes, 1);
   o.collectives.smallAllreduceBytes =

@@ -143,6 +143,9 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
     setDebugEnabled(options.debug);
     Mesh mesh = connectMesh(*rendezvous, rank, size, options.mesh);
     transports_ = mesh.transportOf;
+    for (const auto& channel : mesh.channels) {
+      links_.push_back(channel ? channel->details() : std::map<std::string, std::string>{});
+    }
     sameHostCopy_ = mesh.sameHostCopy;
     const bool oneHost = std::all_of(mesh.hostOf.begin(), mesh.hostOf.end(),
                                      [&](int host) { return host == mesh.hostOf[0]; });

@@ -121,6 +121,9 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // Tuning and introspection for tests and benchmarks.
   // Transport used to reach each rank ("tcp", "shm", "self").
   const std::vector<std::string>& transports() const { return transports_; }
+  // What each link's transport chose, as reported at connect time (TCP:
+  // congestion control, socket buffers); empty for self and shared memory.
+  const std::vector<std::map<std::string, std::string>>& links() const { return links_; }
   // Whether this host's ranks copy large buffers straight between them, and why.
   const SameHostCopy& sameHostCopy() const { return sameHostCopy_; }
   // Large allreduces on uniform multi-host groups: {ranks of our host, ranks
@@ -230,6 +233,7 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   size_t devicePipelineBytes_ = 0;  // staged operations from here copy while the ring runs
   std::mutex sameGpuSetUp_;    // one thread decides per device
   std::vector<std::string> transports_;
+  std::vector<std::map<std::string, std::string>> links_;
   SameHostCopy sameHostCopy_;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> sequenceNumber_{0};

@@ -69,6 +69,31 @@ struct LinkOptions {
   std::chrono::milliseconds writeDelay{0};
 };
 
+// How every TCP socket is set up (tcp/tuning.h). Each side chooses for its own
+// sockets: ranks need not agree.
+//
+// Congestion control (RINGDIST_TCP_CONGESTION): "auto" picks bbr where the
+// kernel offers it and lets this process choose it, else leaves the system's
+// default; "system" always leaves it; any other word is an algorithm the
+// kernel must accept. On an emulated 1 Gbit/s link with RTT 100 ms and 0.1%
+// random loss one cubic stream moved 11 Mbit/s, one bbr stream 133
+// (benchmarks/README.md, Emulated WAN).
+constexpr const char* kDefaultTcpCongestion = "auto";
+// The most each socket buffer (send and receive) is set to: within
+// net.core.wmem_max / rmem_max, or up to this with CAP_NET_ADMIN. A buffer is
+// set only where that gives more than the kernel's autotuning may reach
+// (net.ipv4.tcp_wmem / tcp_rmem maximum), as setting one turns autotuning off
+// for it. One stream's window is bounded by its buffers: the common 4 MiB
+// tcp_wmem maximum holds a 1 Gbit/s link at 100 ms RTT near 330 Mbit/s; 32
+// MiB (the kernel doubles it for its bookkeeping) covers a 1 Gbit/s x 100 ms
+// bandwidth-delay product with room for loss recovery. 0: never set.
+constexpr size_t kDefaultTcpBufferBytes = 32 << 20;
+
+struct TcpOptions {
+  std::string congestion = kDefaultTcpCongestion;
+  size_t bufferBytes = kDefaultTcpBufferBytes;
+};
+
 struct MeshOptions {
   std::string bindIp;                    // TCP listens here; never a wildcard address
   std::chrono::milliseconds timeout{0};  // for the whole connect phase
@@ -82,6 +107,7 @@ struct MeshOptions {
   // Testing: a label that refines (never replaces) this rank's detected host
   // identity, to emulate several hosts on one machine.
   std::string hostLabel;
+  TcpOptions tcp;
   LinkOptions link;
 };
 

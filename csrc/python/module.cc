@@ -27,6 +27,10 @@ PYBIND11_MODULE(_C, m) {
                     "Bytes per pipelined segment; every rank of the group must use the same value")
       .def_property_readonly("transports", &ringdist::ProcessGroupRingdist::transports,
                              "Transport used to reach each rank: 'tcp', 'shm' or 'self'")
+      .def_property_readonly("links", &ringdist::ProcessGroupRingdist::links,
+                             "What each rank's link chose, as its socket reported it at connect "
+                             "time (TCP: congestion, send_buffer, recv_buffer and whether each "
+                             "buffer was set or left to autotuning); {} for self and shared memory")
       .def_property_readonly("same_host_copy", [](const ringdist::ProcessGroupRingdist& pg) {
              const auto& copy = pg.sameHostCopy();
              py::dict out;

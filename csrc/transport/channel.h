@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 
 #include "csrc/common/error.h"
 
@@ -132,6 +134,11 @@ class Channel {
     (void)to, (void)src, (void)bytes;
     RINGDIST_FAIL("ringdist: no single-copy writes to rank ", peer_);
   }
+
+  // What the transport chose for this link, as it reported it at connect time
+  // (TCP: congestion control and socket buffers), for users and tests; empty
+  // where there is nothing to tell.
+  virtual std::map<std::string, std::string> details() const { return {}; }
 
   // Drops the connection at once (abort). Idempotent.
   virtual void close() = 0;

@@ -14,10 +14,12 @@
 namespace ringdist {
 namespace tcp {
 
-TcpChannel::TcpChannel(int peer, Socket socket, const LinkOptions& link)
+TcpChannel::TcpChannel(int peer, Socket socket, const LinkOptions& link,
+                       const SocketTuning& tuning)
     : QueuedChannel(peer, link), socket_(std::move(socket)) {
   setNonBlocking(socket_.fd());
   setNoDelay(socket_.fd());
+  details_ = describeSocket(socket_.fd(), tuning);
 }
 
 TcpChannel::~TcpChannel() = default;

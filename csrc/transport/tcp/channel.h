@@ -6,6 +6,7 @@
 
 #include "csrc/transport/queued_channel.h"
 #include "csrc/transport/tcp/socket.h"
+#include "csrc/transport/tcp/tuning.h"
 
 namespace ringdist {
 namespace tcp {
@@ -15,7 +16,7 @@ namespace tcp {
 // its payload leave in one syscall and one packet.
 class TcpChannel final : public QueuedChannel {
  public:
-  TcpChannel(int peer, Socket socket, const LinkOptions& link);
+  TcpChannel(int peer, Socket socket, const LinkOptions& link, const SocketTuning& tuning);
   ~TcpChannel() override;
 
   bool progress() override;
@@ -25,6 +26,7 @@ class TcpChannel final : public QueuedChannel {
   short pollEvents() const override;
   size_t unacknowledgedBytes() const override;
   void close() override;
+  std::map<std::string, std::string> details() const override { return details_; }
 
  private:
   // Receive-reduce reads into this staging buffer, then combines whole
@@ -44,6 +46,7 @@ class TcpChannel final : public QueuedChannel {
   [[noreturn]] void fail(const char* what, int err);
 
   Socket socket_;
+  std::map<std::string, std::string> details_;  // as the socket reported it when connected
   std::vector<char> staging_;
   size_t stagedBytes_ = 0;  // a partial element carried to the next read
 };

@@ -111,10 +111,10 @@ void authenticateToAcceptor(int fd, const std::vector<uint8_t>& secret, int rank
 class Acceptor {
  public:
   Acceptor(const Socket& listener, const std::vector<uint8_t>& secret, int rank, int size,
-           const MeshOptions& options, const std::vector<bool>& wanted,
-           std::vector<std::unique_ptr<Channel>>& channels)
+           const MeshOptions& options, const SocketTuning& tuning,
+           const std::vector<bool>& wanted, std::vector<std::unique_ptr<Channel>>& channels)
       : listener_(listener), secret_(secret), rank_(rank), size_(size), options_(options),
-        wanted_(wanted), channels_(channels) {}
+        tuning_(tuning), wanted_(wanted), channels_(channels) {}
 
   void run(Clock::time_point deadline);
 
@@ -143,6 +143,7 @@ class Acceptor {
   const int rank_;
   const int size_;
   const MeshOptions& options_;
+  const SocketTuning& tuning_;  // the listener's: accepted sockets inherit it
   const std::vector<bool>& wanted_;
   std::vector<std::unique_ptr<Channel>>& channels_;
   std::vector<std::unique_ptr<Pending>> pending_;
@@ -255,7 +256,7 @@ void Acceptor::serve(size_t i, Clock::time_point deadline) {
     return;  // a real peer retries nothing: it will fail and time out visibly
   }
   channels_[static_cast<size_t>(peer)] =
-      std::make_unique<TcpChannel>(peer, std::move(sock), options_.link);
+      std::make_unique<TcpChannel>(peer, std::move(sock), options_.link, tuning_);
   --missing_;
 }
 
@@ -269,9 +270,15 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
   const auto secret = groupSecret(rendezvous, rank, options.timeout);
 
   Socket listener = listenOn(options.bindIp, size + 16);
-  std::string self = localAddress(listener.fd()).toString();
-  rendezvous.set(strCat("ringdist/addr/", rank), std::vector<uint8_t>(self.begin(), self.end()));
-  logDebug(strCat("rank ", rank, " listening on ", self));
+  const Address self = localAddress(listener.fd());
+  const int family = self.ip.find(':') == std::string::npos ? AF_INET : AF_INET6;
+  const SocketTuning tuning = chooseTuning(family, options.tcp);
+  // Before the address is published, so no peer connects before the listener has it.
+  applyTuning(listener.fd(), tuning);
+  const std::string published = self.toString();
+  rendezvous.set(strCat("ringdist/addr/", rank),
+                 std::vector<uint8_t>(published.begin(), published.end()));
+  logDebug(strCat("rank ", rank, " listening on ", published));
 
   // Dial every lower rank. Their listeners queue our connection in the
   // kernel even before they reach accept(), so the order cannot deadlock.
@@ -281,7 +288,7 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
     }
     auto raw = rendezvous.get(strCat("ringdist/addr/", peer), options.timeout);
     auto address = Address::parse(std::string(raw.begin(), raw.end()));
-    Socket sock = connectTo(address, deadline);
+    Socket sock = connectTo(address, deadline, tuning);
     try {
       authenticateToAcceptor(sock.fd(), secret, rank, size, peer, deadline);
     } catch (const Error& e) {
@@ -289,11 +296,11 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
                     address.toString(), ": ", e.what());
     }
     channels[static_cast<size_t>(peer)] =
-        std::make_unique<TcpChannel>(peer, std::move(sock), options.link);
+        std::make_unique<TcpChannel>(peer, std::move(sock), options.link, tuning);
   }
 
   // Accept every higher rank; the listener closes when this returns.
-  Acceptor(listener, secret, rank, size, options, wanted, channels).run(deadline);
+  Acceptor(listener, secret, rank, size, options, tuning, wanted, channels).run(deadline);
   return channels;
 }
 

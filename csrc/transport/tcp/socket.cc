@@ -111,26 +111,43 @@ Socket listenOn(const std::string& ip, int backlog) {
   return sock;
 }
 
+namespace {
+
+Address addressOf(const sockaddr_storage& sa) {
+  Address address;
+  address.ip = ipOf(reinterpret_cast<const sockaddr*>(&sa));
+  address.port = sa.ss_family == AF_INET
+      ? ntohs(reinterpret_cast<const sockaddr_in*>(&sa)->sin_port)
+      : ntohs(reinterpret_cast<const sockaddr_in6*>(&sa)->sin6_port);
+  return address;
+}
+
+}  // namespace
+
 Address localAddress(int fd) {
   sockaddr_storage sa;
   socklen_t len = sizeof(sa);
   RINGDIST_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0,
                  "ringdist: getsockname() failed: ", std::strerror(errno));
-  Address address;
-  address.ip = ipOf(reinterpret_cast<sockaddr*>(&sa));
-  address.port = sa.ss_family == AF_INET
-      ? ntohs(reinterpret_cast<sockaddr_in*>(&sa)->sin_port)
-      : ntohs(reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port);
-  return address;
+  return addressOf(sa);
 }
 
-Socket connectTo(const Address& address, Clock::time_point deadline) {
+Address peerAddress(int fd) {
+  sockaddr_storage sa;
+  socklen_t len = sizeof(sa);
+  RINGDIST_CHECK(::getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0,
+                 "ringdist: getpeername() failed: ", std::strerror(errno));
+  return addressOf(sa);
+}
+
+Socket connectTo(const Address& address, Clock::time_point deadline, const SocketTuning& tuning) {
   sockaddr_storage sa;
   socklen_t len = toSockaddr(address.ip, address.port, &sa);
   auto backoff = std::chrono::milliseconds(1);
   for (;;) {
     Socket sock(::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     RINGDIST_CHECK(sock.valid(), "ringdist: socket() failed: ", std::strerror(errno));
+    applyTuning(sock.fd(), tuning);
     int rc = ::connect(sock.fd(), reinterpret_cast<sockaddr*>(&sa), len);
     int err = rc == 0 ? 0 : errno;
     if (err == EINPROGRESS) {

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <string>
 
+#include "csrc/transport/tcp/tuning.h"
+
 namespace ringdist {
 namespace tcp {
 
@@ -40,9 +42,10 @@ struct Address {
 // Listening socket bound to `ip` (never a wildcard address) on an ephemeral port.
 Socket listenOn(const std::string& ip, int backlog);
 Address localAddress(int fd);
+Address peerAddress(int fd);
 
-// Connects, retrying refused connections until the deadline.
-Socket connectTo(const Address& address, Clock::time_point deadline);
+// Connects a socket set up with `tuning`, retrying refused connections until the deadline.
+Socket connectTo(const Address& address, Clock::time_point deadline, const SocketTuning& tuning);
 
 // The IPv4/IPv6 address of a network interface, e.g. "eth0".
 std::string interfaceAddress(const std::string& ifname);

@@ -1,0 +1,36 @@
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "csrc/common/options.h"
+
+namespace ringdist {
+namespace tcp {
+
+// What every TCP socket of a group gets, chosen once at connect time
+// (chooseTuning) and applied to the listener, whose accepted sockets inherit
+// it, and to each socket that dials (applyTuning).
+struct SocketTuning {
+  std::string congestion;  // empty: the socket keeps the system's default
+  int sendBuffer = 0;      // bytes asked for (the kernel doubles them); 0: autotuned
+  int recvBuffer = 0;
+  bool force = false;      // CAP_NET_ADMIN: SO_*BUFFORCE, above wmem_max / rmem_max
+};
+
+// Reads the kernel's limits (/proc/sys/net/...) and tries the congestion
+// control on a scratch socket of `family`. Throws, naming
+// RINGDIST_TCP_CONGESTION, when an algorithm asked for by name is unknown or
+// refused; "auto" falls back to the system's default instead.
+SocketTuning chooseTuning(int family, const TcpOptions& options);
+
+// Sets `tuning` on a socket before it listens or connects; throws if the kernel refuses.
+void applyTuning(int fd, const SocketTuning& tuning);
+
+// A connected socket as the kernel reports it: congestion control and the
+// buffer sizes it holds (SO_SNDBUF/SO_RCVBUF, the doubled figure), and
+// whether each was set or is left to autotuning.
+std::map<std::string, std::string> describeSocket(int fd, const SocketTuning& tuning);
+
+}  // namespace tcp
+}  // namespace ringdist
