@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from spawned import RINGDIST_ONLY
+from harness.spawned import RINGDIST_ONLY
 
 pytestmark = [pytest.mark.quick, RINGDIST_ONLY]
 
