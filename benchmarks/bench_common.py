@@ -4,7 +4,9 @@ import datetime
 import json
 import os
 import platform
+import signal
 import socket
+import subprocess
 import statistics
 import time
 
@@ -78,3 +80,24 @@ def batch_row(what, nbytes, world, batch, times, wrong, show):
               "  ".join(f"{label} {row['us'][label]:.1f} us" + (" WRONG" if wrong[label] else "")
                         for label in times), flush=True)
     return row
+
+
+def end_session(proc, grace, kill_grace=5.0):
+    """End a process started in a session of its own and everything in that session: TERM
+    first (so launchers and namespace scripts can clean up), KILL after `grace` seconds, then
+    KILL for whatever the session's leader left running."""
+    if proc.poll() is None:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_grace)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -33,14 +33,13 @@ import argparse
 import json
 import math
 import os
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
 
-from bench_common import write_json
+from bench_common import end_session, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SWEEP = os.path.join(HERE, "sweep.py")
@@ -82,17 +81,7 @@ def run_bounded(cmd, env, timeout, log_path):
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            # TERM first so torchrun and netns_hosts.sh can clean up, then KILL.
-            for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            end_session(proc, grace=20)
             return 124
 
 

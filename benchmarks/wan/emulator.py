@@ -51,6 +51,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/, for bench_common
+from bench_common import end_session  # noqa: E402
+
 PREFIX = "rdwan"
 SUBNET = "10.79.0"
 IFNAME = "wan"
@@ -506,21 +509,7 @@ class Wan:
 
 def kill_group(p, grace=3.0):
     """End a process started in a session of its own, and everything in that session."""
-    if p.poll() is None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                p.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    try:
-        os.killpg(p.pid, signal.SIGKILL)  # what the session's leader left running
-    except (ProcessLookupError, PermissionError):
-        pass
+    end_session(p, grace)
     if p.stdout:
         p.stdout.close()
 
