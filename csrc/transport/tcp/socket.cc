@@ -122,23 +122,20 @@ Address addressOf(const sockaddr_storage& sa) {
   return address;
 }
 
+// getsockname or getpeername of fd, as an Address.
+Address queriedAddress(int fd, int (*query)(int, sockaddr*, socklen_t*), const char* name) {
+  sockaddr_storage sa;
+  socklen_t len = sizeof(sa);
+  RINGDIST_CHECK(query(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0, "ringdist: ", name,
+                 "() failed: ", std::strerror(errno));
+  return addressOf(sa);
+}
+
 }  // namespace
 
-Address localAddress(int fd) {
-  sockaddr_storage sa;
-  socklen_t len = sizeof(sa);
-  RINGDIST_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0,
-                 "ringdist: getsockname() failed: ", std::strerror(errno));
-  return addressOf(sa);
-}
+Address localAddress(int fd) { return queriedAddress(fd, ::getsockname, "getsockname"); }
 
-Address peerAddress(int fd) {
-  sockaddr_storage sa;
-  socklen_t len = sizeof(sa);
-  RINGDIST_CHECK(::getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0,
-                 "ringdist: getpeername() failed: ", std::strerror(errno));
-  return addressOf(sa);
-}
+Address peerAddress(int fd) { return queriedAddress(fd, ::getpeername, "getpeername"); }
 
 Socket connectTo(const Address& address, Clock::time_point deadline, const SocketTuning& tuning) {
   sockaddr_storage sa;
