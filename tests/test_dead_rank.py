@@ -31,7 +31,7 @@ EXAMPLES = os.path.join(REPO, "examples")
 DEADLINE_S = 10.0
 # What each way of dying leaves in the output: the signal, or the rank's own exception.
 # A launcher names the signal; a rank that lost a peer names that rank (the victim is rank 1).
-SHOWN = {"kill": re.compile(r"SIGKILL|[Ss]ignal 9|exit ?code:? ?-9|rank 1 [^\n]*(died|is dead)"),
+SHOWN = {"kill": re.compile(r"SIGKILL|[Ss]ignal 9|exit(ed with)? ?code:? ?-9|rank 1 [^\n]*(died|is dead)"),
          "raise": re.compile(r"INJECTED FAILURE: this rank raised")}
 
 # name: (command line, made when run: torchrun's takes a free port; output after which the ranks
@@ -102,9 +102,18 @@ def audit(name, how, timeout=180):
             if since is None and victim and (ready is None or re.search(ready, tail(log, 20000))):
                 since = time.monotonic()
             time.sleep(0.05)
-        ranks = [pid for pid in descendants(top.pid) if pid != victim]
-        died = time.monotonic()
-        os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGUSR2)
+        # The rank 1 of now: a command may start fresh ranks (the bench does, per round).
+        while True:
+            assert top.poll() is None, f"{name} ended before a rank could die:\n{tail(log)}"
+            assert time.monotonic() < deadline, f"{name}: no rank 1 to kill in {timeout} s"
+            victim = _victim(top.pid)
+            ranks = [pid for pid in descendants(top.pid) if pid != victim]
+            died = time.monotonic()
+            try:
+                os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGUSR2)
+                break
+            except (ProcessLookupError, TypeError):  # gone since, or between rounds (None)
+                time.sleep(0.01)
         gone = {}
         while top.poll() is None and time.monotonic() < died + 60:
             gone.update((pid, time.monotonic() - died) for pid in ranks
