@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from harness.procs import Launched, descendants, tail, torchrun_cmd
+from harness.procs import Launched, cmdline, descendants, tail, torchrun_cmd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -56,11 +56,9 @@ def _environ(pid):
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             pairs = [item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item]
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
-        return {}, ""
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}, cmdline
+        return {}
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
 def _running(pid):
@@ -76,10 +74,11 @@ def _victim(top):
     their environment), else the last rank torch.multiprocessing spawned."""
     spawned = []
     for pid in descendants(top):
-        env, cmdline = _environ(pid)
+        env = _environ(pid)
         if env.get("RANK", env.get("LOCAL_RANK")) == "1":
             return pid
-        if "spawn_main" in cmdline and "resource_tracker" not in cmdline:
+        command = cmdline(pid)
+        if "spawn_main" in command and "resource_tracker" not in command:
             spawned.append(pid)
     return max(spawned) if spawned else None
 

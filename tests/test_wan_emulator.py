@@ -12,6 +12,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "benchmarks", "wan"))
 import emulator  # noqa: E402
+from harness.procs import cmdline  # noqa: E402
 
 RANK = os.path.join(REPO, "tests", "scenarios", "wan_emulator.py")
 needs_root = pytest.mark.skipif(
@@ -45,14 +46,6 @@ def leftovers(run_id):
         if f"/{run_id}-" in cmd and int(pid) != os.getpid():
             procs.append(cmd)
     return names, procs
-
-
-def cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def root_links():

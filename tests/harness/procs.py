@@ -99,6 +99,15 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def cmdline(pid) -> str:
+    """The command line of process `pid`, words joined by spaces ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def tail(path, nbytes: int = 6000) -> str:
     """The last ``nbytes`` of a log file, marked when truncated."""
     try:
