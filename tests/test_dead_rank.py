@@ -69,18 +69,67 @@ def _running(pid):
         return False
 
 
-def _victim(top):
+def _catches_sigusr2(pid):
+    """Has the process installed a SIGUSR2 handler (the scenario's, once Python started)?"""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) >> (signal.SIGUSR2 - 1) & 1)
+
+
+def _victim(top, catching=False):
     """The process of rank 1 below `top` (torchrun's workers and Lightning's children say so in
-    their environment), else the last rank torch.multiprocessing spawned."""
-    spawned = []
+    their environment), else the last rank torch.multiprocessing spawned; with `catching`, only
+    once it catches SIGUSR2."""
+    spawned, rank1 = [], None
     for pid in descendants(top):
         env = _environ(pid)
         if env.get("RANK", env.get("LOCAL_RANK")) == "1":
-            return pid
+            rank1 = pid
+            break
         command = cmdline(pid)
         if "spawn_main" in command and "resource_tracker" not in command:
             spawned.append(pid)
-    return max(spawned) if spawned else None
+    rank1 = rank1 or (max(spawned) if spawned else None)
+    return rank1 if rank1 and (not catching or _catches_sigusr2(rank1)) else None
+
+
+def _raised_at(path):
+    """When the signalled rank raised (time.monotonic), or None if none has yet."""
+    try:
+        with open(path) as f:
+            return float(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def _make_die(name, how, top, deadline, raised_file):
+    """Kills rank 1 (`kill`), or makes it raise, sending SIGUSR2 to the rank 1 of the moment
+    until one raises (a command may start fresh ranks, as the bench does per round, and a rank
+    raises only at work); (the moment it died, the other processes then)."""
+    ranks = []
+    while True:
+        # The handler runs once the main thread is back in Python: perhaps after the next send.
+        if how == "raise" and _raised_at(raised_file) is not None:
+            return _raised_at(raised_file), ranks
+        assert top.poll() is None, f"{name} ended before a rank could die"
+        assert time.monotonic() < deadline, f"{name}: rank 1 did not die in time"
+        victim = _victim(top.pid, catching=how == "raise")
+        if victim is None:  # between rounds, or not yet catching the signal
+            time.sleep(0.01)
+            continue
+        ranks = [pid for pid in descendants(top.pid) if pid != victim]
+        sent = time.monotonic()
+        try:
+            os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGUSR2)
+        except ProcessLookupError:
+            continue
+        if how == "kill":
+            return sent, ranks
+        while time.monotonic() < sent + 0.5 and _raised_at(raised_file) is None:
+            time.sleep(0.005)
 
 
 def audit(name, how, timeout=180):
@@ -88,9 +137,11 @@ def audit(name, how, timeout=180):
     ranks work; (seconds from the death to the command's exit, exit code, output)."""
     make_cmd, ready = COMMANDS[name]
     cmd = make_cmd()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (FAIL_ON_SIGNAL, env.get("PYTHONPATH")) if p)
     log = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dead_rank_{name}_{os.getpid()}.log")
+    raised_file = log + ".raised"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               RINGDIST_TEST_RAISED_FILE=raised_file)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (FAIL_ON_SIGNAL, env.get("PYTHONPATH")) if p)
     with Launched([cmd], [env], cwd=REPO, logs=[log]) as run:
         top, deadline = run.procs[0], time.monotonic() + timeout
         victim, since = None, None
@@ -101,18 +152,7 @@ def audit(name, how, timeout=180):
             if since is None and victim and (ready is None or re.search(ready, tail(log, 20000))):
                 since = time.monotonic()
             time.sleep(0.05)
-        # The rank 1 of now: a command may start fresh ranks (the bench does, per round).
-        while True:
-            assert top.poll() is None, f"{name} ended before a rank could die:\n{tail(log)}"
-            assert time.monotonic() < deadline, f"{name}: no rank 1 to kill in {timeout} s"
-            victim = _victim(top.pid)
-            ranks = [pid for pid in descendants(top.pid) if pid != victim]
-            died = time.monotonic()
-            try:
-                os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGUSR2)
-                break
-            except (ProcessLookupError, TypeError):  # gone since, or between rounds (None)
-                time.sleep(0.01)
+        died, ranks = _make_die(name, how, top, deadline, raised_file)
         gone = {}
         while top.poll() is None and time.monotonic() < died + 60:
             gone.update((pid, time.monotonic() - died) for pid in ranks
@@ -125,7 +165,9 @@ def audit(name, how, timeout=180):
         left = [pid for pid in descendants(top.pid)]
         code = top.poll()
     out = tail(log, 20000)
-    os.unlink(log)
+    for path in (log, raised_file):
+        if os.path.exists(path):
+            os.unlink(path)
     assert not left, f"{name}: processes left after the command exited: {left}"
     return seconds, code, out
 
