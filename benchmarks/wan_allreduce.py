@@ -38,7 +38,10 @@ sys.path.insert(0, os.path.join(HERE, "wan"))
 
 import emulator  # noqa: E402
 
-BACKENDS = ("ringdist", "gloo")
+BACKENDS = ("ringdist", "gloo")  # the default --backends
+# --backends variants of a backend: ringdist:plain is ringdist with RINGDIST_TCP_ENCRYPT=0 (what
+# sealing the records costs, measured alternating in the same processes).
+VARIANT_ENV = {"plain": {"RINGDIST_TCP_ENCRYPT": "0"}}
 PORT = 29700  # inside host 0's namespace: no other process on the machine can hold it
 FORMULA = "ideal = 2(N-1)/N * 8S/R + 2(N-1) * d  (R: link rate, d: one-way delay; a ring's trips)"
 
@@ -69,7 +72,18 @@ def worker(args):
                       GLOO_SOCKET_IFNAME=os.environ["WAN_IFNAME"])
     timeout = datetime.timedelta(seconds=args.op_timeout)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
-    groups = {b: dist.new_group(backend=b, timeout=timeout) for b in BACKENDS}
+    def make_group(name):
+        backend, _, variant = name.partition(":")
+        env = VARIANT_ENV.get(variant, {})
+        os.environ.update(env)  # read when the group is made
+        try:
+            return dist.new_group(backend=backend, timeout=timeout)
+        finally:
+            for key in env:
+                os.environ.pop(key)
+
+    backends = args.backends
+    groups = {b: make_group(b) for b in backends}
 
     def slowest(seconds):
         t = torch.tensor([seconds], dtype=torch.float64)
@@ -80,21 +94,21 @@ def worker(args):
     for nbytes in args.sizes:
         count = max(1, nbytes // 4)
         wrong = {}
-        for b in BACKENDS:  # correctness, outside the timed batches (also a warm-up)
+        for b in backends:  # correctness, outside the timed batches (also a warm-up)
             t = torch.full((count,), float(rank + 1))
             dist.all_reduce(t, group=groups[b])
             wrong[b] = int((t != world * (world + 1) / 2).sum())
         zeros = torch.zeros(count)  # stays zero however often it is summed
-        calls = {b: (lambda g=groups[b]: dist.all_reduce(zeros, group=g)) for b in BACKENDS}
+        calls = {b: (lambda g=groups[b]: dist.all_reduce(zeros, group=g)) for b in backends}
         batch = batch_for(nbytes)
         times = time_batches(calls, args.rounds, batch, dist.barrier, slowest)
         row = {"bytes": nbytes, "count": count, "batch": batch, "wrong": wrong,
-               "rounds_s": {b: [us / 1e6 for us in times[b]] for b in BACKENDS},
-               "median_s": {b: statistics.median(times[b]) / 1e6 for b in BACKENDS}}
+               "rounds_s": {b: [us / 1e6 for us in times[b]] for b in backends},
+               "median_s": {b: statistics.median(times[b]) / 1e6 for b in backends}}
         rows.append(row)
         if rank == 0:
             print(f"N={world} {nbytes} B: " + "  ".join(
-                f"{b} {row['median_s'][b] * 1e3:.1f} ms" for b in BACKENDS), flush=True)
+                f"{b} {row['median_s'][b] * 1e3:.1f} ms" for b in backends), flush=True)
     if rank == 0:
         with open(args.result, "w") as f:
             json.dump(rows, f)
@@ -131,7 +145,8 @@ def run_config(args, hosts, rtt_s, loss):
         result = os.path.join(tmp, "result.json")
         argv = [sys.executable, os.path.abspath(__file__), "--worker", "--result", result,
                 "--procs-per-host", str(args.procs_per_host), "--rounds", str(args.rounds),
-                "--op-timeout", str(args.op_timeout), "--sizes", *map(str, sizes)]
+                "--op-timeout", str(args.op_timeout), "--backends", *args.backends,
+                "--sizes", *map(str, sizes)]
         command = argv if args.procs_per_host == 1 else argv + ["--host-launcher"]
         logs = [os.path.join(tmp, f"h{i}.log") for i in range(hosts)]
         env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
@@ -148,8 +163,8 @@ def run_config(args, hosts, rtt_s, loss):
         print(open(logs[0]).read(), end="")
     for row in rows:
         row["ideal_s"] = ideal_s(row["bytes"], world, args.rate_bps, rtt_s / 2)
-        row["fraction_of_ideal"] = {b: row["ideal_s"] / row["median_s"][b] for b in BACKENDS}
-        row["one_way_trips_per_call"] = {b: row["median_s"][b] / (rtt_s / 2) for b in BACKENDS}
+        row["fraction_of_ideal"] = {b: row["ideal_s"] / row["median_s"][b] for b in args.backends}
+        row["one_way_trips_per_call"] = {b: row["median_s"][b] / (rtt_s / 2) for b in args.backends}
     return {"hosts": hosts, "procs_per_host": args.procs_per_host, "world": world,
             "rate_bps": args.rate_bps, "rtt_s": rtt_s, "loss": loss, "link": link.describe(),
             "rows": rows, "check": wan.check, "line_after": line,
@@ -175,14 +190,15 @@ def print_table(cfg):
     print(f"N={cfg['world']} RTT {cfg['rtt_s'] * 1e3:g} ms loss {cfg['loss']:g} "
           f"(load average {cfg['loadavg_1min_before']:.1f} -> {cfg['loadavg_1min_after']:.1f}); "
           + FORMULA)
-    print(f"{'size':>10} {'ringdist':>10} {'gloo':>10} {'ideal':>9} {'ringdist':>9} {'gloo':>7} "
-          f"{'trips/call':>11} {'#wrong':>7}")
-    print(f"{'':>10} {'':>10} {'':>10} {'':>9} {'% ideal':>9} {'% ideal':>7} {'ringdist':>11}")
+    backends = list(cfg["rows"][0]["median_s"]) if cfg["rows"] else []
+    print(f"{'size':>10} " + " ".join(f"{b:>14}" for b in backends) + f" {'ideal':>9} "
+          + " ".join(f"{b + ' %':>14}" for b in backends) + f" {'trips/call':>11} {'#wrong':>7}")
     for r in cfg["rows"]:
         m, f = r["median_s"], r["fraction_of_ideal"]
-        print(f"{r['bytes']:>10} {m['ringdist'] * 1e3:>8.1f}ms {m['gloo'] * 1e3:>8.1f}ms "
-              f"{r['ideal_s'] * 1e3:>7.1f}ms {100 * f['ringdist']:>8.1f}% {100 * f['gloo']:>6.1f}% "
-              f"{r['one_way_trips_per_call']['ringdist']:>11.2f} "
+        print(f"{r['bytes']:>10} " + " ".join(f"{m[b] * 1e3:>12.1f}ms" for b in backends)
+              + f" {r['ideal_s'] * 1e3:>7.1f}ms "
+              + " ".join(f"{100 * f[b]:>13.1f}%" for b in backends)
+              + f" {r['one_way_trips_per_call'][backends[0]]:>11.2f} "
               f"{sum(r['wrong'].values()):>7}", flush=True)
     h = line_health(cfg)
     print(f"line during the run: {h['writes']} packets written, {h['late_over_1ms']} over 1 ms late "
@@ -198,6 +214,9 @@ def main():
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--queue", help="drop-tail queue per link (default: the emulator's, rate x RTT)")
     ap.add_argument("--sizes", nargs="+", default=["8", "1MiB", "16MiB", "64MiB"])
+    ap.add_argument("--backends", nargs="+", default=list(BACKENDS),
+                    help="measured alternating, in this order: ringdist, gloo, or ringdist:plain "
+                         "(RINGDIST_TCP_ENCRYPT=0)")
     ap.add_argument("--loss-max-bytes", default="16MiB",
                     help="largest size measured with loss (a cubic stream at 0.1%% loss and "
                          "100 ms moves ~1 MB/s)")
@@ -222,7 +241,7 @@ def main():
     args.queue = emulator.parse_size(args.queue) if args.queue else None
     args.loss_max_bytes = emulator.parse_size(args.loss_max_bytes)
     out = {"benchmark": "wan_allreduce", "formula": FORMULA, "dtype": "float32", "op": "sum",
-           "rounds": args.rounds, "backends": list(BACKENDS), "tcp_congestion_start": "cubic",
+           "rounds": args.rounds, "backends": args.backends, "tcp_congestion_start": "cubic",
            "configs": []}
     for loss in args.loss:
         for rtt in args.rtt:

@@ -6,6 +6,11 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 source scripts/build_cache.sh
 
+# OpenSSL's libcrypto and its headers (the TCP transport's encryption), where this user may
+# install them; elsewhere the build stops naming the package to install.
+if [ ! -f /usr/include/openssl/evp.h ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -q && apt-get install -y -q libssl-dev >/dev/null
+fi
 # Pinned: an unpinned "torch" would pull the newest CUDA build (several GB).
 "$PY" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
 "$PY" -m pip install -q -r scripts/requirements-dev.txt

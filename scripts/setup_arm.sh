@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # What the aarch64 check (tests/test_arm.py) needs on an x86-64 machine: Debian's cross
-# compiler and qemu-user, and the headers and libraries of PyPI's aarch64 torch wheel of the
+# compiler and qemu-user; the headers and libraries of PyPI's aarch64 torch wheel of the
 # torch version installed here (a CUDA build: only its CPU libraries are unpacked), in
-# ${RINGDIST_ARM_TORCH:-$RINGDIST_CACHE/arm-torch/<version>} (scripts/build_cache.sh: outside
-# the checkout, so a fresh clone reuses it). Downloads about 410 MB the first time.
+# ${RINGDIST_ARM_TORCH:-$RINGDIST_CACHE/arm-torch/<version>}; and OpenSSL's libcrypto for
+# aarch64 (the TCP transport's cryptography): Debian's arm64 libssl-dev and libssl3 .debs of
+# the libssl-dev version installed here, unpacked (not installed: no foreign dpkg architecture)
+# into ${RINGDIST_ARM_OPENSSL:-$RINGDIST_CACHE/arm-openssl/<version>}. Both caches are outside
+# the checkout (scripts/build_cache.sh), so a fresh clone reuses them. Downloads about 410 MB
+# the first time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -29,3 +33,25 @@ PYEOF
   rm -rf "$tmp"
 fi
 echo "aarch64 torch $version in $dest"
+
+ssl_version=$(dpkg-query -W -f '${Version}' libssl-dev)
+ssl_dest=${RINGDIST_ARM_OPENSSL:-$RINGDIST_CACHE/arm-openssl/$ssl_version}
+if [ ! -f "$ssl_dest/usr/include/openssl/configuration.h" ]; then
+  tmp=$(mktemp -d)
+  for pkg in libssl-dev libssl3; do
+    # The security archive holds the current update, the main archive the point release's.
+    for pool in debian-security/pool/updates/main debian/pool/main; do
+      if curl -sfL -o "$tmp/$pkg.deb" \
+          "http://deb.debian.org/$pool/o/openssl/${pkg}_${ssl_version}_arm64.deb"; then
+        break
+      fi
+      rm -f "$tmp/$pkg.deb"
+    done
+    [ -f "$tmp/$pkg.deb" ] || { echo "no arm64 $pkg $ssl_version in Debian's archives" >&2; exit 1; }
+    dpkg-deb -x "$tmp/$pkg.deb" "$ssl_dest"
+  done
+  # One include folder: the architecture's configuration headers beside the others.
+  cp "$ssl_dest"/usr/include/aarch64-linux-gnu/openssl/* "$ssl_dest/usr/include/openssl/"
+  rm -rf "$tmp"
+fi
+echo "aarch64 OpenSSL $ssl_version in $ssl_dest"

@@ -1,6 +1,7 @@
 """Linux on aarch64, proven on this x86-64 machine: the whole extension (library, Python
 module) cross-compiled for aarch64 with warnings as errors, against the headers and libraries
-of PyPI's aarch64 torch wheel (scripts/setup_arm.sh fetches them), and the torch-free engine
+of PyPI's aarch64 torch wheel and Debian's arm64 libcrypto (scripts/setup_arm.sh fetches them),
+and the torch-free engine
 check (tests/engine/engine_check.cc) run under qemu-aarch64 for both aarch64 kernel families.
 Its digests (every reduce, conversion, codec and top-k kernel against the shared arithmetic or
 a full sort, CRC32C, a two-rank group over shared memory and over TCP) must equal the x86-64
@@ -25,7 +26,21 @@ VERSION = torch.__version__.split("+")[0]
 CACHE = os.environ.get("RINGDIST_CACHE") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_ringdist")
 ARM_TORCH = os.environ.get("RINGDIST_ARM_TORCH", os.path.join(CACHE, "arm-torch", VERSION))
-QEMU = ["qemu-aarch64-static", "-L", "/usr/aarch64-linux-gnu"]
+
+
+def _arm_openssl():
+    """Where setup_arm.sh unpacked the arm64 libcrypto of the libssl-dev installed here."""
+    if os.environ.get("RINGDIST_ARM_OPENSSL"):
+        return os.environ["RINGDIST_ARM_OPENSSL"]
+    version = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "libssl-dev"],
+                             capture_output=True, text=True).stdout.strip()
+    return os.path.join(CACHE, "arm-openssl", version)
+
+
+ARM_OPENSSL = _arm_openssl()
+# The engine check links libcrypto: qemu's loader finds it there.
+QEMU = ["qemu-aarch64-static", "-L", "/usr/aarch64-linux-gnu",
+        "-E", f"LD_LIBRARY_PATH={os.path.join(ARM_OPENSSL, 'usr', 'lib', 'aarch64-linux-gnu')}"]
 
 pytestmark = [pytest.mark.arm, pytest.mark.own_build]
 
@@ -69,15 +84,17 @@ def cross():
     """Everything cross-built for aarch64, warnings as errors."""
     missing = [tool for tool in ("aarch64-linux-gnu-g++", QEMU[0]) if shutil.which(tool) is None]
     config = os.path.join(ARM_TORCH, "torch", "share", "cmake", "Torch", "TorchConfig.cmake")
-    if missing or not os.path.exists(config):
-        pytest.fail(f"missing {missing or config}: run scripts/setup_arm.sh")
+    ssl = os.path.join(ARM_OPENSSL, "usr", "include", "openssl", "configuration.h")
+    absent = [path for path in (config, ssl) if not os.path.exists(path)]
+    if missing or absent:
+        pytest.fail(f"missing {missing or absent}: run scripts/setup_arm.sh")
     build = _build_dir("aarch64")
     include = _run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
                    60).stdout.strip()
     _configure_and_build(
         build, f"-DCMAKE_TOOLCHAIN_FILE={os.path.join(REPO, 'cmake', 'aarch64-linux-gnu.cmake')}",
         f"-DCMAKE_PREFIX_PATH={os.path.join(ARM_TORCH, 'torch', 'share', 'cmake')}",
-        "-DTORCH_RINGDIST_WERROR=ON", "-DTORCH_RINGDIST_PYTHON=ON", "-DTORCH_RINGDIST_TESTING=ON",
+        f"-DOPENSSL_ROOT_DIR={os.path.join(ARM_OPENSSL, 'usr')}", "-DTORCH_RINGDIST_WERROR=ON", "-DTORCH_RINGDIST_PYTHON=ON", "-DTORCH_RINGDIST_TESTING=ON",
         f"-DPython3_EXECUTABLE={sys.executable}", f"-DPython3_INCLUDE_DIR={include}")
     return build
 

@@ -32,7 +32,7 @@ def _store_key(store, suffix):
 
 def _probe(addr, payload, *, shut_wr=False, wait=3.0):
     """Connects to a rank's listener (127.0.0.1 only), reads its challenge, sends payload
-    (bytes, or a function of the challenge's nonce); how did the rank react?"""
+    (bytes, or a function of the challenge's raw bytes); how did the rank react?"""
     host, port = addr.rsplit(":", 1)
     assert host == "127.0.0.1", addr
     t0 = time.monotonic()
@@ -43,10 +43,10 @@ def _probe(addr, payload, *, shut_wr=False, wait=3.0):
         if challenge is None:
             return {"outcome": "closed before its challenge",
                     "after_s": round(time.monotonic() - t0, 3)}
-        magic, version, _, nonce = challenge
+        magic, version = wire.CHALLENGE.unpack(challenge)[:2]
         assert (magic, version) == (wire.MAGIC, wire.VERSION), challenge
         if callable(payload):
-            payload = payload(nonce)
+            payload = payload(challenge)
         if payload:
             try:
                 s.sendall(payload)
@@ -62,7 +62,8 @@ def _probe(addr, payload, *, shut_wr=False, wait=3.0):
             data = b""
         except socket.timeout:
             return {"outcome": "still open", "after_s": round(time.monotonic() - t0, 3)}
-        return {"outcome": "dropped" if not data else f"answered {data.hex()}",
+        refused = len(data) >= 4 and wire.ACK.unpack(data.ljust(wire.ACK.size, b"\0"))[0] == wire.REFUSED
+        return {"outcome": "dropped" if not data else "refused" if refused else f"answered {data.hex()}",
                 "after_s": round(time.monotonic() - t0, 3)}
     finally:
         s.close()
@@ -78,10 +79,10 @@ class _CreatesFileWhenUnpickled:
         return (open, (self.path, "w"))
 
 
-def _hello(secret, rank, size, acceptor, **header):
-    """A hello for the challenge's nonce: authentic if `secret` is the group's
+def _hello(key, rank, size, **header):
+    """A hello for the challenge: authentic if `key` is the group's proof key
     (``header``: another magic or version)."""
-    return lambda nonce: wire.hello(secret, nonce, rank, size, acceptor, **header)
+    return lambda challenge: wire.hello(key, challenge, rank, size, **header)
 
 
 def _wait_key(store, key):
@@ -153,7 +154,7 @@ def handshake_run(tmp_path_factory):
         addrs = [store.get(k).decode() for k in keys]
         secret_key = _store_key(store, "ringdist/secret")
         assert secret_key, store.list_keys()
-        token = store.get(secret_key)
+        token = wire.proof_key(store.get(secret_key))
         obs["published"] = addrs
         port0 = int(addrs[0].rsplit(":", 1)[1])
         # Rank 1 has dialled rank 0 (so rank 0 has accepted it first, in kernel order).
@@ -168,19 +169,21 @@ def handshake_run(tmp_path_factory):
         p = obs["probes"]
         p["garbage 40 bytes"] = _probe(addrs[0], secrets.token_bytes(wire.HELLO.size))
         p["garbage 1 MiB"] = _probe(addrs[0], secrets.token_bytes(1 << 20))
-        p["short hello then EOF"] = _probe(addrs[0], lambda n: _hello(token, 2, ws, 0)(n)[:10],
+        p["short hello then EOF"] = _probe(addrs[0], lambda c: _hello(token, 2, ws)(c)[:10],
                                            shut_wr=True)
-        p["wrong secret"] = _probe(addrs[0], _hello(secrets.token_bytes(32), 2, ws, 0))
-        p["replayed mac for another nonce"] = _probe(
-            addrs[0], lambda n: _hello(token, 2, ws, 0)(secrets.token_bytes(16)))
-        p["wrong protocol version"] = _probe(addrs[0], _hello(token, 2, ws, 0, version=99))
-        p["duplicate rank 1 (valid secret)"] = _probe(addrs[0], _hello(token, 1, ws, 0))
-        p["absurd size 2^31-1"] = _probe(addrs[0], _hello(token, 2, 2**31 - 1, 0))
-        p["absurd rank 2^31-1"] = _probe(addrs[0], _hello(token, 2**31 - 1, ws, 0))
-        p["negative rank"] = _probe(addrs[0], _hello(token, -5, ws, 0))
-        p["own rank 0"] = _probe(addrs[0], _hello(token, 0, ws, 0))
+        # A wrong proof is refused (the dialer learns why), any other bad hello dropped.
+        p["wrong secret"] = _probe(addrs[0], _hello(secrets.token_bytes(32), 2, ws))
+        p["replayed mac for another challenge"] = _probe(
+            addrs[0], lambda c: _hello(token, 2, ws)(c[:16] + secrets.token_bytes(48)))
+        p["plaintext hello to an encrypting rank"] = _probe(addrs[0], _hello(token, 2, ws, flags=0))
+        p["wrong protocol version"] = _probe(addrs[0], _hello(token, 2, ws, version=99))
+        p["duplicate rank 1 (valid secret)"] = _probe(addrs[0], _hello(token, 1, ws))
+        p["absurd size 2^31-1"] = _probe(addrs[0], _hello(token, 2, 2**31 - 1))
+        p["absurd rank 2^31-1"] = _probe(addrs[0], _hello(token, 2**31 - 1, ws))
+        p["negative rank"] = _probe(addrs[0], _hello(token, -5, ws))
+        p["own rank 0"] = _probe(addrs[0], _hello(token, 0, ws))
         # ... and on rank 1's listener: a lower rank never dials a higher one.
-        p["rank 1: claims rank 0"] = _probe(addrs[1], _hello(token, 0, ws, 1))
+        p["rank 1: claims rank 0"] = _probe(addrs[1], _hello(token, 0, ws))
         # 12: pickled payloads that would create a file if any rank unpickled them.
         marker = tmp / "unpickled-by-a-rank"
         evil = pickle.dumps(_CreatesFileWhenUnpickled(str(marker)))
@@ -214,7 +217,7 @@ def handshake_run(tmp_path_factory):
                                        for r in range(ws)}
         # After init: what does a connect to rank 0's published address do now?
         try:
-            obs["after_init_probe"] = _probe(addrs[0], _hello(token, 2, ws, 0), wait=2)
+            obs["after_init_probe"] = _probe(addrs[0], _hello(token, 2, ws), wait=2)
         except ConnectionRefusedError:
             obs["after_init_probe"] = {"outcome": "connection refused (listener closed)"}
         store.set("ft/go2", "1")
@@ -231,7 +234,9 @@ def test_handshake_drops_foreign_clients(handshake_run, record_property):
     report(record_property, "all_ranks_inited_after_release_s", obs["all_inited_after_go_s"])
     report(record_property, "init_s_per_rank", [obs["results"][r]["init_s"] for r in range(3)])
     report(record_property, "after_init_probe", obs["after_init_probe"])
-    problems = [f"{name}: {r}" for name, r in obs["probes"].items() if r["outcome"] != "dropped"]
+    refused = {"wrong secret", "replayed mac for another challenge"}
+    problems = [f"{name}: {r}" for name, r in obs["probes"].items()
+                if r["outcome"] != ("refused" if name in refused else "dropped")]
     # 12: object collectives ran after the probes (held_init) and nothing
     # a foreign client sent was ever unpickled.
     if obs["marker"].exists():

@@ -1,7 +1,7 @@
 """Fuzzing the wire parsers under AddressSanitizer (issue: nothing trusted from the wire).
 
 The test builds an ASan+UBSan variant of the extension, runs one real rank 0 on it, and
-plays rank 1 itself: it completes the real HMAC handshake (reading the group secret
+plays rank 1 itself: it completes the real handshake (reading the group secret
 from the store, as a buggy or compromised peer could) and then streams random and
 mutated frames: op headers with random types, dtypes, counts and tags, point-to-point
 headers announcing absurd sizes, truncated frames, raw noise. Rank 0 must turn every
@@ -99,7 +99,7 @@ def _play_rank1(store, case, rng, deadline):
     host_key = addr_key.replace("addr/0", "host/1")
     host, port = store.get(addr_key).decode().rsplit(":", 1)
     assert host == "127.0.0.1"
-    s = wire.connect(host, int(port), secret, rank=1, size=2, timeout=5)
+    s = wire.connect(host, int(port), wire.proof_key(secret), rank=1, size=2, timeout=5)
     if s is None:
         return "dropped at handshake"
     with s:
@@ -130,6 +130,9 @@ def test_wire_parsers_survive_fuzzing_under_asan(asan_build, tmp_path):
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:handle_segv=1",
                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", OMP_NUM_THREADS="1")
     env.pop("RINGDIST_CRC", None)
+    # A plaintext link: the fuzzer's frames reach the parsers as a compromised peer's would
+    # reach them out of its sealed records (the records themselves: test_encryption.py).
+    env["RINGDIST_TCP_ENCRYPT"] = "0"
     log = tmp_path / "target.log"
     cmd = [sys.executable, "-P", "-c",
            "import torch_ringdist, runpy, sys; sys.argv = sys.argv[1:]; "

@@ -2,6 +2,9 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <vector>
 
 #include "csrc/common/error.h"
@@ -75,6 +78,32 @@ std::string hostLabel(int rank, int size) {
   return entries[static_cast<size_t>(rank)];
 }
 
+// The user's secret: RINGDIST_SECRET's bytes, or RINGDIST_SECRET_FILE's
+// content without its trailing line break; empty when neither is set.
+std::vector<uint8_t> userSecret() {
+  const std::string inline_ = envString("RINGDIST_SECRET", "");
+  const std::string path = envString("RINGDIST_SECRET_FILE", "");
+  RINGDIST_CHECK(inline_.empty() || path.empty(),
+                 "ringdist: set RINGDIST_SECRET or RINGDIST_SECRET_FILE, not both");
+  std::string secret = inline_;
+  if (!path.empty()) {
+    std::ifstream file(path, std::ios::binary);
+    RINGDIST_CHECK(file.good(), "ringdist: cannot read RINGDIST_SECRET_FILE '", path,
+                   "': ", std::strerror(errno));
+    secret.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+    while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) {
+      secret.pop_back();
+    }
+  }
+  RINGDIST_CHECK(path.empty() || !secret.empty(), "ringdist: RINGDIST_SECRET_FILE '", path,
+                 "' is empty");
+  RINGDIST_CHECK(secret.empty() || secret.size() >= kMinSecretBytes,
+                 "ringdist: the secret of ", path.empty() ? "RINGDIST_SECRET" : "RINGDIST_SECRET_FILE",
+                 " has ", secret.size(), " bytes; it needs at least ", kMinSecretBytes,
+                 " (e.g. the output of `openssl rand -hex 32`)");
+  return std::vector<uint8_t>(secret.begin(), secret.end());
+}
+
 }  // namespace
 
 Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds timeout,
@@ -90,6 +119,8 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
   o.mesh.tcp.bufferBytes = envBytes("RINGDIST_TCP_BUFFER_BYTES", kDefaultTcpBufferBytes, 0);
   RINGDIST_CHECK(o.mesh.tcp.bufferBytes <= (1u << 30),
                  "ringdist: RINGDIST_TCP_BUFFER_BYTES must be <= 1G, got ", o.mesh.tcp.bufferBytes);
+  o.mesh.security.encrypt = envFlag("RINGDIST_TCP_ENCRYPT", true);
+  o.mesh.security.secret = userSecret();
 
   o.collectives.segmentBytes = envBytes("RINGDIST_SEGMENT_BYTES", kDefaultSegmentBytes, 1);
   o.collectives.smallAllreduceBytes =

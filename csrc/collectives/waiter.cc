@@ -69,6 +69,16 @@ bool Waiter::watchedArrival() {
   return false;
 }
 
+bool Waiter::bufferedArrival() const {
+  for (size_t p = 0; p < channels_.size(); ++p) {
+    const Channel* ch = channels_[p].get();
+    if (ch && (ch->receiving() || watched_[p]) && ch->bufferedInput()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void Waiter::wake() {
   wakes_.fetch_add(1);
   // The syscalls only when the worker may be asleep (both atomics are
@@ -112,7 +122,7 @@ void Waiter::waitForActivity(Clock::time_point deadline, std::chrono::microsecon
     return;  // the caller's next wait throws
   }
   const auto cap = std::min<std::chrono::microseconds>(maxSleep, left);
-  if (wokenSince(wakesSeen)) {
+  if (wokenSince(wakesSeen) || bufferedArrival()) {
     return;
   }
   if (set.bell != nullptr && set.fds.empty()) {

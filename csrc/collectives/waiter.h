@@ -110,6 +110,8 @@ class Waiter {
   void handlePolled(const WaitSet& set);
   // Bytes on a watched link: what progress() reports for queued receives.
   bool watchedArrival();
+  // Bytes a receive or a watch wants, already in a channel's own buffers.
+  bool bufferedArrival() const;
   bool wokenSince(const uint64_t* wakesSeen) const {
     return wakesSeen != nullptr && wakes_.load() != *wakesSeen;
   }

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ringdist {
 
@@ -94,6 +95,21 @@ struct TcpOptions {
   size_t bufferBytes = kDefaultTcpBufferBytes;
 };
 
+// How TCP links are sealed and how peers prove themselves (tcp/handshake.h).
+// Every rank of a group must agree on both.
+struct TcpSecurity {
+  // Every byte in AES-256-GCM records under per-connection keys
+  // (RINGDIST_TCP_ENCRYPT). Off only for links that are trusted anyway:
+  // sealing costs about one core-second per 5 GB each way.
+  bool encrypt = true;
+  // The secret the user gave every rank out of band (RINGDIST_SECRET or
+  // RINGDIST_SECRET_FILE): only holders of it complete a handshake. Empty:
+  // links are still encrypted, but peers are not authenticated.
+  std::vector<uint8_t> secret;
+};
+// A shorter secret could be guessed offline from one recorded handshake.
+constexpr size_t kMinSecretBytes = 16;
+
 struct MeshOptions {
   std::string bindIp;                    // TCP listens here; never a wildcard address
   std::chrono::milliseconds timeout{0};  // for the whole connect phase
@@ -108,6 +124,7 @@ struct MeshOptions {
   // identity, to emulate several hosts on one machine.
   std::string hostLabel;
   TcpOptions tcp;
+  TcpSecurity security;
   LinkOptions link;
 };
 

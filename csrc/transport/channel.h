@@ -91,6 +91,10 @@ class Channel {
   // A descriptor readable (POLLIN) when bytes arrive that no receive asked
   // for yet; -1 for transports that ring the doorbell instead.
   virtual int incomingFd() const { return -1; }
+  // True when incoming bytes wait in the channel's own buffers, off the
+  // descriptor (TCP's sealed records read ahead): a poll would not announce
+  // them, so a waiter must not sleep while a receive or a watch wants them.
+  virtual bool bufferedInput() const { return false; }
 
   // Bytes handed to the transport that the peer has not acknowledged yet
   // (TCP: the socket's send queue, SIOCOUTQ). A done send may still be on

@@ -15,11 +15,34 @@ namespace ringdist {
 namespace tcp {
 
 TcpChannel::TcpChannel(int peer, Socket socket, const LinkOptions& link,
-                       const SocketTuning& tuning)
+                       const SocketTuning& tuning, const SessionKeys* keys)
     : QueuedChannel(peer, link), socket_(std::move(socket)) {
   setNonBlocking(socket_.fd());
   setNoDelay(socket_.fd());
   details_ = describeSocket(socket_.fd(), tuning);
+  details_["cipher"] = keys != nullptr ? "aes-256-gcm" : "none";
+  if (keys != nullptr) {
+    writer_ = std::make_unique<RecordWriter>(keys->send);
+    reader_ = std::make_unique<RecordReader>(
+        keys->receive, strCat("rank ", peer, " (", peerAddress(socket_.fd()).toString(), ")"));
+  }
+}
+
+ssize_t TcpChannel::sendSome(const iovec* iov, int count) {
+  if (writer_ != nullptr) {
+    return writer_->writev(socket_.fd(), iov, count);
+  }
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = static_cast<size_t>(count);
+  return ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+ssize_t TcpChannel::readSome(const iovec* iov, int count) {
+  if (reader_ != nullptr) {
+    return reader_->readv(socket_.fd(), iov, count);
+  }
+  return ::readv(socket_.fd(), iov, count);
 }
 
 TcpChannel::~TcpChannel() = default;
@@ -29,7 +52,8 @@ bool TcpChannel::progressRecvReduce(Request& r, bool* complete) {
     staging_.resize(kStagingBytes);
   }
   size_t room = std::min(kStagingBytes, r.bytes - r.done) - stagedBytes_;
-  ssize_t n = ::recv(socket_.fd(), staging_.data() + stagedBytes_, room, MSG_DONTWAIT);
+  const iovec iov{staging_.data() + stagedBytes_, room};
+  ssize_t n = readSome(&iov, 1);
   if (!received(n)) {
     return false;
   }
@@ -81,10 +105,7 @@ bool TcpChannel::progressSends() {
     }
     ssize_t n = 0;
     if (wanted > 0) {
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = static_cast<size_t>(count);
-      n = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      n = sendSome(iov, count);
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
           return moved;
@@ -142,7 +163,7 @@ bool TcpChannel::progressRecvs() {
     }
     ssize_t n = 0;
     if (wanted > 0) {
-      n = ::readv(socket_.fd(), iov, count);
+      n = readSome(iov, count);
       if (!received(n)) {
         return moved;
       }
@@ -168,6 +189,9 @@ bool TcpChannel::progress() {
 bool TcpChannel::peek(void* dst, size_t bytes) {
   if (receiving() || !socket_.valid()) {
     return false;
+  }
+  if (reader_ != nullptr) {
+    return reader_->peek(socket_.fd(), dst, bytes);
   }
   // Nothing is staged between receives, so the socket's next bytes are the stream's.
   ssize_t n = ::recv(socket_.fd(), dst, bytes, MSG_PEEK | MSG_DONTWAIT);

@@ -2,9 +2,11 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <vector>
 
 #include "csrc/transport/queued_channel.h"
+#include "csrc/transport/tcp/records.h"
 #include "csrc/transport/tcp/socket.h"
 #include "csrc/transport/tcp/tuning.h"
 
@@ -13,10 +15,14 @@ namespace tcp {
 
 // A Channel over one connected TCP socket (non-blocking). Queued sends are
 // gathered into one sendmsg() of up to kMaxIov posts, so a small header and
-// its payload leave in one syscall and one packet.
+// its payload leave in one syscall and one packet. With session keys every
+// byte travels in sealed records (records.h): the same gathering seals a
+// header and its payload into one record.
 class TcpChannel final : public QueuedChannel {
  public:
-  TcpChannel(int peer, Socket socket, const LinkOptions& link, const SocketTuning& tuning);
+  // keys: null for a plaintext link (RINGDIST_TCP_ENCRYPT=0).
+  TcpChannel(int peer, Socket socket, const LinkOptions& link, const SocketTuning& tuning,
+             const SessionKeys* keys);
   ~TcpChannel() override;
 
   bool progress() override;
@@ -25,6 +31,7 @@ class TcpChannel final : public QueuedChannel {
   int pollFd() const override;
   short pollEvents() const override;
   size_t unacknowledgedBytes() const override;
+  bool bufferedInput() const override { return reader_ != nullptr && reader_->buffered(); }
   void close() override;
   std::map<std::string, std::string> details() const override { return details_; }
 
@@ -43,10 +50,15 @@ class TcpChannel final : public QueuedChannel {
   // Result n of recv()/readv(): true if bytes arrived (counted), false if
   // none are there yet; throws if the peer is gone or the read failed.
   bool received(ssize_t n);
+  // The socket's sendmsg/readv, through the records when sealed.
+  ssize_t sendSome(const iovec* iov, int count);
+  ssize_t readSome(const iovec* iov, int count);
   [[noreturn]] void fail(const char* what, int err);
 
   Socket socket_;
   std::map<std::string, std::string> details_;  // as the socket reported it when connected
+  std::unique_ptr<RecordWriter> writer_;  // both null on a plaintext link
+  std::unique_ptr<RecordReader> reader_;
   std::vector<char> staging_;
   size_t stagedBytes_ = 0;  // a partial element carried to the next read
 };

@@ -1,16 +1,17 @@
 #include "csrc/transport/tcp/handshake.h"
 
 #include <poll.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "csrc/common/error.h"
-#include "csrc/common/hmac.h"
+#include "csrc/common/crypto.h"
 #include "csrc/common/logging.h"
 #include "csrc/transport/tcp/channel.h"
 #include "csrc/transport/tcp/socket.h"
@@ -20,7 +21,9 @@ namespace tcp {
 
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x52444832;  // "RDH2"
+constexpr uint32_t kHelloMagic = 0x52444833;    // "RDH3"
+constexpr uint32_t kRefusedMagic = 0x52444858;  // "RDHX": an ack refusing the hello's proof
+constexpr uint32_t kFlagEncrypt = 1;            // this rank seals its links
 constexpr size_t kSecretBytes = 32;
 constexpr size_t kNonceBytes = 16;
 // A connection that has not completed its hello by then is dropped. Half-open
@@ -33,7 +36,9 @@ struct Challenge {
   uint32_t magic;
   uint32_t version;
   int32_t rank;
+  uint32_t flags;
   uint8_t nonce[kNonceBytes];
+  uint8_t key[32];  // the acceptor's ephemeral X25519 public key
 };
 
 struct Hello {
@@ -41,7 +46,9 @@ struct Hello {
   uint32_t version;
   int32_t rank;
   int32_t size;
+  uint32_t flags;
   uint8_t nonce[kNonceBytes];
+  uint8_t key[32];  // the dialer's ephemeral X25519 public key
   uint8_t mac[32];
 };
 
@@ -50,11 +57,10 @@ struct Ack {
   uint8_t mac[32];
 };
 
-void randomBytes(uint8_t* out, size_t n) {
-  RINGDIST_CHECK(::getrandom(out, n, 0) == static_cast<ssize_t>(n),
-                 "ringdist: getrandom() failed: ", std::strerror(errno));
-}
+uint32_t flagsOf(const TcpSecurity& security) { return security.encrypt ? kFlagEncrypt : 0; }
 
+// Keeps concurrent jobs that share a user secret apart; proves nothing, as
+// anyone who reaches the store can read it.
 std::vector<uint8_t> groupSecret(Rendezvous& rendezvous, int rank,
                                  std::chrono::milliseconds timeout) {
   const std::string key = "ringdist/secret";
@@ -69,15 +75,28 @@ std::vector<uint8_t> groupSecret(Rendezvous& rendezvous, int rank,
   return secret;
 }
 
-Digest proof(const std::vector<uint8_t>& secret, const char* label, const uint8_t* nonce,
-             int32_t a, int32_t b, int32_t c) {
-  uint8_t message[8 + kNonceBytes + 12] = {0};
-  std::memcpy(message, label, std::min<size_t>(8, std::strlen(label)));
-  std::memcpy(message + 8, nonce, kNonceBytes);
-  std::memcpy(message + 8 + kNonceBytes, &a, 4);
-  std::memcpy(message + 12 + kNonceBytes, &b, 4);
-  std::memcpy(message + 16 + kNonceBytes, &c, 4);
-  return hmacSha256(secret.data(), secret.size(), message, sizeof(message));
+// The key of the handshake's proofs: HKDF-Extract (an HMAC) of the user's
+// secret, salted with the group's.
+std::vector<uint8_t> proofKey(const std::vector<uint8_t>& group, const std::vector<uint8_t>& user) {
+  Digest key = hmacSha256(group.data(), group.size(), user.data(), user.size());
+  return std::vector<uint8_t>(key.begin(), key.end());
+}
+
+// Everything both sides said before the proofs: the challenge and the hello
+// up to its MAC.
+std::vector<uint8_t> transcriptOf(const Challenge& c, const Hello& h) {
+  std::vector<uint8_t> t(sizeof(c) + offsetof(Hello, mac));
+  std::memcpy(t.data(), &c, sizeof(c));
+  std::memcpy(t.data() + sizeof(c), &h, offsetof(Hello, mac));
+  return t;
+}
+
+// HMAC(key, label, 0, transcript): "hello" proves the dialer, "ack" the acceptor.
+Digest proof(const std::vector<uint8_t>& key, const char* label,
+             const std::vector<uint8_t>& transcript) {
+  std::vector<uint8_t> message(label, label + std::strlen(label) + 1);
+  message.insert(message.end(), transcript.begin(), transcript.end());
+  return hmacSha256(key.data(), key.size(), message.data(), message.size());
 }
 
 bool macMatches(const uint8_t* mac, const Digest& expected) {
@@ -86,34 +105,67 @@ bool macMatches(const uint8_t* mac, const Digest& expected) {
   return digestsEqual(got, expected);
 }
 
-// Dialer side: answers the acceptor's challenge and checks its ack.
-void authenticateToAcceptor(int fd, const std::vector<uint8_t>& secret, int rank, int size,
-                            int peer, Clock::time_point deadline) {
+// One key per direction: HKDF over the X25519 secret, salted with the proof
+// key and bound to the transcript, so that only this connection's two
+// proven ends hold them.
+std::unique_ptr<SessionKeys> sessionKeys(const KeyExchange& mine, const uint8_t* peerKey,
+                                         const std::vector<uint8_t>& key,
+                                         const std::vector<uint8_t>& transcript, bool dialer) {
+  Key peer;
+  std::memcpy(peer.data(), peerKey, peer.size());
+  std::vector<uint8_t> info{'r', 'i', 'n', 'g', 'd', 'i', 's', 't', ' ', 'r', 'e', 'c', 'o', 'r', 'd', 's'};
+  info.insert(info.end(), transcript.begin(), transcript.end());
+  const std::vector<uint8_t> okm = hkdfSha256(key, mine.sharedSecret(peer), info, 2 * sizeof(Key));
+  auto keys = std::make_unique<SessionKeys>();
+  const uint8_t* fromDialer = okm.data();
+  const uint8_t* fromAcceptor = okm.data() + sizeof(Key);
+  std::memcpy(keys->send.data(), dialer ? fromDialer : fromAcceptor, sizeof(Key));
+  std::memcpy(keys->receive.data(), dialer ? fromAcceptor : fromDialer, sizeof(Key));
+  return keys;
+}
+
+// Dialer side: answers the acceptor's challenge and checks its ack; the
+// session keys (null on plaintext links).
+std::unique_ptr<SessionKeys> authenticateToAcceptor(int fd, const std::vector<uint8_t>& key,
+                                                    const TcpSecurity& security, int rank,
+                                                    int size, int peer,
+                                                    Clock::time_point deadline) {
   Challenge challenge{};
   recvAll(fd, &challenge, sizeof(challenge), deadline);
   RINGDIST_CHECK(challenge.magic == kHelloMagic && challenge.version == kProtocolVersion &&
                      challenge.rank == peer,
                  "the listener is not rank ", peer, " of this group (or speaks another protocol)");
-  Hello hello{kHelloMagic, kProtocolVersion, rank, size, {}, {}};
+  RINGDIST_CHECK(challenge.flags == flagsOf(security), "rank ", peer,
+                 challenge.flags == kFlagEncrypt ? " encrypts" : " does not encrypt",
+                 " its TCP links and this rank ", security.encrypt ? "does" : "does not",
+                 ": RINGDIST_TCP_ENCRYPT must be the same on every rank");
+  KeyExchange exchange;
+  Hello hello{kHelloMagic, kProtocolVersion, rank, size, flagsOf(security), {}, {}, {}};
   randomBytes(hello.nonce, kNonceBytes);
-  Digest mac = proof(secret, "hello", challenge.nonce, rank, size, peer);
+  std::memcpy(hello.key, exchange.publicKey().data(), sizeof(hello.key));
+  const std::vector<uint8_t> transcript = transcriptOf(challenge, hello);
+  Digest mac = proof(key, "hello", transcript);
   std::memcpy(hello.mac, mac.data(), mac.size());
   sendAll(fd, &hello, sizeof(hello), deadline);
   Ack ack{};
   recvAll(fd, &ack, sizeof(ack), deadline);
-  RINGDIST_CHECK(ack.magic == kHelloMagic &&
-                     macMatches(ack.mac, proof(secret, "ack", hello.nonce, peer, rank, size)),
-                 "rank ", peer, " did not prove it belongs to this group");
+  RINGDIST_CHECK(ack.magic != kRefusedMagic, "rank ", peer,
+                 " refused this rank's proof: the ranks were given different secrets "
+                 "(RINGDIST_SECRET or RINGDIST_SECRET_FILE must be the same on every rank)");
+  RINGDIST_CHECK(ack.magic == kHelloMagic && macMatches(ack.mac, proof(key, "ack", transcript)),
+                 "rank ", peer, " did not prove it holds this group's secret");
+  if (!security.encrypt) return nullptr;
+  return sessionKeys(exchange, challenge.key, key, transcript, true);
 }
 
 // Acceptor side: serves every half-open connection at once until each
 // wanted higher rank has authenticated.
 class Acceptor {
  public:
-  Acceptor(const Socket& listener, const std::vector<uint8_t>& secret, int rank, int size,
+  Acceptor(const Socket& listener, const std::vector<uint8_t>& key, int rank, int size,
            const MeshOptions& options, const SocketTuning& tuning,
            const std::vector<bool>& wanted, std::vector<std::unique_ptr<Channel>>& channels)
-      : listener_(listener), secret_(secret), rank_(rank), size_(size), options_(options),
+      : listener_(listener), key_(key), rank_(rank), size_(size), options_(options),
         tuning_(tuning), wanted_(wanted), channels_(channels) {}
 
   void run(Clock::time_point deadline);
@@ -122,7 +174,8 @@ class Acceptor {
   // A connection accepted but not yet authenticated.
   struct Pending {
     Socket sock;
-    uint8_t nonce[kNonceBytes];
+    Challenge challenge;
+    KeyExchange exchange;
     Hello hello;
     size_t received = 0;
     Clock::time_point expires;
@@ -139,7 +192,7 @@ class Acceptor {
   }
 
   const Socket& listener_;
-  const std::vector<uint8_t>& secret_;
+  const std::vector<uint8_t>& key_;  // of the proofs
   const int rank_;
   const int size_;
   const MeshOptions& options_;
@@ -148,6 +201,7 @@ class Acceptor {
   std::vector<std::unique_ptr<Channel>>& channels_;
   std::vector<std::unique_ptr<Pending>> pending_;
   int missing_ = 0;
+  std::string refused_;  // ranks claimed by hellos whose proof failed
 };
 
 void Acceptor::run(Clock::time_point deadline) {
@@ -167,7 +221,11 @@ void Acceptor::run(Clock::time_point deadline) {
           "ringdist: Timed out after ", options_.timeout.count(), " ms: rank ", rank_,
           " is still waiting for rank(s) ", waiting, " to connect to it. Usually they were not "
           "started, or cannot reach this rank's address (a firewall, or another interface: "
-          "set RINGDIST_SOCKET_IFNAME)"));
+          "set RINGDIST_SOCKET_IFNAME)",
+          refused_.empty() ? "" : strCat(". Connections that claimed rank(s) ", refused_,
+                                         " were refused: they proved another secret "
+                                         "(RINGDIST_SECRET or RINGDIST_SECRET_FILE must be the "
+                                         "same on every rank)")));
     }
     for (size_t i = pending_.size(); i-- > 0;) {
       if (pending_[i]->expires <= now) drop(i, "no valid hello in time");
@@ -201,11 +259,12 @@ void Acceptor::acceptOne() {
   }
   auto p = std::make_unique<Pending>();
   p->sock = std::move(sock);
-  randomBytes(p->nonce, kNonceBytes);
   p->expires = Clock::now() + kHelloTimeout;
-  Challenge challenge{kHelloMagic, kProtocolVersion, rank_, {}};
-  std::memcpy(challenge.nonce, p->nonce, kNonceBytes);
-  // 28 bytes into a fresh socket's empty buffer: never blocks.
+  Challenge& challenge = p->challenge;
+  challenge = Challenge{kHelloMagic, kProtocolVersion, rank_, flagsOf(options_.security), {}, {}};
+  randomBytes(challenge.nonce, kNonceBytes);
+  std::memcpy(challenge.key, p->exchange.publicKey().data(), sizeof(challenge.key));
+  // 64 bytes into a fresh socket's empty buffer: never blocks.
   if (::send(p->sock.fd(), &challenge, sizeof(challenge), MSG_NOSIGNAL | MSG_DONTWAIT) ==
       static_cast<ssize_t>(sizeof(challenge))) {
     pending_.push_back(std::move(p));
@@ -216,6 +275,9 @@ std::string Acceptor::judge(const Hello& h) const {
   if (h.magic != kHelloMagic || h.version != kProtocolVersion || h.size != size_ ||
       h.rank <= rank_ || h.rank >= size_ || !wanted_[static_cast<size_t>(h.rank)]) {
     return "not a ringdist hello for this group (wrong magic, version, size or rank)";
+  }
+  if (h.flags != flagsOf(options_.security)) {
+    return strCat("rank ", h.rank, "'s RINGDIST_TCP_ENCRYPT differs from this rank's");
   }
   return "";
 }
@@ -237,14 +299,27 @@ void Acceptor::serve(size_t i, Clock::time_point deadline) {
   if (!bad.empty()) {
     return drop(i, bad);
   }
-  if (!macMatches(h.mac, proof(secret_, "hello", p.nonce, h.rank, h.size, rank_))) {
-    return drop(i, strCat("claimed rank ", h.rank, " but failed authentication"));
+  const std::vector<uint8_t> transcript = transcriptOf(p.challenge, h);
+  if (!macMatches(h.mac, proof(key_, "hello", transcript))) {
+    // Tell the dialer why (it learns nothing it did not know), then drop it.
+    const Ack refusal{kRefusedMagic, {}};
+    (void)::send(p.sock.fd(), &refusal, sizeof(refusal), MSG_NOSIGNAL | MSG_DONTWAIT);
+    refused_ += strCat(refused_.empty() ? "" : ", ", h.rank);
+    return drop(i, strCat("claimed rank ", h.rank, " but failed authentication (another secret)"));
   }
   if (channels_[static_cast<size_t>(h.rank)] != nullptr) {
     return drop(i, strCat("duplicate connection for rank ", h.rank));
   }
+  std::unique_ptr<SessionKeys> keys;
+  if (options_.security.encrypt) {
+    try {
+      keys = sessionKeys(p.exchange, h.key, key_, transcript, false);
+    } catch (const Error& e) {
+      return drop(i, strCat("rank ", h.rank, ": ", e.what()));
+    }
+  }
   Ack ack{kHelloMagic, {}};
-  Digest mac = proof(secret_, "ack", h.nonce, rank_, h.rank, size_);
+  Digest mac = proof(key_, "ack", transcript);
   std::memcpy(ack.mac, mac.data(), mac.size());
   const int peer = h.rank;
   Socket sock = std::move(p.sock);
@@ -256,8 +331,20 @@ void Acceptor::serve(size_t i, Clock::time_point deadline) {
     return;  // a real peer retries nothing: it will fail and time out visibly
   }
   channels_[static_cast<size_t>(peer)] =
-      std::make_unique<TcpChannel>(peer, std::move(sock), options_.link, tuning_);
+      std::make_unique<TcpChannel>(peer, std::move(sock), options_.link, tuning_, keys.get());
   --missing_;
+}
+
+void warnOnceIfUnauthenticated(const TcpSecurity& security) {
+  static std::once_flag once;
+  if (!security.secret.empty()) return;
+  std::call_once(once, [&] {
+    logWarning(security.encrypt
+                   ? "ringdist: TCP links are encrypted, but peers are not authenticated: give "
+                     "every rank the same secret in RINGDIST_SECRET or RINGDIST_SECRET_FILE"
+                   : "ringdist: TCP links are neither encrypted (RINGDIST_TCP_ENCRYPT=0) nor "
+                     "authenticated (no RINGDIST_SECRET or RINGDIST_SECRET_FILE)");
+  });
 }
 
 }  // namespace
@@ -267,7 +354,10 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
                                                  const std::vector<bool>& wanted) {
   std::vector<std::unique_ptr<Channel>> channels(static_cast<size_t>(size));
   const auto deadline = Clock::now() + options.timeout;
-  const auto secret = groupSecret(rendezvous, rank, options.timeout);
+  const auto key = proofKey(groupSecret(rendezvous, rank, options.timeout), options.security.secret);
+  if (std::find(wanted.begin(), wanted.end(), true) != wanted.end()) {
+    warnOnceIfUnauthenticated(options.security);
+  }
 
   Socket listener = listenOn(options.bindIp, size + 16);
   const Address self = localAddress(listener.fd());
@@ -289,18 +379,19 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
     auto raw = rendezvous.get(strCat("ringdist/addr/", peer), options.timeout);
     auto address = Address::parse(std::string(raw.begin(), raw.end()));
     Socket sock = connectTo(address, deadline, tuning);
+    std::unique_ptr<SessionKeys> keys;
     try {
-      authenticateToAcceptor(sock.fd(), secret, rank, size, peer, deadline);
+      keys = authenticateToAcceptor(sock.fd(), key, options.security, rank, size, peer, deadline);
     } catch (const Error& e) {
       RINGDIST_FAIL("ringdist: rank ", rank, " connecting to rank ", peer, " at ",
                     address.toString(), ": ", e.what());
     }
     channels[static_cast<size_t>(peer)] =
-        std::make_unique<TcpChannel>(peer, std::move(sock), options.link, tuning);
+        std::make_unique<TcpChannel>(peer, std::move(sock), options.link, tuning, keys.get());
   }
 
   // Accept every higher rank; the listener closes when this returns.
-  Acceptor(listener, secret, rank, size, options, tuning, wanted, channels).run(deadline);
+  Acceptor(listener, key, rank, size, options, tuning, wanted, channels).run(deadline);
   return channels;
 }
 

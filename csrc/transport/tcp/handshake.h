@@ -10,21 +10,32 @@
 namespace ringdist {
 namespace tcp {
 
-// Wire version of the handshake and of everything after it (op headers);
-// ranks that speak different versions refuse each other at connect time.
-constexpr uint32_t kProtocolVersion = 6;
+// Wire version of the handshake and of everything after it (records, op
+// headers); ranks that speak different versions refuse each other at connect
+// time.
+constexpr uint32_t kProtocolVersion = 7;
 
-// Connects an authenticated TCP link to every rank r with wanted[r]; returns
-// the channels by rank (null elsewhere). Each rank listens on
-// options.bindIp (never a wildcard address) and publishes ip:port in the
-// rendezvous; higher ranks dial lower ones.
+// Connects a TCP link to every rank r with wanted[r]; returns the channels by
+// rank (null elsewhere). Each rank listens on options.bindIp (never a
+// wildcard address) and publishes ip:port in the rendezvous; higher ranks
+// dial lower ones.
 //
-// The handshake is mutual, HMAC-SHA256 over fresh nonces, keyed with a
-// random 32-byte group secret rank 0 publishes (it never crosses the wire):
-//   acceptor -> dialer   Challenge {magic, version, acceptor rank, nonceA}
-//   dialer -> acceptor   Hello {magic, version, rank, size, nonceD,
-//                               HMAC(secret, "hello", nonceA, rank, size, acceptor)}
-//   acceptor -> dialer   Ack {magic, HMAC(secret, "ack", nonceD, acceptor, rank)}
+// The handshake is mutual: each side proves it holds the proof key, an
+// HMAC-SHA256 key from the user's secret (RINGDIST_SECRET or
+// RINGDIST_SECRET_FILE, given out of band) salted with a random group secret
+// rank 0 publishes in the store (which only keeps concurrent jobs apart:
+// the store is plaintext). Each side brings an ephemeral X25519 key:
+//   acceptor -> dialer   Challenge {magic, version, acceptor rank, flags, nonceA, keyA}
+//   dialer -> acceptor   Hello {magic, version, rank, size, flags, nonceD, keyD,
+//                               HMAC(proof key, "hello", challenge | hello before its MAC)}
+//   acceptor -> dialer   Ack {magic, HMAC(proof key, "ack", the same transcript)}
+// (flags: whether the rank encrypts, RINGDIST_TCP_ENCRYPT). A hello whose MAC
+// fails is answered with a refusal, so a rank given another secret fails at
+// once, naming the secret. The link's two keys, one per direction, are
+// HKDF-SHA256 of the X25519 secret, salted with the proof key, bound to the
+// transcript (records.h seals with them). Without a user secret the proof key
+// is the group secret's alone: links are encrypted against eavesdroppers, but
+// whoever reads the store could join; ringdist says so once.
 // Anything else (garbage, wrong secret, replays, duplicate or absurd ranks,
 // silent clients) is dropped and logged, served concurrently so it cannot
 // delay real peers; the job is unaffected.

@@ -1,0 +1,220 @@
+#include "csrc/transport/tcp/records.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "csrc/common/error.h"
+
+namespace ringdist {
+namespace tcp {
+
+namespace {
+
+// The record's number, little-endian, in the last 8 of the nonce's 12 bytes.
+std::array<uint8_t, Aead::kNonceBytes> nonceOf(uint64_t number) {
+  std::array<uint8_t, Aead::kNonceBytes> nonce{};
+  for (int i = 0; i < 8; ++i) {
+    nonce[4 + static_cast<size_t>(i)] = static_cast<uint8_t>(number >> (8 * i));
+  }
+  return nonce;
+}
+
+size_t totalBytes(const iovec* iov, int count) {
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+  return total;
+}
+
+bool wouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
+
+}  // namespace
+
+// ---------------------------------------------------------------- writer
+
+ssize_t RecordWriter::writev(int fd, const iovec* iov, int count) {
+  size_t written = 0;  // bytes of iov whose records are all on the socket
+  for (;;) {
+    if (sent_ < out_.size()) {
+      ssize_t n = ::send(fd, out_.data() + sent_, out_.size() - sent_, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (wouldBlock(errno) && written > 0) break;
+        return -1;
+      }
+      sent_ += static_cast<size_t>(n);
+      while (!records_.empty() && records_.front().first <= sent_) {
+        written += records_.front().second;
+        records_.pop_front();
+      }
+      if (sent_ < out_.size()) break;  // the socket is full
+    }
+    out_.clear();
+    sent_ = 0;
+    const size_t left = totalBytes(iov, count) - written;
+    if (left == 0) break;
+    seal(iov, count, written, std::min(left, kSealAheadBytes));
+  }
+  if (written == 0) {
+    errno = EAGAIN;
+    return -1;
+  }
+  return static_cast<ssize_t>(written);
+}
+
+void RecordWriter::seal(const iovec* iov, int count, size_t offset, size_t bytes) {
+  int i = 0;
+  while (offset >= iov[i].iov_len) {  // the iovec where `offset` falls
+    offset -= iov[i].iov_len;
+    ++i;
+  }
+  while (bytes > 0) {
+    const size_t length = std::min(bytes, kMaxRecordBytes);
+    const size_t at = out_.size();
+    out_.resize(at + kRecordOverhead + length);
+    uint8_t* record = out_.data() + at;
+    for (size_t b = 0; b < kRecordHeaderBytes; ++b) {
+      record[b] = static_cast<uint8_t>(length >> (8 * b));
+    }
+    aead_.begin(nonceOf(number_++).data(), record, kRecordHeaderBytes);
+    uint8_t* out = record + kRecordHeaderBytes;
+    for (size_t left = length; left > 0;) {
+      const size_t piece = std::min(left, iov[i].iov_len - offset);
+      aead_.update(static_cast<const char*>(iov[i].iov_base) + offset, out, piece);
+      out += piece;
+      left -= piece;
+      offset += piece;
+      if (offset == iov[i].iov_len && i + 1 < count) {
+        offset = 0;
+        ++i;
+      }
+    }
+    aead_.seal(out);
+    records_.emplace_back(out_.size(), length);
+    bytes -= length;
+  }
+}
+
+// ---------------------------------------------------------------- reader
+
+bool RecordReader::recordArrived() const {
+  const size_t have = inEnd_ - inStart_;
+  if (have < kRecordHeaderBytes) return false;
+  size_t length = 0;
+  for (size_t b = 0; b < kRecordHeaderBytes; ++b) {
+    length |= static_cast<size_t>(in_[inStart_ + b]) << (8 * b);
+  }
+  // An impossible length counts as arrived: opening it fails authentication.
+  return length == 0 || length > kMaxRecordBytes || have >= length + kRecordOverhead;
+}
+
+size_t RecordReader::nextLength() {
+  size_t length = 0;
+  for (size_t b = 0; b < kRecordHeaderBytes; ++b) {
+    length |= static_cast<size_t>(in_[inStart_ + b]) << (8 * b);
+  }
+  if (length == 0 || length > kMaxRecordBytes) failAuthentication();
+  return length;
+}
+
+void RecordReader::open(uint8_t* out) {
+  const size_t length = nextLength();
+  const uint8_t* record = in_.data() + inStart_;
+  aead_.begin(nonceOf(number_++).data(), record, kRecordHeaderBytes);
+  aead_.update(record + kRecordHeaderBytes, out, length);
+  if (!aead_.open(record + kRecordHeaderBytes + length)) failAuthentication();
+  inStart_ += length + kRecordOverhead;
+  if (inStart_ == inEnd_) inStart_ = inEnd_ = 0;
+}
+
+ssize_t RecordReader::fill(int fd) {
+  if (in_.empty()) in_.resize(kReadAheadBytes);
+  if (in_.size() - inEnd_ < kMaxRecordBytes + kRecordOverhead) {  // room for a whole record
+    std::memmove(in_.data(), in_.data() + inStart_, inEnd_ - inStart_);
+    inEnd_ -= inStart_;
+    inStart_ = 0;
+  }
+  ssize_t n = ::recv(fd, in_.data() + inEnd_, in_.size() - inEnd_, MSG_DONTWAIT);
+  if (n > 0) inEnd_ += static_cast<size_t>(n);
+  return n;
+}
+
+void RecordReader::failAuthentication() {
+  failed_ = true;
+  RINGDIST_FAIL("record from ", peer_,
+                " failed authentication: the link is corrupted or tampered with");
+}
+
+ssize_t RecordReader::readv(int fd, const iovec* iov, int count) {
+  if (failed_) failAuthentication();
+  const size_t total = totalBytes(iov, count);
+  size_t got = 0;
+  int i = 0;
+  size_t at = 0;  // within iov[i]
+  auto advance = [&](size_t n) {
+    got += n;
+    at += n;
+    while (i < count && at == iov[i].iov_len) {
+      at = 0;
+      ++i;
+    }
+  };
+  bool readSocket = false;
+  while (got < total) {
+    if (plainStart_ < plain_.size()) {
+      const size_t n = std::min(plain_.size() - plainStart_, iov[i].iov_len - at);
+      std::memcpy(static_cast<char*>(iov[i].iov_base) + at, plain_.data() + plainStart_, n);
+      plainStart_ += n;
+      if (plainStart_ == plain_.size()) {
+        plain_.clear();
+        plainStart_ = 0;
+      }
+      advance(n);
+    } else if (recordArrived()) {
+      const size_t length = nextLength();
+      if (iov[i].iov_len - at >= length) {  // straight into the receive
+        open(static_cast<uint8_t*>(iov[i].iov_base) + at);
+        advance(length);
+      } else {
+        plain_.resize(length);
+        open(plain_.data());
+      }
+    } else if (!readSocket) {
+      readSocket = true;
+      const ssize_t n = fill(fd);
+      if (n <= 0 && got == 0) return n;  // closed, or errno says why
+      if (n <= 0) break;
+    } else {
+      break;
+    }
+  }
+  if (got == 0) {
+    errno = EAGAIN;
+    return -1;
+  }
+  return static_cast<ssize_t>(got);
+}
+
+bool RecordReader::peek(int fd, void* dst, size_t bytes) {
+  if (failed_) failAuthentication();
+  bool readSocket = false;
+  while (plain_.size() - plainStart_ < bytes) {
+    if (recordArrived()) {
+      plain_.erase(plain_.begin(), plain_.begin() + static_cast<long>(plainStart_));
+      plainStart_ = 0;
+      const size_t old = plain_.size();
+      plain_.resize(old + nextLength());
+      open(plain_.data() + old);
+    } else if (readSocket || fill(fd) <= 0) {
+      return false;  // a close or an error surfaces in the next receive
+    } else {
+      readSocket = true;
+    }
+  }
+  std::memcpy(dst, plain_.data() + plainStart_, bytes);
+  return true;
+}
+
+}  // namespace tcp
+}  // namespace ringdist
