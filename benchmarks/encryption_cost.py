@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """What sealing TCP records costs: allreduce on a ringdist group with encryption (the default)
-and on one with RINGDIST_TCP_ENCRYPT=0, in the same processes, alternating batches, medians.
+and on one with RINGDIST_TCP_ENCRYPT=0, in the same processes, alternating batches, medians;
+and the CPU time (this process's, all threads) per call, which a busy machine does not distort.
 
     RINGDIST_TRANSPORT=tcp torchrun --nproc-per-node 2 benchmarks/encryption_cost.py \\
         --sizes 8 1M 16M 64M --rounds 5 --json out.json           # loopback: no link limit
@@ -13,6 +14,7 @@ ringdist ringdist:plain instead (it sets up the hosts itself).
 import argparse
 import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -58,14 +60,25 @@ def main():
             dist.all_reduce(t, group=group)
             wrong[label] = int((t != world * (world + 1) / 2).sum())
         zeros = torch.zeros(count)
-        calls = {label: (lambda g=group: dist.all_reduce(zeros, group=g))
-                 for label, group in groups.items()}
+        cpu = {label: 0.0 for label in groups}
+
+        def timed(label, group):
+            def call():
+                start = time.process_time()
+                dist.all_reduce(zeros, group=group)
+                cpu[label] += time.process_time() - start
+            return call
+
+        calls = {label: timed(label, group) for label, group in groups.items()}
         batch = 20 if nbytes < (64 << 10) else 5 if nbytes < (4 << 20) else 2
         times = time_batches(calls, args.rounds, batch, dist.barrier, slowest)
         row = batch_row("allreduce", nbytes, world, batch, times, wrong, rank == 0)
         row["sealed_over_plain"] = row["us"]["sealed"] / row["us"]["plain"]
+        row["cpu_us_per_call"] = {label: 1e6 * c / (args.rounds * batch) for label, c in cpu.items()}
         if rank == 0:
-            print(f"    sealed / plain = {row['sealed_over_plain']:.3f}", flush=True)
+            print(f"    sealed / plain = {row['sealed_over_plain']:.3f}; rank 0's CPU per call: "
+                  + "  ".join(f"{label} {us:.1f} us" for label, us in row["cpu_us_per_call"].items()),
+                  flush=True)
         rows.append(row)
     if rank == 0 and args.json:
         write_json(args.json, {"benchmark": "encryption_cost", "world": world,

@@ -37,8 +37,8 @@ bool wouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == 
 ssize_t RecordWriter::writev(int fd, const iovec* iov, int count) {
   size_t written = 0;  // bytes of iov whose records are all on the socket
   for (;;) {
-    if (sent_ < out_.size()) {
-      ssize_t n = ::send(fd, out_.data() + sent_, out_.size() - sent_, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent_ < outEnd_) {
+      ssize_t n = ::send(fd, out_.get() + sent_, outEnd_ - sent_, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0) {
         if (wouldBlock(errno) && written > 0) break;
         return -1;
@@ -48,9 +48,9 @@ ssize_t RecordWriter::writev(int fd, const iovec* iov, int count) {
         written += records_.front().second;
         records_.pop_front();
       }
-      if (sent_ < out_.size()) break;  // the socket is full
+      if (sent_ < outEnd_) break;  // the socket is full
     }
-    out_.clear();
+    outEnd_ = 0;
     sent_ = 0;
     const size_t left = totalBytes(iov, count) - written;
     if (left == 0) break;
@@ -71,9 +71,8 @@ void RecordWriter::seal(const iovec* iov, int count, size_t offset, size_t bytes
   }
   while (bytes > 0) {
     const size_t length = std::min(bytes, kMaxRecordBytes);
-    const size_t at = out_.size();
-    out_.resize(at + kRecordOverhead + length);
-    uint8_t* record = out_.data() + at;
+    uint8_t* record = out_.get() + outEnd_;
+    outEnd_ += kRecordOverhead + length;
     for (size_t b = 0; b < kRecordHeaderBytes; ++b) {
       record[b] = static_cast<uint8_t>(length >> (8 * b));
     }
@@ -91,7 +90,7 @@ void RecordWriter::seal(const iovec* iov, int count, size_t offset, size_t bytes
       }
     }
     aead_.seal(out);
-    records_.emplace_back(out_.size(), length);
+    records_.emplace_back(outEnd_, length);
     bytes -= length;
   }
 }
@@ -120,7 +119,7 @@ size_t RecordReader::nextLength() {
 
 void RecordReader::open(uint8_t* out) {
   const size_t length = nextLength();
-  const uint8_t* record = in_.data() + inStart_;
+  const uint8_t* record = in_.get() + inStart_;
   aead_.begin(nonceOf(number_++).data(), record, kRecordHeaderBytes);
   aead_.update(record + kRecordHeaderBytes, out, length);
   if (!aead_.open(record + kRecordHeaderBytes + length)) failAuthentication();
@@ -129,13 +128,12 @@ void RecordReader::open(uint8_t* out) {
 }
 
 ssize_t RecordReader::fill(int fd) {
-  if (in_.empty()) in_.resize(kReadAheadBytes);
-  if (in_.size() - inEnd_ < kMaxRecordBytes + kRecordOverhead) {  // room for a whole record
-    std::memmove(in_.data(), in_.data() + inStart_, inEnd_ - inStart_);
+  if (kReadAheadBytes - inEnd_ < kMaxRecordBytes + kRecordOverhead) {  // room for a whole record
+    std::memmove(in_.get(), in_.get() + inStart_, inEnd_ - inStart_);
     inEnd_ -= inStart_;
     inStart_ = 0;
   }
-  ssize_t n = ::recv(fd, in_.data() + inEnd_, in_.size() - inEnd_, MSG_DONTWAIT);
+  ssize_t n = ::recv(fd, in_.get() + inEnd_, kReadAheadBytes - inEnd_, MSG_DONTWAIT);
   if (n > 0) inEnd_ += static_cast<size_t>(n);
   return n;
 }
@@ -162,14 +160,11 @@ ssize_t RecordReader::readv(int fd, const iovec* iov, int count) {
   };
   bool readSocket = false;
   while (got < total) {
-    if (plainStart_ < plain_.size()) {
-      const size_t n = std::min(plain_.size() - plainStart_, iov[i].iov_len - at);
-      std::memcpy(static_cast<char*>(iov[i].iov_base) + at, plain_.data() + plainStart_, n);
+    if (plainStart_ < plainEnd_) {
+      const size_t n = std::min(plainEnd_ - plainStart_, iov[i].iov_len - at);
+      std::memcpy(static_cast<char*>(iov[i].iov_base) + at, plain_.get() + plainStart_, n);
       plainStart_ += n;
-      if (plainStart_ == plain_.size()) {
-        plain_.clear();
-        plainStart_ = 0;
-      }
+      if (plainStart_ == plainEnd_) plainStart_ = plainEnd_ = 0;
       advance(n);
     } else if (recordArrived()) {
       const size_t length = nextLength();
@@ -177,8 +172,9 @@ ssize_t RecordReader::readv(int fd, const iovec* iov, int count) {
         open(static_cast<uint8_t*>(iov[i].iov_base) + at);
         advance(length);
       } else {
-        plain_.resize(length);
-        open(plain_.data());
+        open(plain_.get());
+        plainStart_ = 0;
+        plainEnd_ = length;
       }
     } else if (!readSocket) {
       readSocket = true;
@@ -199,20 +195,23 @@ ssize_t RecordReader::readv(int fd, const iovec* iov, int count) {
 bool RecordReader::peek(int fd, void* dst, size_t bytes) {
   if (failed_) failAuthentication();
   bool readSocket = false;
-  while (plain_.size() - plainStart_ < bytes) {
+  RINGDIST_CHECK(bytes <= kMaxRecordBytes, "peek of ", bytes, " bytes");
+  while (plainEnd_ - plainStart_ < bytes) {
     if (recordArrived()) {
-      plain_.erase(plain_.begin(), plain_.begin() + static_cast<long>(plainStart_));
+      // What is left (less than `bytes`) moves to the front, the next record after it.
+      std::memmove(plain_.get(), plain_.get() + plainStart_, plainEnd_ - plainStart_);
+      plainEnd_ -= plainStart_;
       plainStart_ = 0;
-      const size_t old = plain_.size();
-      plain_.resize(old + nextLength());
-      open(plain_.data() + old);
+      const size_t length = nextLength();
+      open(plain_.get() + plainEnd_);
+      plainEnd_ += length;
     } else if (readSocket || fill(fd) <= 0) {
       return false;  // a close or an error surfaces in the next receive
     } else {
       readSocket = true;
     }
   }
-  std::memcpy(dst, plain_.data() + plainStart_, bytes);
+  std::memcpy(dst, plain_.get() + plainStart_, bytes);
   return true;
 }
 

@@ -4,6 +4,7 @@
 #include <sys/uio.h>
 
 #include <deque>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,7 +46,8 @@ struct SessionKeys {
 // The sending half: sendmsg(2) for plaintext.
 class RecordWriter {
  public:
-  explicit RecordWriter(const Key& key) : aead_(key, true) {}
+  explicit RecordWriter(const Key& key)
+      : aead_(key, true), out_(new uint8_t[kOutBytes]) {}
 
   // On a non-blocking socket: seals the front of iov into records and writes
   // them. Returns how many bytes of iov are in records wholly written, or -1
@@ -59,10 +61,14 @@ class RecordWriter {
 
   // Most plaintext sealed ahead of the socket per writev: a few records.
   static constexpr size_t kSealAheadBytes = 4 * kMaxRecordBytes;
+  static constexpr size_t kOutBytes = kSealAheadBytes + 4 * kRecordOverhead;
 
   Aead aead_;
-  uint64_t number_ = 0;     // of the next record
-  std::vector<uint8_t> out_;  // records sealed, out_[sent_..] not yet written
+  uint64_t number_ = 0;  // of the next record
+  // Records sealed: out_[sent_..outEnd_) not yet written. Not a vector: growing
+  // one would zero every byte before the cipher writes it.
+  std::unique_ptr<uint8_t[]> out_;
+  size_t outEnd_ = 0;
   size_t sent_ = 0;
   // Of each record in out_: where it ends in out_, and its plaintext bytes.
   std::deque<std::pair<size_t, size_t>> records_;
@@ -72,7 +78,9 @@ class RecordWriter {
 class RecordReader {
  public:
   // `peer` names the sender in errors: "rank 3 (10.0.0.2:1234)".
-  RecordReader(const Key& key, std::string peer) : aead_(key, false), peer_(std::move(peer)) {}
+  RecordReader(const Key& key, std::string peer)
+      : aead_(key, false), peer_(std::move(peer)), in_(new uint8_t[kReadAheadBytes]),
+        plain_(new uint8_t[kPlainBytes]) {}
 
   // Fills iov with plaintext of the records that arrived, reading the socket
   // at most once. Returns the bytes filled; 0 once the peer closed; -1 with
@@ -83,7 +91,7 @@ class RecordReader {
   bool peek(int fd, void* dst, size_t bytes);
   // Whether plaintext, or a whole record, waits here: bytes already off the
   // socket, which a poll of it would not announce.
-  bool buffered() const { return plainStart_ < plain_.size() || recordArrived(); }
+  bool buffered() const { return plainStart_ < plainEnd_ || recordArrived(); }
 
  private:
   bool recordArrived() const;
@@ -97,16 +105,20 @@ class RecordReader {
 
   // Ciphertext read ahead: enough for a few records.
   static constexpr size_t kReadAheadBytes = 4 * (kMaxRecordBytes + kRecordOverhead);
+  // Plaintext opened ahead of the receives: what a peek leaves (less than a
+  // record) and one more record.
+  static constexpr size_t kPlainBytes = 2 * kMaxRecordBytes;
 
   Aead aead_;
   const std::string peer_;
   uint64_t number_ = 0;  // of the next record
   bool failed_ = false;
-  std::vector<uint8_t> in_;  // in_[inStart_..inEnd_): ciphertext not opened yet
+  std::unique_ptr<uint8_t[]> in_;  // in_[inStart_..inEnd_): ciphertext not opened yet
   size_t inStart_ = 0;
   size_t inEnd_ = 0;
-  std::vector<uint8_t> plain_;  // plain_[plainStart_..]: opened, not yet received
+  std::unique_ptr<uint8_t[]> plain_;  // plain_[plainStart_..plainEnd_): opened, not received
   size_t plainStart_ = 0;
+  size_t plainEnd_ = 0;
 };
 
 }  // namespace tcp
