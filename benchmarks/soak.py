@@ -2,6 +2,7 @@
 
     python benchmarks/soak.py --nproc 4 --minutes 10 --json soak.json
     RINGDIST_HOST_ID=a,b,c,d python benchmarks/soak.py --minutes 10     # 4 emulated hosts (TCP)
+    python benchmarks/soak.py --ops 400        # a fixed number of ops, however long they take
 
 Starts --nproc ranks on this machine (RINGDIST_CRC=1: every transfer checksummed). All ranks
 draw the same random sequence of operations, sizes (1 to 2^20 elements), dtypes, reduce ops,
@@ -163,8 +164,11 @@ def worker(rank, args, port, results):
     deadline = time.monotonic() + args.seconds
     mismatches, ops, samples = 0, 0, []
     while True:
-        # Every rank stops at the same op: rank 0's clock decides, every 50 ops.
-        if ops % 50 == 0:
+        if args.ops is not None:
+            if ops == args.ops:
+                break
+        elif ops % 50 == 0:
+            # Every rank stops at the same op: rank 0's clock decides, every 50 ops.
             stop = torch.tensor([float(time.monotonic() >= deadline)])
             dist.broadcast(stop, src=0)
             if stop.item():
@@ -184,11 +188,17 @@ def main(argv=None):
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--minutes", type=float, default=None)
     p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--ops", type=int, default=None,
+                   help=f"run exactly this many ops instead of a time (at least {WARMUP_OPS + 60}, "
+                        "so that memory growth has samples to compare)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
     if args.minutes is not None:
         args.seconds = args.minutes * 60
+    if args.ops is not None and args.ops < WARMUP_OPS + 60:
+        p.error(f"--ops {args.ops}: memory is sampled from op {WARMUP_OPS} on, every 20 ops; "
+                f"give at least {WARMUP_OPS + 60}")
     os.environ.setdefault("RINGDIST_CRC", "1")
     # Buffers above 128 KiB get their own mappings, returned on free: RSS then follows live
     # memory instead of glibc's dynamic threshold, so a leak stands out (read at rank start).
@@ -201,7 +211,10 @@ def main(argv=None):
     for proc in procs:
         proc.start()
     got = {}
-    while len(got) < args.nproc and time.monotonic() < start + args.seconds + 300:
+    # Ranks that have not reported by then are stuck: a time run ends at its time, an op-count
+    # run gets a generous 2 s per op on a loaded machine.
+    give_up = start + 300 + (args.seconds if args.ops is None else 2 * args.ops)
+    while len(got) < args.nproc and time.monotonic() < give_up:
         try:
             rank, report = results.get(timeout=1)
             got[rank] = report
@@ -216,6 +229,10 @@ def main(argv=None):
         print(f"soak: ranks failed (exit codes {[proc.exitcode for proc in procs]})", file=sys.stderr)
         return 1
     elapsed = time.monotonic() - start
+    if len(got[0]["samples"]) < 3:
+        print(f"soak: only {got[0]['ops']} ops, too few to measure memory growth (samples start "
+              f"at op {WARMUP_OPS}): run longer", file=sys.stderr)
+        return 1
     growth = {}
     for rank, r in sorted(got.items()):
         # Transient buffers (up to 8 MiB each) make single samples swing by tens of MiB:
