@@ -109,6 +109,13 @@ def worker(rank, args, port, progress):
                   f"{(r['failed_at'] - killed_at[n]) * 1000:.0f} ms after the kill; back to "
                   f"training {r['seconds'] * 1000:.0f} ms after the failure", flush=True)
         for n in range(len(args.join)):
+            # An admitted joiner writes this right after joining: a short wait, never a hang.
+            try:
+                store.wait([f"elastic/joined/{n}"], timedelta(seconds=30))
+            except Exception:  # noqa: BLE001 (the store's timeout)
+                print(f"join {n + 1}: not admitted (its request came after the last round)",
+                      flush=True)
+                continue
             started, joined = json.loads(store.get(f"elastic/joined/{n}"))
             print(f"join {n + 1}: admitted {(joined - started) * 1000:.0f} ms after the joiner "
                   f"started", flush=True)
@@ -148,6 +155,12 @@ def main(argv=None):
             joins.pop(0)
             store.set(f"elastic/join_go/{len(args.join) - len(joins) - 1}", "1")
         if any(p.exitcode not in (None, 0) for i, p in enumerate(procs) if i not in killed):
+            break
+        if all(not p.is_alive() for p in procs[:args.nproc]):
+            waiting = [n + 1 for n, p in enumerate(procs[args.nproc:]) if p.is_alive()]
+            if waiting:  # the training is over: nobody will admit them any more
+                print(f"elastic_diloco: joiner(s) {waiting} not admitted before the training "
+                      f"ended", file=sys.stderr)
             break
         time.sleep(0.002)
     if not reap(procs, ranks, killed, "elastic_diloco"):

@@ -27,8 +27,9 @@ RECOVERY = re.compile(r"^recovery 1: lost ranks \[(\d+)\]; the round's exchange 
 
 
 def run(*args):
-    out = subprocess.run([sys.executable, EXAMPLE, *args], capture_output=True, text=True,
-                         timeout=300, cwd=os.path.dirname(EXAMPLE))
+    # The example's own deadline comes first, so a stuck run ends with its diagnosis.
+    out = subprocess.run([sys.executable, EXAMPLE, *args, "--timeout", "240"], capture_output=True,
+                         text=True, timeout=300, cwd=os.path.dirname(EXAMPLE))
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     return out.stdout + out.stderr
 
