@@ -48,6 +48,7 @@ if [ ! -f "$ssl_dest/usr/include/openssl/configuration.h" ]; then
       rm -f "$tmp/$pkg.deb"
     done
     [ -f "$tmp/$pkg.deb" ] || { echo "no arm64 $pkg $ssl_version in Debian's archives" >&2; exit 1; }
+    mkdir -p "$ssl_dest"
     dpkg-deb -x "$tmp/$pkg.deb" "$ssl_dest"
   done
   # One include folder: the architecture's configuration headers beside the others.
