@@ -113,8 +113,10 @@ std::unique_ptr<SessionKeys> sessionKeys(const KeyExchange& mine, const uint8_t*
                                          const std::vector<uint8_t>& transcript, bool dialer) {
   Key peer;
   std::memcpy(peer.data(), peerKey, peer.size());
-  std::vector<uint8_t> info{'r', 'i', 'n', 'g', 'd', 'i', 's', 't', ' ', 'r', 'e', 'c', 'o', 'r', 'd', 's'};
-  info.insert(info.end(), transcript.begin(), transcript.end());
+  const std::string label = "ringdist records";
+  std::vector<uint8_t> info(label.size() + transcript.size());
+  std::memcpy(info.data(), label.data(), label.size());
+  std::memcpy(info.data() + label.size(), transcript.data(), transcript.size());
   const std::vector<uint8_t> okm = hkdfSha256(key, mine.sharedSecret(peer), info, 2 * sizeof(Key));
   auto keys = std::make_unique<SessionKeys>();
   const uint8_t* fromDialer = okm.data();
