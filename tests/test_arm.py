@@ -38,9 +38,9 @@ def _arm_openssl():
 
 
 ARM_OPENSSL = _arm_openssl()
+ARM_LIBCRYPTO = os.path.join(ARM_OPENSSL, "usr", "lib", "aarch64-linux-gnu")
 # The engine check links libcrypto: qemu's loader finds it there.
-QEMU = ["qemu-aarch64-static", "-L", "/usr/aarch64-linux-gnu",
-        "-E", f"LD_LIBRARY_PATH={os.path.join(ARM_OPENSSL, 'usr', 'lib', 'aarch64-linux-gnu')}"]
+QEMU = ["qemu-aarch64-static", "-L", "/usr/aarch64-linux-gnu", "-E", f"LD_LIBRARY_PATH={ARM_LIBCRYPTO}"]
 
 pytestmark = [pytest.mark.arm, pytest.mark.own_build]
 
@@ -94,7 +94,10 @@ def cross():
     _configure_and_build(
         build, f"-DCMAKE_TOOLCHAIN_FILE={os.path.join(REPO, 'cmake', 'aarch64-linux-gnu.cmake')}",
         f"-DCMAKE_PREFIX_PATH={os.path.join(ARM_TORCH, 'torch', 'share', 'cmake')}",
-        f"-DOPENSSL_ROOT_DIR={os.path.join(ARM_OPENSSL, 'usr')}", "-DTORCH_RINGDIST_WERROR=ON", "-DTORCH_RINGDIST_PYTHON=ON", "-DTORCH_RINGDIST_TESTING=ON",
+        # Named outright: FindOpenSSL would take this machine's libcrypto from pkg-config.
+        f"-DOPENSSL_INCLUDE_DIR={os.path.join(ARM_OPENSSL, 'usr', 'include')}",
+        f"-DOPENSSL_CRYPTO_LIBRARY={os.path.join(ARM_LIBCRYPTO, 'libcrypto.so')}",
+        "-DTORCH_RINGDIST_WERROR=ON", "-DTORCH_RINGDIST_PYTHON=ON", "-DTORCH_RINGDIST_TESTING=ON",
         f"-DPython3_EXECUTABLE={sys.executable}", f"-DPython3_INCLUDE_DIR={include}")
     return build
 
