@@ -10,6 +10,7 @@
 #include "csrc/backend/dtypes.h"
 #include "csrc/common/cpu.h"
 #include "csrc/codec/codec.h"
+#include "csrc/collectives/ring.h"
 #include "csrc/codec/elementwise_codec.h"
 #include "csrc/reduce/elementwise.h"
 #include "csrc/topk/topk_math.h"
@@ -343,6 +344,14 @@ void copyBytesWithin(at::Tensor& buffer, int64_t to, int64_t from, int64_t bytes
               "ringdist testing: copy_bytes regions must lie inside the tensor");
   auto* base = buffer.data_ptr<uint8_t>();
   copyBytes(base + to, base + from, static_cast<size_t>(bytes));
+}
+
+int64_t ringForwardLag(int64_t roundTripUs, int64_t segmentBytes) {
+  TORCH_CHECK(roundTripUs >= 0 && roundTripUs <= UINT32_MAX && segmentBytes > 0,
+              "ringdist testing: ring_forward_lag takes a round trip in 0..2^32-1 us and a "
+              "positive segment size");
+  return static_cast<int64_t>(
+      forwardLag(static_cast<uint32_t>(roundTripUs), static_cast<size_t>(segmentBytes)));
 }
 
 }  // namespace ringdist::testing

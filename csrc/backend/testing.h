@@ -48,6 +48,10 @@ TORCH_RINGDIST_API void topkRadixSelect(const at::Tensor& grad, std::optional<at
 TORCH_RINGDIST_API void copyBytesWithin(at::Tensor& buffer, int64_t to, int64_t from,
                                         int64_t bytes);
 
+// How many segments of segmentBytes the ring allreduce forwards a segment
+// after its arrival on links of roundTripUs (forwardLag, collectives/ring.h).
+TORCH_RINGDIST_API int64_t ringForwardLag(int64_t roundTripUs, int64_t segmentBytes);
+
 // A reduce op by its name ("sum", "avg", ...).
 ReduceOp opFromName(const std::string& name);
 

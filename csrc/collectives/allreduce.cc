@@ -26,9 +26,6 @@ namespace ringdist {
 
 namespace {
 
-// How many segments after its arrival a segment is forwarded (streamOrder).
-constexpr size_t kForwardLag = 2;
-
 // Latency path for two ranks: each sends its buffer behind the op header and
 // reduces the peer's straight out of the link (Channel::postRecvReduce), the
 // lower rank's data first as in oneShotAllreduce, so both compute the same
@@ -153,17 +150,19 @@ auto ringGateOf(const StepsGate& gated, const ChunkLayout& layout, long pos, siz
 
 // The order in which a rank sends (and its right neighbour receives) the
 // transfers of steps [first, end): segment j of step s goes out at key
-// j + (s - first) * kForwardLag, ties by step. So a segment is forwarded
-// kForwardLag segments after it arrived, while it is still in cache, rather
+// j + (s - first) * lag, ties by step. With kForwardLag a segment is
+// forwarded two segments after it arrived, while it is still in cache, rather
 // than behind the whole chunk of the step before (which re-read it from
-// memory: an N=2 allreduce then moved 5S of memory instead of 4S).
+// memory: an N=2 allreduce then moved 5S of memory instead of 4S). On a long
+// link the lag is longer (forwardLag): the sends queued ahead of a forward
+// keep the link full while the segment to forward is on its way.
 struct StreamOrder {
-  StreamOrder(size_t first, size_t end, size_t perStep)
+  StreamOrder(size_t first, size_t end, size_t perStep, size_t lag)
       : order(end - first), positionOf(end - first) {
     for (size_t i = 0; i < order.size(); ++i) order[i] = first + i;
     auto key = [&](size_t t) {
       const size_t step = (t - first) / perStep;
-      return std::make_pair(t % perStep + step * kForwardLag, step);
+      return std::make_pair(t % perStep + step * lag, step);
     };
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return key(a) < key(b); });
@@ -194,7 +193,9 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
   Channel& left = comm.channel(ring.left());
   Channel& right = comm.channel(ring.right());
   const auto gate = ringGateOf(gated, layout, ring.pos, elem);
-  const StreamOrder stream(first, first + total, perStep);  // both directions' order
+  // Both directions' order; every rank of the ring computes the same lag.
+  const size_t lag = forwardLag(comm.linkRoundTripUs(), layout.segmentElems * elem);
+  const StreamOrder stream(first, first + total, perStep, lag);
   gate.plan(stream.order);
   std::vector<uint64_t> sendTicket(total, 0);  // indexed by transfer - first
   std::vector<uint64_t> recvTicket(total, 0);

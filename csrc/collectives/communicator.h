@@ -82,6 +82,11 @@ class Communicator {
   const CollectiveOptions& options() const { return options_; }
   void setOptions(const CollectiveOptions& options);
   size_t segmentBytes() const { return options_.segmentBytes; }
+  // The group's longest link round trip, measured at connect (Mesh::roundTripUs,
+  // the same on every rank; 0: not measured), microseconds: the rings size the
+  // data they keep in flight by it (ringInFlightBytes in ring.h).
+  uint32_t linkRoundTripUs() const { return linkRoundTripUs_; }
+  void setLinkRoundTrip(uint32_t roundTripUs) { linkRoundTripUs_ = roundTripUs; }
 
   // Starts an operation: names it in errors and arms its deadline.
   // `now`: the caller's clock reading, when it has one (one read per op).
@@ -213,6 +218,7 @@ class Communicator {
   SubRing ring_;  // every rank, host by host
   std::vector<int> hostOf_;
   CollectiveOptions options_;
+  uint32_t linkRoundTripUs_ = 0;
   bool hierarchical_ = false;
   SubRing hostRing_;
   int hostCount_ = 1;

@@ -73,6 +73,25 @@ struct ChunkLayout {
   size_t segmentsPerChunk;
 };
 
+// The bytes a ring keeps in flight on each link: a link of
+// kRingFillBitsPerSecond stays full over a round trip of roundTripUs.
+inline size_t ringInFlightBytes(uint32_t roundTripUs) {
+  return static_cast<size_t>(kRingFillBitsPerSecond / 8 * roundTripUs / 1e6);
+}
+
+// How many segments after its arrival the ring allreduce forwards a segment
+// at least: two segments later it is still in cache.
+constexpr size_t kForwardLag = 2;
+
+// How many segments of `segmentBytes` after its arrival a segment is
+// forwarded on links of roundTripUs: kForwardLag, or enough that the sends
+// queued ahead of a forward hold ringInFlightBytes, so the link stays busy
+// while the segment to forward crosses from the left neighbour.
+inline size_t forwardLag(uint32_t roundTripUs, size_t segmentBytes) {
+  const size_t segment = std::max<size_t>(1, segmentBytes);
+  return std::max(kForwardLag, (ringInFlightBytes(roundTripUs) + segment - 1) / segment);
+}
+
 // How one run of ring transfers meets its operation's StageGate (the
 // glossary's gate), shared by the ring allreduce, allgather and
 // reduce-scatter. Of the run's transfers, the sends of step 0 (transfer <

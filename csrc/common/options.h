@@ -126,6 +126,10 @@ struct MeshOptions {
   TcpOptions tcp;
   TcpSecurity security;
   LinkOptions link;
+  // Testing only: this rank reports this round trip (microseconds) for its
+  // links instead of the measured one (0: measured), so tests on one machine
+  // run the collectives as sized for a long link.
+  uint32_t testRoundTripUs = 0;
 };
 
 // ---------------------------------------------------------------- collectives
@@ -142,6 +146,17 @@ constexpr size_t kDefaultSegmentBytes = 256 * 1024;
 // size (below it per-segment overhead shows), so that their copies overlap.
 constexpr size_t kPipelineDepth = 4;
 constexpr size_t kMinPipelinedSegmentBytes = 32 * 1024;
+// A ring keeps the data of this rate times the group's longest measured round
+// trip in flight on each link (ring.h, ringInFlightBytes), so a link of up to
+// this rate stays full however far away the peer is: a ring step waits for a
+// segment from its left neighbour, half a round trip away, and only sends
+// queued before it keep the link busy meanwhile. Only the round trip is
+// measured (at connect, from the kernel's TCP round trip): a link slower than
+// this just gets more queued than it needs (at 1 Gbit/s and RTT 100 ms the
+// ring then runs step by step, which costs nothing there). On one host or a
+// LAN the round trip is tens of microseconds and the ring keeps its cache-
+// friendly order (kForwardLag in allreduce.cc).
+constexpr double kRingFillBitsPerSecond = 10e9;
 // Up to this size an allreduce is latency-bound: one round in which every
 // rank sends its buffer to every peer beats 2(N-1) ring hops.
 constexpr size_t kDefaultSmallAllreduceBytes = 64 * 1024;

@@ -32,6 +32,9 @@ void defineTestingModule(py::module_& parent) {
         py::arg("packed"), py::arg("tile"),
         "topk_select computed as the GPU kernels compute it (radix select, tiles of `tile` "
         "entries), on the host through the shared arithmetic");
+  m.def("ring_forward_lag", &ringForwardLag, py::arg("round_trip_us"), py::arg("segment_bytes"),
+        "How many segments the ring allreduce forwards a segment after its arrival, on links "
+        "of this round trip (forwardLag in csrc/collectives/ring.h)");
   m.def("copy_bytes", &copyBytesWithin, py::arg("buffer"), py::arg("to"), py::arg("from_"),
         py::arg("bytes"),
         "The engine's large copy (copyBytes, in pieces), from offset from_ to offset to of a "

@@ -139,6 +139,11 @@ class Channel {
     RINGDIST_FAIL("ringdist: no single-copy writes to rank ", peer_);
   }
 
+  // The smallest round trip measured on this link so far, in microseconds
+  // (TCP: the kernel's min_rtt, sampled from the connection's handshake on);
+  // 0 where nothing is measured (shared memory).
+  virtual uint32_t roundTripUs() const { return 0; }
+
   // What the transport chose for this link, as it reported it at connect time
   // (TCP: congestion control and socket buffers), for users and tests; empty
   // where there is nothing to tell.

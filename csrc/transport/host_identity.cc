@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <fstream>
 
 #include "csrc/common/error.h"
@@ -12,8 +14,8 @@ namespace ringdist {
 namespace {
 
 // Record layout: these lines, then one line per field, '\n'-separated.
-constexpr const char* kRecordTag = "ringdist-peer/1";
-constexpr size_t kRecordFields = 8;
+constexpr const char* kRecordTag = "ringdist-peer/2";
+constexpr size_t kRecordFields = 9;
 
 std::string readFileLine(const char* path) {
   std::ifstream in(path);
@@ -52,7 +54,8 @@ bool HostIdentity::operator==(const HostIdentity& o) const {
 std::vector<uint8_t> PeerRecord::encode() const {
   std::string text = strCat(kRecordTag, "\n", host.hostname, "\n", host.bootId, "\n",
                             host.shmMount, "\n", host.pidNamespace, "\n", host.label, "\n",
-                            transportPolicyName(transport), "\n", checksums ? "crc" : "nocrc");
+                            transportPolicyName(transport), "\n", checksums ? "crc" : "nocrc", "\n",
+                            roundTripUs);
   return std::vector<uint8_t>(text.begin(), text.end());
 }
 
@@ -68,6 +71,11 @@ PeerRecord PeerRecord::decode(const std::vector<uint8_t>& bytes, int rank) {
   RINGDIST_CHECK(transportPolicyFromName(f[6], &r.transport) && (f[7] == "crc" || f[7] == "nocrc"),
                  "ringdist: rank ", rank, " published a malformed host record");
   r.checksums = f[7] == "crc";
+  char* end = nullptr;
+  const unsigned long rtt = std::strtoul(f[8].c_str(), &end, 10);
+  RINGDIST_CHECK(!f[8].empty() && *end == '\0' && rtt <= UINT32_MAX,
+                 "ringdist: rank ", rank, " published a malformed host record");
+  r.roundTripUs = static_cast<uint32_t>(rtt);
   return r;
 }
 

@@ -27,6 +27,9 @@ struct PeerRecord {
   HostIdentity host;
   TransportPolicy transport = TransportPolicy::kAuto;
   bool checksums = false;
+  // The longest of this rank's TCP links' round trips, measured at connect
+  // (Channel::roundTripUs), microseconds.
+  uint32_t roundTripUs = 0;
 
   std::vector<uint8_t> encode() const;
   // Throws, naming `rank`, on a record that is not one of ours.

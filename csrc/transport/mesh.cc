@@ -16,9 +16,9 @@ namespace {
 
 // Every rank's record (ours included), checking what all must agree on.
 std::vector<PeerRecord> exchangeRecords(Rendezvous& rendezvous, int rank, int size,
-                                        const MeshOptions& options) {
+                                        const MeshOptions& options, uint32_t roundTripUs) {
   PeerRecord mine{HostIdentity::detect(options.hostLabel), options.transport,
-                  options.link.checksums};
+                  options.link.checksums, roundTripUs};
   rendezvous.set(strCat("ringdist/host/", rank), mine.encode());
   std::vector<PeerRecord> records(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
@@ -77,6 +77,16 @@ void orderRing(const std::vector<PeerRecord>& records, Mesh& mesh) {
   }
 }
 
+// The longest round trip of this rank's links, as measured (or as a test says).
+uint32_t longestRoundTrip(const std::vector<std::unique_ptr<Channel>>& channels,
+                          const MeshOptions& options) {
+  uint32_t longest = 0;
+  for (const auto& channel : channels) {
+    if (channel) longest = std::max(longest, channel->roundTripUs());
+  }
+  return options.testRoundTripUs > 0 ? options.testRoundTripUs : longest;
+}
+
 bool isLoopback(const std::string& host) {
   if (host == "localhost") return true;
   in_addr v4{};
@@ -101,7 +111,11 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
   }
   // 2. Everyone's host and policy; 3. same-host pairs move to shared memory
   //    (replacing their TCP link, on which nothing was sent after the handshake).
-  const std::vector<PeerRecord> records = exchangeRecords(rendezvous, rank, size, options);
+  const std::vector<PeerRecord> records =
+      exchangeRecords(rendezvous, rank, size, options, longestRoundTrip(mesh.channels, options));
+  for (const auto& record : records) {
+    mesh.roundTripUs = std::max(mesh.roundTripUs, record.roundTripUs);
+  }
   const std::vector<int> local = chooseTransports(records, rank, mesh);
   if (local.size() > 1) {
     std::shared_ptr<Board> board;

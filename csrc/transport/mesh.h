@@ -19,6 +19,10 @@ struct Mesh {
   std::vector<std::string> transportOf;             // by rank: "tcp", "shm" or "self"
   SameHostCopy sameHostCopy;                        // this host's ranks, over shared memory
   std::shared_ptr<Board> board;  // every rank on this host over shared memory, else null
+  // The longest round trip of any TCP link of the group, measured at connect
+  // (microseconds; the same on every rank): what the collectives size the
+  // data they keep in flight by.
+  uint32_t roundTripUs = 0;
 };
 
 // Connects this rank to every other rank of the group through the

@@ -65,11 +65,12 @@ def op_header(*, type: int, dtype: int = 0, op: int = 0, variant: int = 0, seq: 
     return OP.pack(magic, type, dtype, op, variant, seq, count, root, segment_bytes, tag, padding)
 
 
-def peer_record(hostname: str, transport: str = "auto", crc: bool = False) -> bytes:
+def peer_record(hostname: str, transport: str = "auto", crc: bool = False,
+                round_trip_us: int = 0) -> bytes:
     """What a rank publishes under ringdist/host/<rank> (PeerRecord in
     csrc/transport/host_identity.h): a hostname no real rank has keeps links on TCP."""
-    fields = ["ringdist-peer/1", hostname, "boot", "none", "pid:[0]", "", transport,
-              "crc" if crc else "nocrc"]
+    fields = ["ringdist-peer/2", hostname, "boot", "none", "pid:[0]", "", transport,
+              "crc" if crc else "nocrc", str(round_trip_us)]
     return "\n".join(fields).encode()
 
 

@@ -32,6 +32,7 @@ class TcpChannel final : public QueuedChannel {
   short pollEvents() const override;
   size_t unacknowledgedBytes() const override;
   bool bufferedInput() const override { return reader_ != nullptr && reader_->buffered(); }
+  uint32_t roundTripUs() const override { return minRoundTripUs(socket_.fd()); }
   void close() override;
   std::map<std::string, std::string> details() const override { return details_; }
 

@@ -1,10 +1,11 @@
 #include "csrc/transport/tcp/tuning.h"
 
 #include <netinet/in.h>
-#include <netinet/tcp.h>
+#include <linux/tcp.h>  // struct tcp_info with min_rtt (glibc's stops short of it)
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -148,8 +149,20 @@ std::map<std::string, std::string> describeSocket(int fd, const SocketTuning& tu
           {"congestion", congestionOf(fd)},
           {"send_buffer", std::to_string(bufferOf(fd, SO_SNDBUF))},
           {"recv_buffer", std::to_string(bufferOf(fd, SO_RCVBUF))},
+          {"round_trip_us", std::to_string(minRoundTripUs(fd))},
           {"send_buffer_set", tuning.sendBuffer ? "1" : "0"},
           {"recv_buffer_set", tuning.recvBuffer ? "1" : "0"}};
+}
+
+uint32_t minRoundTripUs(int fd) {
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (fd < 0 || ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      len < offsetof(tcp_info, tcpi_min_rtt) + sizeof(info.tcpi_min_rtt) ||
+      info.tcpi_min_rtt == ~0U) {
+    return 0;
+  }
+  return info.tcpi_min_rtt;
 }
 
 }  // namespace tcp

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -31,6 +32,11 @@ void applyTuning(int fd, const SocketTuning& tuning);
 // buffer sizes it holds (SO_SNDBUF/SO_RCVBUF, the doubled figure), and
 // whether each was set or is left to autotuning.
 std::map<std::string, std::string> describeSocket(int fd, const SocketTuning& tuning);
+
+// The smallest round trip the kernel measured on a connected socket so far
+// (TCP_INFO min_rtt, microseconds; from the SYN on, so a connected socket has
+// one); 0 if unknown.
+uint32_t minRoundTripUs(int fd);
 
 }  // namespace tcp
 }  // namespace ringdist
