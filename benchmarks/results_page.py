@@ -341,7 +341,7 @@ MPI = "Against Open MPI and torch's floor, one host"
 NETNS = "Emulated hosts (network namespaces, `tc tbf` links), one rank per host unless stated"
 DIRECT = "Direct operators and tensor-parallel inference against DeepSpeed, one host"
 WAN = ("Emulated WAN at 1 Gbit/s (`benchmarks/wan/`: delay line, every TCP socket starting with "
-       "cubic), one rank per host; ideal = 2(N-1)/N * 8S/R + 2(N-1) * d")
+       "cubic), one rank per host unless stated; ideal = 2(N-1)/N * 8S/R + 2(N-1) * d")
 DDP = "DDP training step with communication hooks, emulated hosts at 1 Gbit/s"
 DILOCO = "Local steps (DiLoCo), emulated hosts"
 OTHER = "Other operations"
@@ -382,6 +382,7 @@ SCENARIOS = {
     "netns1g_n2.json": (NETNS, "N=2, 1 Gbit/s", netns),
     "wan_allreduce.json": (WAN, "fp32 allreduce", wan),
     "wan_allreduce_loss.json": (WAN, "fp32 allreduce, 0.1% random loss", wan),
+    "wan_allreduce_2x2.json": (WAN, "fp32 allreduce, 2 hosts x 2 ranks (N=4)", wan),
     "deepspeed_peer_n2.json": (DIRECT, "ringdist's op against DeepSpeed's, N=2",
                                labels("direct-op", "deepspeed", "DeepSpeed's op")),
     "deepspeed_peer_n2_small.json": (DIRECT, "the same, small sizes",

@@ -1,7 +1,8 @@
 """The WAN emulator (benchmarks/wan/emulator.py): four hosts behind its userspace delay line
-measure the round trip time, rate and loss they were given, a ringdist allreduce across two of
-them gives the float64 reference result, and nothing the emulator made outlives it, also when
-the command it drives fails."""
+measure the round trip time, rate and loss they were given, a ringdist ring allreduce across two
+of them measures the link's round trip (which sizes its data in flight) and gives the float64
+reference result, and nothing the emulator made outlives it, also when the command it drives
+fails."""
 import os
 import shutil
 import subprocess
@@ -70,7 +71,7 @@ def test_four_hosts_measure_their_settings_and_carry_an_allreduce():
 
         before = wan.line_stats()["hosts"][0]["up"]["bytes"]
         port = 29600 + os.getpid() % 1000
-        rank = [sys.executable, RANK, str(port)]
+        rank = [sys.executable, RANK, str(port), "0.040"]
         assert wan.run([rank, rank, None, None], timeout=90) == [0, 0]
         crossed = wan.line_stats()["hosts"][0]["up"]["bytes"] - before
         assert crossed >= 8 * (65536 + 3) // 2  # host 0 sent at least its half through the line
