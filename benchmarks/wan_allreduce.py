@@ -14,11 +14,14 @@ backend, the backends alternating (ringdist gloo ringdist gloo ...), each batch 
 a batch's time per call is the slowest rank's. Reported: the median over the rounds, and that as
 a fraction of the ideal
 
-    ideal = 2(N-1)/N * 8S/R + 2(N-1) * d
+    ideal = 2(H-1)/H * 8S/R + 2(H-1) * d
 
-(N ranks, S bytes, R the link rate in bits/s, d the one-way delay): the bytes every rank's link
-must carry in each direction, plus a ring's 2(N-1) one-way trips (the algorithm ringdist runs
-today; recursive halving-doubling would need 2 log2(N) trips). Small messages are also given in
+(H hosts, S bytes, R the link rate in bits/s, d the one-way delay): the bytes every host's link
+must carry in each direction, plus a ring's 2(H-1) one-way trips (the algorithm ringdist runs
+today; recursive halving-doubling would need 2 log2(H) trips). With one rank per host H = N;
+with several, ringdist's two-level allreduce crosses the hosts with one ring per local position,
+whose transfers together carry what one ring of the hosts would (the ranks' work on their own
+host is not counted). Small messages are also given in
 one-way trips per call (time / d). Every TCP socket starts with cubic (the emulator's shim); the
 socket limits are the system's. Results are JSON (with provenance), written after each
 configuration; the line's counters (losses, queue drops, lateness) are kept with them.
@@ -43,7 +46,8 @@ BACKENDS = ("ringdist", "gloo")  # the default --backends
 # sealing the records costs, measured alternating in the same processes).
 VARIANT_ENV = {"plain": {"RINGDIST_TCP_ENCRYPT": "0"}}
 PORT = 29700  # inside host 0's namespace: no other process on the machine can hold it
-FORMULA = "ideal = 2(N-1)/N * 8S/R + 2(N-1) * d  (R: link rate, d: one-way delay; a ring's trips)"
+FORMULA = ("ideal = 2(H-1)/H * 8S/R + 2(H-1) * d  (H: hosts, R: link rate, d: one-way delay; "
+           "a ring's trips)")
 
 
 def batch_for(nbytes):
@@ -52,8 +56,8 @@ def batch_for(nbytes):
     return 10 if nbytes < (64 << 10) else 3 if nbytes < (4 << 20) else 1
 
 
-def ideal_s(nbytes, world, rate_bps, one_way_s):
-    return 2 * (world - 1) / world * 8 * nbytes / rate_bps + 2 * (world - 1) * one_way_s
+def ideal_s(nbytes, hosts, rate_bps, one_way_s):
+    return 2 * (hosts - 1) / hosts * 8 * nbytes / rate_bps + 2 * (hosts - 1) * one_way_s
 
 
 # ---- one rank (in its emulated host) ----------------------------------------------------
@@ -162,7 +166,7 @@ def run_config(args, hosts, rtt_s, loss):
             rows = json.load(f)
         print(open(logs[0]).read(), end="")
     for row in rows:
-        row["ideal_s"] = ideal_s(row["bytes"], world, args.rate_bps, rtt_s / 2)
+        row["ideal_s"] = ideal_s(row["bytes"], hosts, args.rate_bps, rtt_s / 2)
         row["fraction_of_ideal"] = {b: row["ideal_s"] / row["median_s"][b] for b in args.backends}
         row["one_way_trips_per_call"] = {b: row["median_s"][b] / (rtt_s / 2) for b in args.backends}
     return {"hosts": hosts, "procs_per_host": args.procs_per_host, "world": world,
