@@ -471,7 +471,9 @@ def render(data):
         "Ranges (a-b) span the runs a file holds. **commit**: the commit the benchmark "
         "recorded (+dirty: with uncommitted changes). `*`: reconstructed, for results measured "
         "before benchmarks recorded their commit: the commit that added the result to the "
-        "repository, whose code (or the uncommitted work it records) was measured.",
+        "repository, whose code (or the uncommitted work it records) was measured. A commit "
+        "not in main's history (a branch measured before it was rebased) is kept as the tag "
+        "`measured/<commit>`.",
     ]
     for group in GROUPS:
         names = [n for n, (g, _, _) in SCENARIOS.items() if g == group and n in data]
