@@ -35,6 +35,24 @@ def pytest_sessionstart(session):
 
 
 @pytest.fixture(scope="session")
+def cpp_example():
+    """examples/cpp built against the installed package (build/teardown-example, incremental):
+    the path of its program."""
+    import subprocess
+
+    import torch_ringdist
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    build = os.path.join(repo, "build", "teardown-example")
+    for cmd in (["cmake", "-S", os.path.join(repo, "examples", "cpp"), "-B", build,
+                 f"-DCMAKE_PREFIX_PATH={torch_ringdist.cmake_prefix_path}"],
+                ["cmake", "--build", build, "--parallel", os.environ.get("MAX_JOBS", "2")]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return os.path.join(build, "ringdist_train")
+
+
+@pytest.fixture(scope="session")
 def backend() -> str:
     return default_backend()
 

@@ -1,22 +1,27 @@
 """A dead rank ends every command users run, fast and loudly: each command below is started as a
-user would start it, one of its ranks is SIGKILLed mid-run (or made to raise, through
-scenarios/dead_rank_fail_on_signal/sitecustomize.py), and the command must exit non-zero, with
-the dead rank's error in its output, within DEADLINE_S of the death. The delay measured is printed
-(`pytest -s`) and asserted.
+user would start it, one of its ranks is SIGKILLed mid-run (or made to raise in its script's
+code, through scenarios/dead_rank_fail_on_signal/sitecustomize.py), and the command must exit
+non-zero, with the dead rank's error in its output, within DEADLINE_S of the death. The delay
+measured is printed (`pytest -s`; RINGDIST_AUDIT_VERBOSE=1 adds when the other processes left)
+and asserted.
 
-The doctor (`python -m torch_ringdist`) starts no ranks, so it has none to lose. The elastic
-examples (examples/elastic_*.py) go on after a lost rank by design (tests/test_shrink.py,
-tests/test_elastic_diloco.py). Not audited here: the C++ example and the benchmarks' CLIs.
+The commands: the bench, benchmarks/compare.py (its sweeps under torchrun), the C++ example under
+torchrun and under mpirun (SIGKILL only: it has no Python to raise in), and the Python examples
+under torchrun or Lightning. The doctor (`python -m torch_ringdist`) starts no ranks, so it has
+none to lose. The elastic examples (examples/elastic_*.py) go on after a lost rank by design
+(tests/test_shrink.py, tests/test_elastic_diloco.py).
 """
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
 
 import pytest
 
-from harness.procs import Launched, cmdline, descendants, tail, torchrun_cmd
+from harness.procs import Launched, cmdline, descendants, free_port, tail, torchrun_cmd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -24,32 +29,40 @@ FAIL_ON_SIGNAL = os.path.join(HERE, "scenarios", "dead_rank_fail_on_signal")
 EXAMPLES = os.path.join(REPO, "examples")
 # From the death to the command's exit. Not 1 s: the figures are dominated by process exits
 # (a launcher, a Python interpreter that imported torch), which a busy 2-core machine slows many
-# times. Measured there at load 16-19 (docs/failures-and-security.md): 3.2-4.7 s after a SIGKILL
-# (torchrun alone takes ~3 s to exit after its ranks; its ranks were gone after 0.3-0.6 s), 7-9 s
-# after a raise (gloo: 3.7 s and 33 s); before the atexit abort a raise took 17-27 s, which this
-# bound catches.
+# times. Measured at load 5-9 (docs/failures-and-security.md): 0.35-2.3 s, the ranks gone after
+# 0.02-0.5 s, torchrun's own exit about 1 s of it; at load 16-19, before the failed rank skipped
+# Python's last garbage collections, 7-9 s after a raise, and 17-27 s before the atexit abort.
 DEADLINE_S = 10.0
 # What each way of dying leaves in the output: the signal, or the rank's own exception.
 # A launcher names the signal; a rank that lost a peer names that rank (the victim is rank 1).
 SHOWN = {"kill": re.compile(r"SIGKILL|[Ss]ignal 9|exit(ed with)? ?code:? ?-9|rank 1 [^\n]*(died|is dead)"),
          "raise": re.compile(r"INJECTED FAILURE: this rank raised")}
 
-# name: (command line, made when run: torchrun's takes a free port; output after which the ranks
-# are at work (SETTLE_S later where the command prints nothing while it works))
+# name: (command line, made when run (torchrun's takes a free port) from a scratch folder and the
+# C++ example's program; output after which the ranks are at work (SETTLE_S later where the
+# command prints nothing while it works))
 COMMANDS = {
-    "bench": (lambda: [sys.executable, "-m", "torch_ringdist.bench", "--sizes", "16M",
-                       "--rounds", "50"], None),
-    "train_ddp": (lambda: torchrun_cmd(2, os.path.join(EXAMPLES, "train_ddp.py"), "--no-progress",
-                                       "--epochs", "100000"), r"epoch 1:"),
-    "fsdp2_train": (lambda: torchrun_cmd(2, os.path.join(EXAMPLES, "fsdp2_train.py"), "--steps",
-                                         "100000"), r"step 2 loss"),
-    "tp_inference": (lambda: torchrun_cmd(2, os.path.join(EXAMPLES, "tp_inference.py"), "--repeat",
-                                          "100000", "--tokens", "64"), None),
-    "lightning_train": (lambda: [sys.executable, os.path.join(EXAMPLES, "lightning_train.py"),
-                                 "--devices", "2", "--epochs", "100000"], r"Starting with 2"),
+    "bench": (lambda **_: [sys.executable, "-m", "torch_ringdist.bench", "--sizes", "16M",
+                           "--rounds", "50"], None),
+    "compare": (lambda scratch, **_: [sys.executable, os.path.join(REPO, "benchmarks", "compare.py"),
+                                      "--rounds", "50", "--max-bytes", "64K",
+                                      "--out", os.path.join(scratch, "compare.json")], None),
+    "cpp_torchrun": (lambda program, **_: torchrun_cmd(2, program, "--steps", "100000000",
+                                                       options=("--no-python",)), r"step +0 "),
+    "cpp_mpirun": (lambda program, **_: [MPIRUN, "--allow-run-as-root", "-n", "2", program,
+                                         "--steps", "100000000"], r"step +0 "),
+    "train_ddp": (lambda **_: torchrun_cmd(2, os.path.join(EXAMPLES, "train_ddp.py"),
+                                           "--no-progress", "--epochs", "100000"), r"epoch 1:"),
+    "fsdp2_train": (lambda **_: torchrun_cmd(2, os.path.join(EXAMPLES, "fsdp2_train.py"),
+                                             "--steps", "100000"), r"step 2 loss"),
+    "tp_inference": (lambda **_: torchrun_cmd(2, os.path.join(EXAMPLES, "tp_inference.py"),
+                                              "--repeat", "100000", "--tokens", "64"), None),
+    "lightning_train": (lambda **_: [sys.executable, os.path.join(EXAMPLES, "lightning_train.py"),
+                                     "--devices", "2", "--epochs", "100000"], r"Starting with 2"),
 }
 # The ranks' first operations after the line (or, without one, after the victim started).
-SETTLE_S = {"bench": 6.0, "tp_inference": 6.0, "lightning_train": 3.0}
+SETTLE_S = {"bench": 6.0, "compare": 6.0, "tp_inference": 6.0, "lightning_train": 3.0}
+MPIRUN = shutil.which("mpirun")
 
 
 def _environ(pid):
@@ -80,13 +93,13 @@ def _catches_sigusr2(pid):
 
 
 def _victim(top, catching=False):
-    """The process of rank 1 below `top` (torchrun's workers and Lightning's children say so in
-    their environment), else the last rank torch.multiprocessing spawned; with `catching`, only
+    """The process of rank 1 below `top` (torchrun's workers, Lightning's children and mpirun's
+    ranks say so in their environment), else the last rank torch.multiprocessing spawned; with `catching`, only
     once it catches SIGUSR2."""
     spawned, rank1 = [], None
     for pid in descendants(top):
         env = _environ(pid)
-        if env.get("RANK", env.get("LOCAL_RANK")) == "1":
+        if "1" in (env.get("RANK", env.get("LOCAL_RANK")), env.get("OMPI_COMM_WORLD_RANK")):
             rank1 = pid
             break
         command = cmdline(pid)
@@ -120,7 +133,7 @@ def _make_die(name, how, top, deadline, raised_file):
         if victim is None:  # between rounds, or not yet catching the signal
             time.sleep(0.01)
             continue
-        ranks = [pid for pid in descendants(top.pid) if pid != victim]
+        ranks = descendants(top.pid)
         sent = time.monotonic()
         try:
             os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGUSR2)
@@ -132,15 +145,23 @@ def _make_die(name, how, top, deadline, raised_file):
             time.sleep(0.005)
 
 
-def audit(name, how, timeout=180):
-    """Runs COMMANDS[name], makes one rank die (`kill`: SIGKILL, `raise`: an exception) once the
-    ranks work; (seconds from the death to the command's exit, exit code, output)."""
+def audit(name, how, program=None, timeout=180):
+    """Runs COMMANDS[name] (`program`: the C++ example's), makes one rank die (`kill`: SIGKILL,
+    `raise`: an exception) once the ranks work; (seconds from the death to the command's exit,
+    exit code, output)."""
+    with tempfile.TemporaryDirectory(prefix=f"dead_rank_{name}_") as scratch:
+        return _audit(name, how, program, timeout, scratch)
+
+
+def _audit(name, how, program, timeout, scratch):
     make_cmd, ready = COMMANDS[name]
-    cmd = make_cmd()
-    log = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dead_rank_{name}_{os.getpid()}.log")
-    raised_file = log + ".raised"
+    cmd = make_cmd(scratch=scratch, program=program)
+    log = os.path.join(scratch, "output.log")
+    raised_file = os.path.join(scratch, "raised")
+    # MASTER_*: where mpirun's ranks meet (torchrun and Lightning set their own).
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               RINGDIST_TEST_RAISED_FILE=raised_file)
+               RINGDIST_TEST_RAISED_FILE=raised_file, MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (FAIL_ON_SIGNAL, env.get("PYTHONPATH")) if p)
     with Launched([cmd], [env], cwd=REPO, logs=[log]) as run:
         top, deadline = run.procs[0], time.monotonic() + timeout
@@ -160,28 +181,27 @@ def audit(name, how, timeout=180):
             time.sleep(0.005)
         seconds = time.monotonic() - died
         if os.environ.get("RINGDIST_AUDIT_VERBOSE"):
-            print(f"{name} {how}: other processes gone after {sorted(gone.values())}, "
+            print(f"{name} {how}: its processes gone after {sorted(gone.values())}, "
                   f"command after {seconds:.2f} s", flush=True)
         left = [pid for pid in descendants(top.pid)]
         code = top.poll()
     out = tail(log, 20000)
-    for path in (log, raised_file):
-        if os.path.exists(path):
-            os.unlink(path)
     assert not left, f"{name}: processes left after the command exited: {left}"
     return seconds, code, out
 
 
-# Lightning's raise is left out: Lightning catches the exception where the signal lands (its
-# own code, sometimes mid-collective) and its handling, not the rank's, decides what follows.
+# The C++ example has no Python to raise in; SIGUSR2 would kill it as SIGKILL does.
 CASES = [(name, how) for name in sorted(COMMANDS) for how in ("kill", "raise")
-         if (name, how) != ("lightning_train", "raise")]
+         if not (name.startswith("cpp") and how == "raise")]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,how", CASES)
-def test_dead_rank_ends_the_command(name, how):
-    seconds, code, out = audit(name, how)
+def test_dead_rank_ends_the_command(name, how, request):
+    if name == "cpp_mpirun" and MPIRUN is None:
+        pytest.skip("mpirun is not installed (benchmarks/setup_mpi.sh)")
+    program = request.getfixturevalue("cpp_example") if name.startswith("cpp") else None
+    seconds, code, out = audit(name, how, program)
     print(f"\n{name} {how}: exit code {code} {seconds:.2f} s after the death")
     assert code not in (0, None), f"{name} {how}: exit code {code} after {seconds:.1f} s\n{out[-4000:]}"
     assert SHOWN[how].search(out), f"{name} {how}: the dead rank's error is not shown\n{out[-4000:]}"
@@ -191,7 +211,9 @@ def test_dead_rank_ends_the_command(name, how):
 if __name__ == "__main__":  # the audit by hand: python tests/test_dead_rank.py [name ...]
     for name, how in CASES:
         if name in (sys.argv[1:] or COMMANDS):
-            seconds, code, out = audit(name, how)
+            # The C++ example as tests/conftest.py's cpp_example builds it.
+            program = os.path.join(REPO, "build", "teardown-example", "ringdist_train")
+            seconds, code, out = audit(name, how, program)
             shown = bool(SHOWN[how].search(out))
             print(f"{name:16} {how:6} exit {code!s:5} {seconds:6.2f} s  error shown: {shown}",
                   flush=True)

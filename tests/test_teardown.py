@@ -6,7 +6,6 @@ stack trace or a store error. A rank whose peer already failed exits within 1 s.
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -30,20 +29,6 @@ NOISE = re.compile(r"Traceback|frame #\d|recvValue failed|Connection was likely 
 STYLES = ["torchrun", "spawn", "plain", "mpirun", "cpp-plain", "cpp-mpirun"]
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cpp_example():
-    """examples/cpp built against the installed package (build/teardown-example, incremental)."""
-    import torch_ringdist
-
-    build = os.path.join(REPO, "build", "teardown-example")
-    for cmd in (["cmake", "-S", os.path.join(REPO, "examples", "cpp"), "-B", build,
-                 f"-DCMAKE_PREFIX_PATH={torch_ringdist.cmake_prefix_path}"],
-                ["cmake", "--build", build, "--parallel", os.environ.get("MAX_JOBS", "2")]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return os.path.join(build, "ringdist_train")
 
 
 def _launch(style, program=None):

@@ -11,6 +11,7 @@ closed form (#wrong counts mismatches). Defaults finish in well under a minute o
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -99,8 +100,12 @@ def _run(backend: str, world: int, sizes: list[int]) -> list[tuple[float, int]]:
         try:
             rows = _wait_for_rows(backend, procs, queue, deadline=time.monotonic() + 300)
         finally:
-            for p in procs:  # after a failure the others may wait for the lost rank: kill them
-                p.join(timeout=30 if rows is not None else 1)
+            for p in procs:
+                # After a failure the round is lost, its error is in hand, and the other ranks
+                # may wait for the lost one: stop them all at once.
+                if rows is None:
+                    p.kill()
+                p.join(timeout=30)
                 if p.is_alive():
                     p.kill()
     failed = [p.exitcode for p in procs if p.exitcode not in (0, None)]
@@ -110,18 +115,15 @@ def _run(backend: str, world: int, sizes: list[int]) -> list[tuple[float, int]]:
 
 
 def _wait_for_rows(backend, procs, queue, deadline):
-    dead_since = None
     while time.monotonic() < deadline:
+        # A rank's error is in the queue before its process ends (exiting, it flushes the queue).
+        dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
         try:
             kind, rank, payload = queue.get(timeout=0.1)
         except Empty:
-            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
             if dead:
-                # Give its error message a moment to arrive, then report the exit code alone.
-                dead_since = dead_since or time.monotonic()
-                if time.monotonic() - dead_since > 0.5:
-                    raise SystemExit(f"torch_ringdist.bench: {backend} rank {dead[0]} died "
-                                     f"(exit code {procs[dead[0]].exitcode})")
+                raise SystemExit(f"torch_ringdist.bench: {backend} rank {dead[0]} died "
+                                 f"(exit code {procs[dead[0]].exitcode})")
             continue
         if kind == "error":
             raise SystemExit(f"torch_ringdist.bench: {backend} rank {rank} failed: {payload}")
@@ -151,11 +153,17 @@ def main(argv=None) -> int:
     times = {b: [[] for _ in args.sizes] for b in BACKENDS}
     wrong = {b: [0 for _ in args.sizes] for b in BACKENDS}
     start = time.perf_counter()
-    for _ in range(args.rounds):
-        for backend in BACKENDS:
-            for i, (seconds, bad) in enumerate(_run(backend, args.nproc, args.sizes)):
-                times[backend][i].append(seconds)
-                wrong[backend][i] += bad
+    try:
+        for _ in range(args.rounds):
+            for backend in BACKENDS:
+                for i, (seconds, bad) in enumerate(_run(backend, args.nproc, args.sizes)):
+                    times[backend][i].append(seconds)
+                    wrong[backend][i] += bad
+    except SystemExit:
+        # A failed run leaves at once: Python's last garbage collections at exit would walk
+        # every object torch made (a second on a loaded 2-core machine).
+        gc.freeze()
+        raise
     n = args.nproc
     print(f"# torch_ringdist.bench: allreduce float32 SUM, {n} local ranks, {args.rounds} "
           f"alternating rounds, torch {torch.__version__}, {os.cpu_count()} cores")
