@@ -251,9 +251,12 @@ def test_exit_without_destroy_is_quiet(tmp_path):
 
     from harness.procs import free_port
 
+    # With a secret: without one, ringdist rightly says once that TCP peers are unauthenticated.
+    env = dict(os.environ, RINGDIST_SECRET="lifecycle-test-secret-0123456789")
     for attempt in range(4):
         out = subprocess.run([sys.executable, "-P", EXIT_SCRIPT, "3", str(free_port())],
-                             capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+                             capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+                             env=env)
         noise = (out.stdout.replace("done\n", "", 1) + out.stderr).strip()
         assert out.returncode == 0 and out.stdout.startswith("done") and not noise, \
             f"attempt {attempt}: exit {out.returncode}\n{noise[-4000:]}"
