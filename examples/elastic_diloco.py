@@ -157,11 +157,14 @@ def main(argv=None):
         if any(p.exitcode not in (None, 0) for i, p in enumerate(procs) if i not in killed):
             break
         if all(not p.is_alive() for p in procs[:args.nproc]):
-            waiting = [n + 1 for n, p in enumerate(procs[args.nproc:]) if p.is_alive()]
-            if waiting:  # the training is over: nobody will admit them any more
+            # The training is over: nobody will admit a joiner still waiting (an admitted one
+            # wrote its key and is only finishing).
+            waiting = [n + 1 for n, p in enumerate(procs[args.nproc:])
+                       if p.is_alive() and not store.check([f"elastic/joined/{n}"])]
+            if waiting:
                 print(f"elastic_diloco: joiner(s) {waiting} not admitted before the training "
                       f"ended", file=sys.stderr)
-            break
+                break
         time.sleep(0.002)
     if not reap(procs, ranks, killed, "elastic_diloco"):
         return 1
