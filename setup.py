@@ -33,6 +33,9 @@ from setuptools import Extension, setup  # noqa: E402
 from setuptools.command.build_ext import build_ext  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+# torch imports every installed backend at its own import: an earlier install of this package
+# whose files are gone (an editable install of a deleted checkout) would stop its own rebuild.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 
 try:
     import torch.utils
@@ -74,19 +77,22 @@ class CMakeBuild(build_ext):
     """Configures, builds and installs CMakeLists.txt into the package folder."""
 
     def build_extension(self, ext):
+        sanitize = bool(os.environ.get("RINGDIST_DEBUG_BUILD"))
+        # One build folder per torch (CI builds against two torches in one checkout) and kind.
+        torch_id = hashlib.sha1(os.path.dirname(torch.__file__).encode()).hexdigest()[:8]
+        kind = ("testing" if testing_build() else "release") + ("-asan" if sanitize else "")
+        build_name = f"cmake-torch-{torch.__version__}-{torch_id}-{kind}"
         if getattr(self, "editable_mode", False) or self.inplace:
             # `pip install -e .`: the checkout's own package folder becomes the installed
             # package (module, library, headers, CMake package), so commands run from the
-            # checkout's root import a built package.
+            # checkout's root import a built package. The build folder stays in the checkout
+            # (pip's is a new temporary one each time): a rebuild compiles only what changed.
             package_dir = os.path.join(ROOT, "torch_ringdist")
+            build_dir = os.path.join(ROOT, "build", build_name)
         else:
             package_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
-        # One build folder per torch (CI builds against two torches in one checkout).
-        torch_id = hashlib.sha1(os.path.dirname(torch.__file__).encode()).hexdigest()[:8]
-        build_dir = os.path.join(os.path.abspath(self.build_temp),
-                                 f"cmake-torch-{torch.__version__}-{torch_id}")
+            build_dir = os.path.join(os.path.abspath(self.build_temp), build_name)
         cmake = cmake_executable()
-        sanitize = bool(os.environ.get("RINGDIST_DEBUG_BUILD"))
         configure = [
             cmake, "-S", ROOT, "-B", build_dir,
             f"-DCMAKE_BUILD_TYPE={'Debug' if sanitize else 'Release'}",

@@ -2,7 +2,8 @@
 launch where rank 0's process hosts the store, and Open MPI's mpirun, in Python; the C++ example
 (examples/cpp) under a plain env:// launch and under mpirun. Each style runs
 RINGDIST_TEARDOWN_RUNS times (3 in the suite; the release check runs 20) and no run may print a
-stack trace or a store error. A rank whose peer already failed exits within 1 s."""
+stack trace or a store error. A rank whose peer already failed exits within 1 s; a rank that
+leaves while its peer waits in an operation with it fails that operation at once."""
 import os
 import re
 import shutil
@@ -78,6 +79,28 @@ def test_rank_exits_within_a_second_of_its_peer_failing():
     assert code1 == 3 and code0 == 0, out0[-3000:]
     seconds = float(re.search(r"EXIT_AFTER_FAILURE (\S+)", out0).group(1))
     assert seconds < 1.0, f"rank 0 took {seconds:.2f} s to exit after its peer failed"
+
+
+@pytest.mark.parametrize("link", ["shm", "tcp"])
+def test_leaving_rank_fails_the_op_its_peer_waits_in(link):
+    # shm: the peer's header is on the board; tcp (two emulated hosts): it is on the link.
+    env = {"RINGDIST_HOST_ID": "h0,h1"} if link == "tcp" else {}
+    with Launched([[sys.executable, SCRIPT, "left"]] * 2,
+                  [dict(e, **env) for e in world_envs(2, free_port())], merge_stderr=True) as run:
+        results = run.communicate(120)
+    (code0, out0, _), (code1, out1, _) = results
+    assert not run.timed_out and code0 == 0 and code1 == 3, f"{out0[-3000:]}\n{out1[-3000:]}"
+    left = float(re.search(r"LEFT (\S+)", out1).group(1))
+    failed = float(re.search(r"FAILED (\S+)", out0).group(1))
+    exited = float(re.search(r"EXITED (\S+)", out1).group(1))
+    print(f"\n{link}: allreduce failed {failed - left:.3f} s, rank 1 exited {exited - left:.3f} s "
+          f"after rank 1 left")
+    # Before, rank 1 waited for rank 0's goodbye until the teardown deadline (10 s).
+    assert failed - left < 2.0 and exited - left < 2.0, (
+        f"rank 0's allreduce failed {failed - left:.2f} s and rank 1 exited {exited - left:.2f} s "
+        f"after rank 1 left\n{out0[-3000:]}\n{out1[-3000:]}")
+    assert "rank 1" in out0[out0.index("FAILED"):], out0[-3000:]  # the error names who left
+    assert "leaving while rank 0 waits in its allreduce" in out1, out1[-3000:]
 
 
 def _run_failed():

@@ -59,6 +59,13 @@ const char* BoardProtocol::published(int peer, const OpHeader& mine) {
   return entry.data;
 }
 
+OpHeader BoardProtocol::lastPublished(int peer) const {
+  const BoardArea* area = areaOf(*board_, peer);
+  const uint64_t seq = area->published.load(std::memory_order_acquire);
+  // That entry stays until we publish seq: it is the one after ours, or we are done.
+  return seq == 0 ? OpHeader{} : area->entry[seq & 1].header;
+}
+
 void BoardProtocol::waitForPublished(int peer, uint64_t seq) {
   const BoardArea* area = areaOf(*board_, peer);
   auto ready = [&] { return area->published.load(std::memory_order_acquire) >= seq; };

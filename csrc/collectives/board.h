@@ -38,6 +38,10 @@ class BoardProtocol {
   // until it published it), after checking its header against ours.
   const char* published(int peer, const OpHeader& mine);
 
+  // The header `peer` published last (seq 0 before its first collective); teardown
+  // reads it to see a peer waiting in a collective this rank never joined.
+  OpHeader lastPublished(int peer) const;
+
   // The peer a wait is for, else -1 (named when the wait times out).
   int waitsFor() const { return waitsFor_; }
   // Bytes we published and read so far (statistics).

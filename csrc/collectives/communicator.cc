@@ -347,6 +347,26 @@ void Communicator::close(std::chrono::milliseconds maxWait) {
   }
 }
 
+int Communicator::peerInNextOp(std::string* op) {
+  for (int peer = 0; peer < size_; ++peer) {
+    Channel* ch = channels_[peer].get();
+    if (peer == rank_ || ch == nullptr) continue;
+    // Every collective publishes its header on the board before it sends anything.
+    const OpHeader published = board_.exists() ? board_.lastPublished(peer) : OpHeader{};
+    OpHeader header{};
+    uint8_t byte = 0;
+    if (published.seq > seq_) {
+      header = published;
+    } else if (!ch->peek(&header, sizeof header) && !ch->peek(&byte, 1)) {
+      continue;  // nothing from this peer that an operation of ours did not take
+    }
+    *op = header.magic == kOpMagic ? strCat("its ", opTypeName(static_cast<OpType>(header.type)))
+                                   : std::string("an operation");
+    return peer;
+  }
+  return -1;
+}
+
 void Communicator::awaitCount(const std::string& key, Clock::time_point deadline,
                               bool watchPeers) {
   auto sleep = std::chrono::milliseconds(1);
@@ -361,6 +381,15 @@ void Communicator::awaitCount(const std::string& key, Clock::time_point deadline
             ch->checkOpen();
             ch->checkAlive();
           }
+        }
+        // A peer waiting in an operation with us would wait until its deadline: fail it now.
+        std::string op;
+        const int ahead = peerInNextOp(&op);
+        if (ahead >= 0) {
+          logWarning(strCat("rank ", rank_, ": leaving while rank ", ahead, " waits in ", op,
+                            ", which this rank never called: its links are closed so that "
+                            "the call fails now"));
+          RINGDIST_FAIL("rank ", ahead, " is in ", op, ", which this rank never called");
         }
       } catch (const std::exception&) {
         // Or it closed them because the count was complete: then this wait is over too.

@@ -208,6 +208,9 @@ class Communicator {
   // with watchPeers, moving queued sends and throwing if a peer closed its links or died first.
   void awaitCount(const std::string& key, std::chrono::steady_clock::time_point deadline,
                   bool watchPeers);
+  // Teardown: a peer that began a collective this rank never joined (its header on the
+  // board, or bytes on its link that no receive of ours asked for), else -1; `op` names it.
+  int peerInNextOp(std::string* op);
   std::string pendingPeers() const;
   void setUpHierarchy();
 
