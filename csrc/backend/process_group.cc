@@ -236,6 +236,10 @@ std::vector<std::vector<int>> ProcessGroupRingdist::allreduceRings() const {
   return worker_->allreduceRings();
 }
 
+std::map<std::string, std::string> ProcessGroupRingdist::allreduceRoute(size_t bytes) const {
+  return worker_->allreduceRoute(bytes);
+}
+
 std::map<std::string, OpStats> ProcessGroupRingdist::stats() const { return worker_->stats(); }
 
 void ProcessGroupRingdist::resetStats() { worker_->resetStats(); }

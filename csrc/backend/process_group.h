@@ -129,6 +129,9 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // Large allreduces on uniform multi-host groups: {ranks of our host, ranks
   // at our position on every host}, each in ring order; empty for one flat ring.
   std::vector<std::vector<int>> allreduceRings() const;
+  // The route an allreduce of `bytes` per rank (CPU memory) takes on this group, and the
+  // route model's predicted ring and direct times for it (csrc/collectives/route_model.h).
+  std::map<std::string, std::string> allreduceRoute(size_t bytes) const;
   // Bytes per pipelined segment. The setter applies between the operations
   // issued before and after it (every rank must call it at the same point).
   size_t segmentBytes() const;

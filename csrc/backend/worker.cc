@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "csrc/collectives/collectives.h"
 #include "csrc/common/error.h"
 
 namespace ringdist {
@@ -417,6 +418,17 @@ std::vector<std::vector<int>> Worker::allreduceRings() const {
     return {};
   }
   return {comm_->hostRing().members, comm_->crossRing().members};
+}
+
+std::map<std::string, std::string> Worker::allreduceRoute(size_t bytes) const {
+  std::lock_guard<std::mutex> lock(optionsMutex_);
+  const RouteModel& model = comm_->routeModel();
+  const int n = comm_->size();
+  return {{"route", ringdist::allreduceRoute(*comm_, bytes)},
+          {"round_trip_us", std::to_string(comm_->linkRoundTripUs())},
+          {"hosts", std::to_string(comm_->hostCount())},
+          {"ring_us", std::to_string(model.ringUs(n, bytes))},
+          {"direct_us", std::to_string(model.directUs(n, bytes))}};
 }
 
 Worker::Counters Worker::counters() const {

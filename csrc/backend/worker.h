@@ -91,6 +91,8 @@ class Worker {
   CollectiveOptions options() const;
   // Two-level allreduce rings {host ring, cross ring}, or {} for one flat ring.
   std::vector<std::vector<int>> allreduceRings() const;
+  // The route an allreduce of `bytes` takes (allreduceRoute) and the route model's figures.
+  std::map<std::string, std::string> allreduceRoute(size_t bytes) const;
 
   std::map<std::string, OpStats> stats() const;
   std::vector<int> deadPeers() const { return comm_->deadPeers(); }

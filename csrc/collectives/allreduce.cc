@@ -10,7 +10,8 @@
 // rank ends with bitwise identical results. Buffers up to
 // options().oneRoundAllreduce take a one-round exchange instead (latency path);
 // groups spanning several hosts with the same number of ranks on each take a
-// two-level variant of the ring (hierarchicalAllreduce).
+// two-level variant of the ring (hierarchicalAllreduce); groups of one rank per host whose
+// links are long exchange directly with every peer (directAllreduce, by the route model).
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -124,6 +125,63 @@ void oneShotAllreduce(Communicator& comm, void* data, size_t count, DataType dty
     divideInPlace(scratch, count, dtype, n);
   }
   std::memcpy(data, scratch, bytes);
+}
+
+// Direct exchange, for groups whose links are long (the route model, route_model.h): a
+// reduce-scatter and an allgather of one round each, every rank talking to every peer at once.
+// Rank r owns chunk r: it receives chunk r of every peer into scratch (never the output, so a
+// header mismatch found afterwards leaves it untouched), reduces the N contributions in rank
+// order as the one-round path does, and sends the result to every peer, receiving theirs
+// straight into the output. So every rank ends with the same bits. Two one-way trips where
+// the ring takes 2(N-1), and the same bytes on each rank's link.
+void directAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
+                     const OpHeader& header) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  const size_t elem = elementSize(dtype);
+  const ChunkLayout layout(count, n, comm.segmentBytes(), elem);
+  auto chunk = [&](int r) { return static_cast<char*>(data) + layout.chunkOffset(r) * elem; };
+  auto chunkBytes = [&](int r) { return layout.chunkLength(static_cast<size_t>(r)) * elem; };
+  const size_t own = chunkBytes(rank);
+  const size_t stride = (own + 63) / 64 * 64;
+  char* scratch = comm.scratch(stride * static_cast<size_t>(n));
+  std::vector<OpHeader> theirs(static_cast<size_t>(n));
+  Communicator::Transfers sends, recvs;
+  for (int k = 1; k < n; ++k) {  // reduce-scatter
+    const int to = (rank + k) % n;
+    const int from = (rank - k + n) % n;
+    Channel& out = comm.channel(to);
+    out.postSend(&header, sizeof(OpHeader));
+    sends.emplace_back(&out, out.postSend(chunk(to), chunkBytes(to)));
+    Channel& in = comm.channel(from);
+    in.postRecv(&theirs[static_cast<size_t>(from)], sizeof(OpHeader));
+    recvs.emplace_back(&in, in.postRecv(scratch + static_cast<size_t>(from) * stride, own));
+  }
+  comm.waitAll(sends, recvs);
+  for (int peer = 0; peer < n; ++peer) {
+    if (peer != rank) comm.checkHeader(header, theirs[static_cast<size_t>(peer)], peer);
+  }
+  const size_t ownCount = own / elem;
+  if (ownCount > 0) {
+    std::memcpy(scratch + static_cast<size_t>(rank) * stride, chunk(rank), own);
+    ReduceFn reduceFn = reduceFunction(dtype, op);
+    reduceFn(chunk(rank), scratch, scratch + stride, ownCount);
+    for (int r = 2; r < n; ++r) {
+      reduceFn(chunk(rank), chunk(rank), scratch + static_cast<size_t>(r) * stride, ownCount);
+    }
+    if (op == ReduceOp::kAvg) divideInPlace(chunk(rank), ownCount, dtype, n);
+  }
+  sends.clear();
+  recvs.clear();
+  for (int k = 1; k < n; ++k) {  // allgather
+    const int to = (rank + k) % n;
+    const int from = (rank - k + n) % n;
+    Channel& out = comm.channel(to);
+    sends.emplace_back(&out, out.postSend(chunk(rank), own));
+    Channel& in = comm.channel(from);
+    recvs.emplace_back(&in, in.postRecv(chunk(from), chunkBytes(from)));
+  }
+  comm.waitAll(sends, recvs);
 }
 
 // How one run of ring steps meets the operation's StageGate: `needs`: its
@@ -340,19 +398,33 @@ void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataTyp
             {nullptr, gate, 0});
 }
 
-// Through the links: the one-round, single-copy or ring paths by size.
+// Which of the paths through the links an allreduce of `bytes` per rank takes.
+AllreduceVariant linkVariant(const Communicator& comm, size_t bytes) {
+  const int n = comm.size();
+  const bool small = comm.options().oneRoundAllreduce(bytes, n);
+  if (comm.singleCopy(bytes) && (n == 2 ? bytes >= kMinSingleCopyAllreduceBytes : !small)) {
+    return kSingleCopyAllreduce;
+  }
+  if (small) return kOneShotAllreduce;
+  if (comm.hierarchical()) return kHierarchicalAllreduce;
+  // One rank per host: the route model weighs the ring's 2(N-1) trips against the direct
+  // exchange's two (its inputs are the same on every rank, so is the answer).
+  if (comm.hostCount() == n && comm.routeModel().directWins(n, bytes)) return kDirectAllreduce;
+  return kRingAllreduce;
+}
+
+bool onBoard(const Communicator& comm, size_t bytes) {
+  return comm.hasBoard() && comm.size() > 1 && bytes > 0 && bytes <= kBoardDataBytes;
+}
+
+// Through the links: the one-round, single-copy, direct or ring paths by size.
 void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
                    StageGate* gate) {
   const int n = comm.size();
   const size_t bytes = count * elementSize(dtype);
   const bool small = comm.options().oneRoundAllreduce(bytes, n);
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
-  header.variant = small                ? kOneShotAllreduce
-                   : comm.hierarchical() ? kHierarchicalAllreduce
-                                         : kRingAllreduce;
-  if (comm.singleCopy(bytes) && (n == 2 ? bytes >= kMinSingleCopyAllreduceBytes : !small)) {
-    header.variant = kSingleCopyAllreduce;
-  }
+  header.variant = linkVariant(comm, bytes);
   // A gate follows the rings segment by segment; every other path needs the
   // whole buffer before its first exchange (a peer may read it from then on)
   // and finishes it whole.
@@ -366,6 +438,8 @@ void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
     pairAllreduce(comm, data, count, dtype, op, header);
   } else if (n > 2 && count > 0 && small) {
     oneShotAllreduce(comm, data, count, dtype, op, header);
+  } else if (header.variant == kDirectAllreduce && count > 0) {
+    directAllreduce(comm, data, count, dtype, op, header);
   } else {
     comm.exchangeRingHeaders(header);
     if (n > 1 && count > 0) {  // AVG over one rank divides by one
@@ -381,11 +455,22 @@ void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
 
 }  // namespace
 
+const char* allreduceRoute(const Communicator& comm, size_t bytes) {
+  if (onBoard(comm, bytes)) return "board";
+  switch (linkVariant(comm, bytes)) {
+    case kSingleCopyAllreduce: return "single copy";
+    case kOneShotAllreduce: return comm.size() == 2 ? "pair" : "one round";
+    case kHierarchicalAllreduce: return "two-level";
+    case kDirectAllreduce: return "direct";
+    default: return "ring";
+  }
+}
+
 void allreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
                StageGate* gate) {
   reduceFunction(dtype, op);  // rejects unsupported pairs on every rank alike
   const size_t bytes = count * elementSize(dtype);
-  if (comm.hasBoard() && comm.size() > 1 && count > 0 && bytes <= kBoardDataBytes) {
+  if (onBoard(comm, bytes)) {
     needWhole(gate, bytes);
     boardAllreduce(comm, data, count, dtype, op);
     if (gate != nullptr) gate->produced(0, bytes);

@@ -25,6 +25,7 @@ enum AllreduceVariant : uint8_t {
   kDeviceAllreduce = 3,       // GPU memory of one host's ranks (gpu/device_allreduce.h)
   kSingleCopyAllreduce = 4,   // one host: copies straight between the ranks' buffers
   kSameGpuAllreduce = 5,      // ranks sharing one GPU: one fused kernel (gpu/same_gpu.h)
+  kDirectAllreduce = 6,       // one rank per host, long links: every peer at once (route_model.h)
 };
 
 // Broadcast, allgather and reduce-scatter: how the bytes travel; in OpHeader::variant.
@@ -63,6 +64,11 @@ inline void needWhole(StageGate* gate, size_t bytes) {
   gate->plan({{0, bytes}});
   gate->need(0, bytes);
 }
+
+// The route an allreduce of `bytes` per rank in CPU memory takes on this group
+// (docs/ARCHITECTURE.md's table: the first that applies), by its name: "board", "single copy",
+// "pair", "one round", "two-level", "direct" or "ring".
+const char* allreduceRoute(const Communicator& comm, size_t bytes);
 
 // In place: data (count elements) becomes the reduction over all ranks.
 // With a gate, data is read and finished range by range (StageGate).

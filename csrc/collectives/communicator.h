@@ -11,6 +11,7 @@
 
 #include "csrc/collectives/board.h"
 #include "csrc/collectives/op_header.h"
+#include "csrc/collectives/route_model.h"
 #include "csrc/collectives/single_copy.h"
 #include "csrc/collectives/waiter.h"
 #include "csrc/common/options.h"
@@ -86,7 +87,12 @@ class Communicator {
   // the same on every rank; 0: not measured), microseconds: the rings size the
   // data they keep in flight by it (ringInFlightBytes in ring.h).
   uint32_t linkRoundTripUs() const { return linkRoundTripUs_; }
-  void setLinkRoundTrip(uint32_t roundTripUs) { linkRoundTripUs_ = roundTripUs; }
+  void setLinkRoundTrip(uint32_t roundTripUs) {
+    linkRoundTripUs_ = roundTripUs;
+    routeModel_ = RouteModel::forRoundTrip(roundTripUs);
+  }
+  // The model the allreduce picks its route by across hosts, from that round trip.
+  const RouteModel& routeModel() const { return routeModel_; }
 
   // Starts an operation: names it in errors and arms its deadline.
   // `now`: the caller's clock reading, when it has one (one read per op).
@@ -222,6 +228,7 @@ class Communicator {
   std::vector<int> hostOf_;
   CollectiveOptions options_;
   uint32_t linkRoundTripUs_ = 0;
+  RouteModel routeModel_ = RouteModel::forRoundTrip(0);
   bool hierarchical_ = false;
   SubRing hostRing_;
   int hostCount_ = 1;

@@ -46,6 +46,10 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("allreduce_rings", &ringdist::ProcessGroupRingdist::allreduceRings,
                              "Two-level allreduce rings [ranks of this host, one rank per host], "
                              "or [] when large allreduces take one flat ring")
+      .def("allreduce_route", &ringdist::ProcessGroupRingdist::allreduceRoute, py::arg("bytes"),
+           "The route an allreduce of that many bytes per rank (CPU memory) takes on this "
+           "group, with the route model's inputs and predicted times (us) for the ring and "
+           "the direct exchange: route, round_trip_us, hosts, ring_us, direct_us")
       .def("allreduce_compressed", &ringdist::ProcessGroupRingdist::allreduceCompressed,
            py::arg("tensor"), py::arg("codec"), py::arg("average") = false,
            py::arg("timeout") = std::chrono::milliseconds(0),

@@ -1,0 +1,45 @@
+#pragma once
+
+// The alpha-beta model (glossary: route model) from which an allreduce across hosts picks
+// between the ring and the direct exchange. Its inputs are the same on every rank (the group's
+// agreed round trip and constants), so every rank picks the same route.
+//
+//   alpha  one-way latency of the group's longest link: half the round trip agreed at connect
+//   beta   time per byte of a host's link: kRingFillBitsPerSecond, the fastest link the rings
+//          fill; a slower link only adds the same bandwidth term to both routes
+//   rho    time per byte of reducing on one core (kReduceBytesPerUs)
+//
+// The ring takes 2(N-1) alpha and overlaps its reductions with the transfers; the direct
+// exchange takes 2 alpha but reduces between its two rounds. Both move 2(N-1)/N of the buffer
+// over each host's link. The direct exchange is taken where it is predicted at least
+// kDirectGain faster.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ringdist {
+
+// Reducing float32 on one core of a loaded 2-core machine: 0.9-2.6 GB/s measured (the slower
+// end, so the model errs towards the ring).
+constexpr double kReduceBytesPerUs = 1000;
+// The direct exchange's predicted time at most this fraction of the ring's.
+constexpr double kDirectGain = 0.8;
+// Up to this many ranks: beyond, each peer's share is small and N-1 flows share each host's
+// link at once (recursive halving-doubling is the route that scales; not built yet).
+constexpr int kMaxDirectRanks = 16;
+
+struct RouteModel {
+  double alphaUs = 0;      // one-way latency
+  double betaUsPerByte = 0;
+  double rhoUsPerByte = 0;
+
+  // The model of a group whose longest link has this round trip.
+  static RouteModel forRoundTrip(uint32_t roundTripUs);
+  // Predicted time of an allreduce of `bytes` per rank over n ranks, one per host.
+  double ringUs(int n, size_t bytes) const;
+  double directUs(int n, size_t bytes) const;
+  // Whether the direct exchange is the route for that allreduce.
+  bool directWins(int n, size_t bytes) const;
+};
+
+}  // namespace ringdist

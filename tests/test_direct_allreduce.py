@@ -1,0 +1,158 @@
+"""The direct exchange and the route model (issue 44, item 3).
+
+A group of one rank per host whose links are long takes the direct exchange for allreduce: a
+reduce-scatter and an allgather of one round each, every rank talking to every peer (2 one-way
+trips where the ring takes 2(N-1)). The route model (csrc/collectives/route_model.h) decides from
+the group's agreed round trip, so every rank picks alike.
+
+Here: the model's predictions against its closed form (float64 here, from the constants), the
+route each size takes with and without long links, and allreduce results against closed forms
+on 3-5 emulated hosts with a 100 ms round trip (RINGDIST_TEST_ROUND_TRIP_US, test builds only),
+also when only one rank reports it. (Its speed on long links: benchmarks/wan.)
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness.spawned import RINGDIST_ONLY
+
+pytestmark = [RINGDIST_ONLY]
+
+# The model's constants (csrc/collectives/route_model.h, csrc/common/options.h).
+LINK_BITS_PER_S = 10e9       # kRingFillBitsPerSecond
+REDUCE_BYTES_PER_US = 1000   # kReduceBytesPerUs
+DIRECT_GAIN = 0.8            # kDirectGain
+MAX_DIRECT_RANKS = 16        # kMaxDirectRanks
+ONE_ROUND_BYTES = 64 << 10   # kDefaultSmallAllreduceBytes
+
+SIZES = [1 << 10, 64 << 10, (64 << 10) + 4, 256 << 10, 1 << 20, 16 << 20, 256 << 20]
+
+
+def _model(n, size, rtt_us):
+    alpha = rtt_us / 2
+    link = 2 * (n - 1) / n * size * 8 / (LINK_BITS_PER_S / 1e6)
+    ring = 2 * (n - 1) * alpha + link
+    direct = 2 * alpha + link + (n - 1) / n * size / REDUCE_BYTES_PER_US
+    return ring, direct
+
+
+def _expected_route(n, size, rtt_us):
+    if size <= ONE_ROUND_BYTES:
+        return "one round"
+    ring, direct = _model(n, size, rtt_us)
+    return "direct" if 3 <= n <= MAX_DIRECT_RANKS and direct <= DIRECT_GAIN * ring else "ring"
+
+
+def _backend(group=None):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    return pg._get_backend(torch.device("cpu"))
+
+
+def _routes(rank, ws, report_us):
+    if report_us is not None:
+        os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
+    group = dist.new_group(backend="ringdist")
+    out = {size: _backend(group).allreduce_route(size) for size in SIZES}
+    dist.destroy_process_group(group)
+    return out
+
+
+def _hosts(ws):
+    return {"RINGDIST_HOST_ID": ",".join(f"h{r}" for r in range(ws)),
+            "RINGDIST_TRANSPORT": "tcp"}
+
+
+def _testing():
+    from torch_ringdist import _C
+    if not hasattr(_C, "testing"):
+        pytest.skip("needs a test build (TORCH_RINGDIST_TESTING=1)")
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("ws", [3, 4])
+def test_route_model_predictions_and_choice(world_factory, ws):
+    _testing()
+    for routes in world_factory(ws, env=_hosts(ws)).run(_routes, [100_000] * ws):
+        for size, got in routes.items():
+            ring, direct = _model(ws, size, 100_000)
+            assert int(got["round_trip_us"]) == 100_000 and int(got["hosts"]) == ws
+            assert float(got["ring_us"]) == pytest.approx(ring, rel=1e-9), size
+            assert float(got["direct_us"]) == pytest.approx(direct, rel=1e-9), size
+            assert got["route"] == _expected_route(ws, size, 100_000), (size, got)
+        # At 100 ms the direct exchange wins from the one-round limit to beyond 16 MiB.
+        assert routes[256 << 10]["route"] == routes[16 << 20]["route"] == "direct"
+
+
+def test_short_links_keep_the_ring(world_factory):
+    # Loopback TCP between emulated hosts: tens of microseconds, the ring stays above the
+    # one-round limit (a LAN's figures unchanged).
+    for routes in world_factory(4, env=_hosts(4)).run(_routes, None):
+        assert int(routes[1 << 20]["round_trip_us"]) < 2000
+        assert [routes[s]["route"] for s in SIZES[2:]] == ["ring"] * 5, routes
+
+
+def test_one_host_and_two_ranks_never_take_it(world_factory):
+    # Shared memory on one host, and two hosts (the ring is already two trips there).
+    for routes in world_factory(3).run(_routes, [100_000] * 3):
+        assert all(r["route"] != "direct" for r in routes.values()), routes
+    for routes in world_factory(2, env=_hosts(2)).run(_routes, [100_000] * 2):
+        assert all(r["route"] != "direct" for r in routes.values()), routes
+
+
+DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]
+# Elements: fewer than the ranks (empty chunks), odd, not divisible by any N, large.
+COUNTS = [1, 3, 1001, 65_537, 300_007]
+
+
+def _values(rank, count, dtype):
+    return (torch.arange(count, dtype=torch.int64) % 7 + rank + 1).to(dtype)
+
+
+def _expected(ws, count, op):
+    if op == "max":  # the last rank's values
+        return (torch.arange(count, dtype=torch.int64) % 7 + ws).to(torch.float64)
+    total = ws * (torch.arange(count, dtype=torch.int64) % 7) + ws * (ws + 1) // 2
+    return total.to(torch.float64) / (ws if op == "avg" else 1)
+
+
+def _allreduces(rank, ws, report_us, ops):
+    """Every dtype x count x op; returns the mismatches and the routes taken."""
+    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
+    group = dist.new_group(backend="ringdist")
+    backend = _backend(group)
+    wrong, routes = [], set()
+    for dtype in DTYPES:
+        for count in COUNTS:
+            routes.add(backend.allreduce_route(count * dtype.itemsize)["route"])
+            for op in ops:
+                if op == "avg" and not dtype.is_floating_point:
+                    continue
+                t = _values(rank, count, dtype)
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()), group=group)
+                tol = 0.05 if dtype == torch.bfloat16 and op == "avg" else 0
+                if not torch.allclose(t.to(torch.float64), _expected(ws, count, op), rtol=tol,
+                                      atol=0):
+                    wrong.append((str(dtype), count, op))
+    dist.destroy_process_group(group)
+    return wrong, routes
+
+
+# No one-round path: every count takes the direct exchange, from one element on.
+DIRECT_ENV = {"RINGDIST_SMALL_ALLREDUCE_BYTES": "0"}
+
+
+@pytest.mark.parametrize("ws", [3, 4, 5])
+@pytest.mark.parametrize("reporting", ["all", "one"])
+def test_allreduce_over_the_direct_exchange(world_factory, ws, reporting):
+    _testing()
+    report = [100_000] * ws if reporting == "all" else [0] * (ws - 1) + [100_000]
+    ops = ["sum", "avg", "max"] if reporting == "all" else ["sum"]
+    env = dict(_hosts(ws), **DIRECT_ENV)
+    for wrong, routes in world_factory(ws, env=env).run(_allreduces, report, ops,
+                                                           timeout=180):
+        assert wrong == []
+        assert routes == {"direct"}, routes
