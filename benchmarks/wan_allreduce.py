@@ -14,11 +14,14 @@ backend, the backends alternating (ringdist gloo ringdist gloo ...), each batch 
 a batch's time per call is the slowest rank's. Reported: the median over the rounds, and that as
 a fraction of the ideal
 
-    ideal = 2(H-1)/H * 8S/R + 2(H-1) * d
+    ideal = 2(H-1)/H * 8S/R + 2d
 
 (H hosts, S bytes, R the link rate in bits/s, d the one-way delay): the bytes every host's link
-must carry in each direction, plus a ring's 2(H-1) one-way trips (the algorithm ringdist runs
-today; recursive halving-doubling would need 2 log2(H) trips). With one rank per host H = N;
+must carry in each direction, plus the two one-way trips of a direct exchange (a reduce-scatter
+and an allgather of one round each), the fewest a bandwidth-optimal allreduce takes. The ring's
+ideal, with its 2(H-1) trips, is kept beside it (`ring_ideal_s`; the results of commits before
+the direct exchange were given against it). ringdist's route for each size is recorded from the
+group (`allreduce_route`). With one rank per host H = N;
 with several, ringdist's two-level allreduce crosses the hosts with one ring per local position,
 whose transfers together carry what one ring of the hosts would (the ranks' work on their own
 host is not counted). Small messages are also given in
@@ -46,8 +49,8 @@ BACKENDS = ("ringdist", "gloo")  # the default --backends
 # sealing the records costs, measured alternating in the same processes).
 VARIANT_ENV = {"plain": {"RINGDIST_TCP_ENCRYPT": "0"}}
 PORT = 29700  # inside host 0's namespace: no other process on the machine can hold it
-FORMULA = ("ideal = 2(H-1)/H * 8S/R + 2(H-1) * d  (H: hosts, R: link rate, d: one-way delay; "
-           "a ring's trips)")
+FORMULA = ("ideal = 2(H-1)/H * 8S/R + 2d  (H: hosts, R: link rate, d: one-way delay; "
+           "ring ideal: 2(H-1)d)")
 
 
 def batch_for(nbytes):
@@ -56,8 +59,10 @@ def batch_for(nbytes):
     return 10 if nbytes < (64 << 10) else 3 if nbytes < (4 << 20) else 1
 
 
-def ideal_s(nbytes, hosts, rate_bps, one_way_s):
-    return 2 * (hosts - 1) / hosts * 8 * nbytes / rate_bps + 2 * (hosts - 1) * one_way_s
+def ideal_s(nbytes, hosts, rate_bps, one_way_s, trips=2):
+    """The bytes every host's link carries each way at the link's rate, plus `trips` one-way
+    trips: 2 for the best allreduce of large messages (a direct exchange), 2(H-1) for a ring."""
+    return 2 * (hosts - 1) / hosts * 8 * nbytes / rate_bps + trips * one_way_s
 
 
 # ---- one rank (in its emulated host) ----------------------------------------------------
@@ -106,13 +111,18 @@ def worker(args):
         calls = {b: (lambda g=groups[b]: dist.all_reduce(zeros, group=g)) for b in backends}
         batch = batch_for(nbytes)
         times = time_batches(calls, args.rounds, batch, dist.barrier, slowest)
-        row = {"bytes": nbytes, "count": count, "batch": batch, "wrong": wrong,
+        route = {}
+        if "ringdist" in groups:
+            route = groups["ringdist"]._get_backend(torch.device("cpu")).allreduce_route(
+                count * 4)
+        row = {"bytes": nbytes, "count": count, "batch": batch, "wrong": wrong, "route": route,
                "rounds_s": {b: [us / 1e6 for us in times[b]] for b in backends},
                "median_s": {b: statistics.median(times[b]) / 1e6 for b in backends}}
         rows.append(row)
         if rank == 0:
             print(f"N={world} {nbytes} B: " + "  ".join(
-                f"{b} {row['median_s'][b] * 1e3:.1f} ms" for b in backends), flush=True)
+                f"{b} {row['median_s'][b] * 1e3:.1f} ms" for b in backends)
+                + (f"  (ringdist route: {route['route']})" if route else ""), flush=True)
     if rank == 0:
         with open(args.result, "w") as f:
             json.dump(rows, f)
@@ -167,6 +177,8 @@ def run_config(args, hosts, rtt_s, loss):
         print(open(logs[0]).read(), end="")
     for row in rows:
         row["ideal_s"] = ideal_s(row["bytes"], hosts, args.rate_bps, rtt_s / 2)
+        row["ring_ideal_s"] = ideal_s(row["bytes"], hosts, args.rate_bps, rtt_s / 2,
+                                      trips=2 * (hosts - 1))
         row["fraction_of_ideal"] = {b: row["ideal_s"] / row["median_s"][b] for b in args.backends}
         row["one_way_trips_per_call"] = {b: row["median_s"][b] / (rtt_s / 2) for b in args.backends}
     return {"hosts": hosts, "procs_per_host": args.procs_per_host, "world": world,
@@ -196,14 +208,14 @@ def print_table(cfg):
           + FORMULA)
     backends = list(cfg["rows"][0]["median_s"]) if cfg["rows"] else []
     print(f"{'size':>10} " + " ".join(f"{b:>14}" for b in backends) + f" {'ideal':>9} "
-          + " ".join(f"{b + ' %':>14}" for b in backends) + f" {'trips/call':>11} {'#wrong':>7}")
+          + " ".join(f"{b + ' %':>14}" for b in backends) + f" {'trips/call':>11} {'#wrong':>7}  route")
     for r in cfg["rows"]:
         m, f = r["median_s"], r["fraction_of_ideal"]
         print(f"{r['bytes']:>10} " + " ".join(f"{m[b] * 1e3:>12.1f}ms" for b in backends)
               + f" {r['ideal_s'] * 1e3:>7.1f}ms "
               + " ".join(f"{100 * f[b]:>13.1f}%" for b in backends)
               + f" {r['one_way_trips_per_call'][backends[0]]:>11.2f} "
-              f"{sum(r['wrong'].values()):>7}", flush=True)
+              f"{sum(r['wrong'].values()):>7}  {r.get('route', {}).get('route', '')}", flush=True)
     h = line_health(cfg)
     print(f"line during the run: {h['writes']} packets written, {h['late_over_1ms']} over 1 ms late "
           f"({100 * h['late_over_1ms'] / max(1, h['writes']):.2f}%), {h['late_over_10ms']} over 10 ms, "

@@ -23,6 +23,10 @@ def test_bench_table_and_json(tmp_path):
         # busbw of N=2 is bytes / time
         assert abs(row["ringdist_busbw_GBps"] - row["bytes"] / row["ringdist_us"] / 1e3) < 1e-6
     assert "256K" in out.stdout and "speedup" in out.stdout
+    # The route ringdist took, as the group reports it (one host: the board, then the pair
+    # path or single copy by the host's probe).
+    assert [r["ringdist_route"] for r in report["rows"]][0] == "board"
+    assert report["rows"][1]["ringdist_route"] in ("pair", "single copy"), report["rows"]
 
 
 def test_bench_refuses_one_rank():

@@ -69,13 +69,21 @@ def _measure(size: int, rank: int, world: int) -> tuple[float, int]:
     return _slowest(total / iters), wrong
 
 
+def _route(backend: str, size: int) -> str:
+    """The route ringdist's allreduce takes at this size on this group ("" for gloo)."""
+    if backend != "ringdist":
+        return ""
+    group = dist.distributed_c10d._get_default_group()
+    return group._get_backend(torch.device("cpu")).allreduce_route(size)["route"]
+
+
 def _rank(rank: int, world: int, backend: str, store: str, sizes: list[int], queue) -> None:
     try:
         import torch_ringdist  # noqa: F401  (registers "ringdist")
         torch.set_num_threads(1)
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
                                 world_size=world)
-        rows = [_measure(size, rank, world) for size in sizes]
+        rows = [(*_measure(size, rank, world), _route(backend, size)) for size in sizes]
         dist.destroy_process_group()
     except BaseException as exc:  # the parent names it and stops the other ranks
         queue.put(("error", rank, f"{type(exc).__name__}: {exc}"))
@@ -84,7 +92,7 @@ def _rank(rank: int, world: int, backend: str, store: str, sizes: list[int], que
         queue.put(("rows", rank, rows))
 
 
-def _run(backend: str, world: int, sizes: list[int]) -> list[tuple[float, int]]:
+def _run(backend: str, world: int, sizes: list[int]) -> list[tuple[float, int, str]]:
     """Runs the ranks; rank 0's rows. A rank that fails or dies ends the run within a second,
     with its error."""
     ctx = mp.get_context("spawn")
@@ -152,13 +160,15 @@ def main(argv=None) -> int:
         p.error("--nproc must be >= 2")
     times = {b: [[] for _ in args.sizes] for b in BACKENDS}
     wrong = {b: [0 for _ in args.sizes] for b in BACKENDS}
+    routes = ["" for _ in args.sizes]
     start = time.perf_counter()
     try:
         for _ in range(args.rounds):
             for backend in BACKENDS:
-                for i, (seconds, bad) in enumerate(_run(backend, args.nproc, args.sizes)):
+                for i, (seconds, bad, route) in enumerate(_run(backend, args.nproc, args.sizes)):
                     times[backend][i].append(seconds)
                     wrong[backend][i] += bad
+                    routes[i] = routes[i] or route
     except SystemExit:
         # A failed run leaves at once: Python's last garbage collections at exit would walk
         # every object torch made (a second on a loaded 2-core machine).
@@ -168,7 +178,7 @@ def main(argv=None) -> int:
     print(f"# torch_ringdist.bench: allreduce float32 SUM, {n} local ranks, {args.rounds} "
           f"alternating rounds, torch {torch.__version__}, {os.cpu_count()} cores")
     print(f"# {'size':>8} {'ringdist us':>12} {'busbw GB/s':>11} {'#wrong':>6}"
-          f" {'gloo us':>12} {'busbw GB/s':>11} {'#wrong':>6} {'speedup':>8}")
+          f" {'gloo us':>12} {'busbw GB/s':>11} {'#wrong':>6} {'speedup':>8}  ringdist route")
     rows = []
     for i, size in enumerate(args.sizes):
         ours = statistics.median(times["ringdist"][i])
@@ -176,9 +186,11 @@ def main(argv=None) -> int:
         bus = [2 * (n - 1) / n * size / t / 1e9 for t in (ours, theirs)]
         rows.append({"bytes": size, "ringdist_us": ours * 1e6, "gloo_us": theirs * 1e6,
                      "ringdist_busbw_GBps": bus[0], "gloo_busbw_GBps": bus[1],
-                     "speedup": theirs / ours, "wrong": {b: wrong[b][i] for b in BACKENDS}})
+                     "speedup": theirs / ours, "wrong": {b: wrong[b][i] for b in BACKENDS},
+                     "ringdist_route": routes[i]})
         print(f"  {_human(size):>8} {ours * 1e6:12.1f} {bus[0]:11.3f} {wrong['ringdist'][i]:6d}"
-              f" {theirs * 1e6:12.1f} {bus[1]:11.3f} {wrong['gloo'][i]:6d} {theirs / ours:7.2f}x")
+              f" {theirs * 1e6:12.1f} {bus[1]:11.3f} {wrong['gloo'][i]:6d} {theirs / ours:7.2f}x"
+              f"  {routes[i]}")
     print(f"# {time.perf_counter() - start:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
