@@ -427,8 +427,8 @@ std::map<std::string, std::string> Worker::allreduceRoute(size_t bytes) const {
   return {{"route", ringdist::allreduceRoute(*comm_, bytes)},
           {"round_trip_us", std::to_string(comm_->linkRoundTripUs())},
           {"hosts", std::to_string(comm_->hostCount())},
-          {"ring_us", std::to_string(model.ringUs(n, bytes))},
-          {"direct_us", std::to_string(model.directUs(n, bytes))}};
+          {"ring_us", std::to_string(model.ringUs(ModelledOp::kAllreduce, n, bytes))},
+          {"direct_us", std::to_string(model.directUs(ModelledOp::kAllreduce, n, bytes))}};
 }
 
 Worker::Counters Worker::counters() const {

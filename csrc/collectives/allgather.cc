@@ -3,6 +3,8 @@
 // byte, not two through a ring), then ranks tell each other they are done;
 // a rank returns only when every peer is done with its input.
 //
+// One rank per host on long links: a direct exchange, every peer at once (allgatherDirect).
+//
 // Otherwise a ring. Terms as in ring.h, with "block" for one rank's whole
 // contribution: the layout has one chunk (the block) cut into segments.
 //
@@ -42,6 +44,36 @@ void allgatherSingleCopy(Communicator& comm, const void* input, void* const* out
     comm.readPeer(peer, address[static_cast<size_t>(peer)], outputs[peer], bytes);
   }
   comm.exchangeDone(peers, peers);
+}
+
+// Direct exchange (one rank per host on long links, by the route model): every rank sends its
+// block, behind the op header, to every peer at once and receives each peer's straight into
+// its output block: one one-way trip where the ring takes N-1. A header that differs fails the
+// operation (and so the group) before it returns.
+void allgatherDirect(Communicator& comm, const void* input, void* const* outputs, size_t count,
+                     DataType dtype) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  const size_t bytes = count * elementSize(dtype);
+  OpHeader header = comm.makeHeader(OpType::kAllgather, count, dtype, ReduceOp::kSum, -1);
+  header.variant = kDirectCopy;
+  std::vector<OpHeader> theirs(static_cast<size_t>(n));
+  Communicator::Transfers sends, recvs;
+  for (int k = 1; k < n; ++k) {
+    const int to = (rank + k) % n;
+    const int from = (rank - k + n) % n;
+    Channel& out = comm.channel(to);
+    out.postSend(&header, sizeof(OpHeader));
+    sends.emplace_back(&out, out.postSend(input, bytes));
+    Channel& in = comm.channel(from);
+    in.postRecv(&theirs[static_cast<size_t>(from)], sizeof(OpHeader));
+    recvs.emplace_back(&in, in.postRecv(outputs[from], bytes));
+  }
+  if (outputs[rank] != input) copyBytes(outputs[rank], input, bytes);
+  comm.waitAll(sends, recvs);
+  for (int peer = 0; peer < n; ++peer) {
+    if (peer != rank) comm.checkHeader(header, theirs[static_cast<size_t>(peer)], peer);
+  }
 }
 
 // Transfer t of the ring allgather: whose block it carries, and its byte
@@ -151,12 +183,17 @@ void allgather(Communicator& comm, const void* input, void* const* outputs, size
   const size_t bytes = count * elementSize(dtype);
   RINGDIST_CHECK(gate == nullptr || input == outputs[comm.rank()],
                  "allgather: a staged input must be the rank's own output block");
-  if (!comm.singleCopy(bytes)) {
+  const bool direct = count > 0 && comm.directExchange(ModelledOp::kAllgather, bytes);
+  if (!direct && !comm.singleCopy(bytes)) {
     allgatherRing(comm, input, outputs, count, dtype, gate);
     return;
   }
   needWhole(gate, bytes);
-  allgatherSingleCopy(comm, input, outputs, count, dtype);
+  if (direct) {
+    allgatherDirect(comm, input, outputs, count, dtype);
+  } else {
+    allgatherSingleCopy(comm, input, outputs, count, dtype);
+  }
   for (int r = 0; gate != nullptr && r < comm.size(); ++r) {
     if (r != comm.rank()) gate->produced(static_cast<size_t>(r) * bytes, bytes);
   }

@@ -407,9 +407,8 @@ AllreduceVariant linkVariant(const Communicator& comm, size_t bytes) {
   }
   if (small) return kOneShotAllreduce;
   if (comm.hierarchical()) return kHierarchicalAllreduce;
-  // One rank per host: the route model weighs the ring's 2(N-1) trips against the direct
-  // exchange's two (its inputs are the same on every rank, so is the answer).
-  if (comm.hostCount() == n && comm.routeModel().directWins(n, bytes)) return kDirectAllreduce;
+  // The route model weighs the ring's 2(N-1) trips against the direct exchange's two.
+  if (comm.directExchange(ModelledOp::kAllreduce, bytes)) return kDirectAllreduce;
   return kRingAllreduce;
 }
 

@@ -33,6 +33,7 @@ enum CopyVariant : uint8_t {
   kRingCopy = 0,    // through the links (rings, sockets)
   kSingleCopy = 1,  // one host: ranks copy straight from or into peers' buffers (Communicator::singleCopy)
   kSameGpuCopy = 2, // ranks sharing one GPU: one fused kernel (gpu/same_gpu.h); reduce-scatter too
+  kDirectCopy = 3,  // one rank per host, long links: every peer at once (route_model.h)
 };
 
 // Memory that fills and drains while an operation runs: a CUDA tensor's

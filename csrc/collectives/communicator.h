@@ -91,8 +91,13 @@ class Communicator {
     linkRoundTripUs_ = roundTripUs;
     routeModel_ = RouteModel::forRoundTrip(roundTripUs);
   }
-  // The model the allreduce picks its route by across hosts, from that round trip.
+  // The model the collectives pick their route by across hosts, from that round trip.
   const RouteModel& routeModel() const { return routeModel_; }
+  // Whether `op` of `bytes` (route_model.h) takes the direct exchange: one rank per host and
+  // the model says so. The same answer on every rank (the model's inputs are agreed).
+  bool directExchange(ModelledOp op, size_t bytes) const {
+    return hostCount_ == size_ && routeModel_.directWins(op, size_, bytes);
+  }
 
   // Starts an operation: names it in errors and arms its deadline.
   // `now`: the caller's clock reading, when it has one (one read per op).

@@ -4,6 +4,9 @@
 // ring would (so the bits are the ring's); then ranks tell each other they
 // are done, and a rank returns only when every peer is done with its input.
 //
+// One rank per host on long links: a direct exchange, every peer at once
+// (reduceScatterDirect).
+//
 // Otherwise an out-of-place ring. Terms are defined in ring.h.
 //
 // Inputs are never written. A segment is reduced with our own input as it
@@ -165,6 +168,43 @@ void reduceScatterSingleCopy(Communicator& comm, const void* const* inputs, void
   comm.exchangeDone(peers, peers);
 }
 
+// Direct exchange (one rank per host on long links, by the route model): every rank sends
+// each peer that peer's block of its input, behind the op header, all at once, and receives
+// its own block of every peer's input into scratch; then reduces the N blocks in rank order.
+// One one-way trip where the ring takes N-1.
+void reduceScatterDirect(Communicator& comm, const void* const* inputs, void* output,
+                         size_t count, DataType dtype, ReduceOp op) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  const size_t bytes = count * elementSize(dtype);
+  OpHeader header = comm.makeHeader(OpType::kReduceScatter, count, dtype, op, -1);
+  header.variant = kDirectCopy;
+  const size_t stride = (bytes + 63) / 64 * 64;
+  char* scratch = comm.scratch(stride * static_cast<size_t>(n));
+  auto slot = [&](int r) { return scratch + static_cast<size_t>(r) * stride; };
+  std::vector<OpHeader> theirs(static_cast<size_t>(n));
+  Communicator::Transfers sends, recvs;
+  for (int k = 1; k < n; ++k) {
+    const int to = (rank + k) % n;
+    const int from = (rank - k + n) % n;
+    Channel& out = comm.channel(to);
+    out.postSend(&header, sizeof(OpHeader));
+    sends.emplace_back(&out, out.postSend(inputs[to], bytes));
+    Channel& in = comm.channel(from);
+    in.postRecv(&theirs[static_cast<size_t>(from)], sizeof(OpHeader));
+    recvs.emplace_back(&in, in.postRecv(slot(from), bytes));
+  }
+  std::memcpy(slot(rank), inputs[rank], bytes);
+  comm.waitAll(sends, recvs);
+  for (int peer = 0; peer < n; ++peer) {
+    if (peer != rank) comm.checkHeader(header, theirs[static_cast<size_t>(peer)], peer);
+  }
+  ReduceFn reduceFn = reduceFunction(dtype, op);
+  reduceFn(output, slot(0), slot(1), count);
+  for (int r = 2; r < n; ++r) reduceFn(output, output, slot(r), count);
+  if (op == ReduceOp::kAvg) divideInPlace(output, count, dtype, n);
+}
+
 }  // namespace
 
 void reduceScatter(Communicator& comm, const void* const* inputs, void* output, size_t count,
@@ -180,6 +220,11 @@ void reduceScatter(Communicator& comm, const void* const* inputs, void* output, 
   };
   if (count > 0 && comm.singleCopy(bytes)) {
     whole([&] { reduceScatterSingleCopy(comm, inputs, output, count, dtype, op); });
+    return;
+  }
+  if (count > 0 && comm.directExchange(ModelledOp::kReduceScatter, bytes)) {
+    reduceFunction(dtype, op);  // reject unsupported pairs before anything is sent
+    whole([&] { reduceScatterDirect(comm, inputs, output, count, dtype, op); });
     return;
   }
   comm.exchangeRingHeaders(comm.makeHeader(OpType::kReduceScatter, count, dtype, op, -1));

@@ -13,21 +13,32 @@ RouteModel RouteModel::forRoundTrip(uint32_t roundTripUs) {
 }
 
 namespace {
-// Bytes each rank sends (and receives) in a reduce-scatter and an allgather: 2(N-1)/N of it.
-double linkBytes(int n, size_t bytes) { return 2.0 * (n - 1) / n * static_cast<double>(bytes); }
+
+// Bytes over each rank's link each way, the same for both routes.
+double linkBytes(ModelledOp op, int n, size_t bytes) {
+  const double s = static_cast<double>(bytes);
+  return op == ModelledOp::kAllreduce ? 2.0 * (n - 1) / n * s : (n - 1.0) * s;
+}
+
 }  // namespace
 
-double RouteModel::ringUs(int n, size_t bytes) const {
-  return 2.0 * (n - 1) * alphaUs + linkBytes(n, bytes) * betaUsPerByte;
+double RouteModel::ringUs(ModelledOp op, int n, size_t bytes) const {
+  const int trips = op == ModelledOp::kAllreduce ? 2 * (n - 1) : n - 1;
+  return trips * alphaUs + linkBytes(op, n, bytes) * betaUsPerByte;
 }
 
-double RouteModel::directUs(int n, size_t bytes) const {
-  const double reduced = (n - 1.0) / n * static_cast<double>(bytes);  // N-1 shares of our chunk
-  return 2.0 * alphaUs + linkBytes(n, bytes) * betaUsPerByte + reduced * rhoUsPerByte;
+double RouteModel::directUs(ModelledOp op, int n, size_t bytes) const {
+  const double s = static_cast<double>(bytes);
+  const double reduced = op == ModelledOp::kAllreduce     ? (n - 1.0) / n * s
+                         : op == ModelledOp::kReduceScatter ? (n - 1.0) * s
+                                                            : 0.0;
+  const int trips = op == ModelledOp::kAllreduce ? 2 : 1;
+  return trips * alphaUs + linkBytes(op, n, bytes) * betaUsPerByte + reduced * rhoUsPerByte;
 }
 
-bool RouteModel::directWins(int n, size_t bytes) const {
-  return n >= 3 && n <= kMaxDirectRanks && directUs(n, bytes) <= kDirectGain * ringUs(n, bytes);
+bool RouteModel::directWins(ModelledOp op, int n, size_t bytes) const {
+  return n >= 3 && n <= kMaxDirectRanks &&
+      directUs(op, n, bytes) <= kDirectGain * ringUs(op, n, bytes);
 }
 
 }  // namespace ringdist

@@ -1,14 +1,17 @@
 """The direct exchange and the route model (issue 44, item 3).
 
-A group of one rank per host whose links are long takes the direct exchange for allreduce: a
-reduce-scatter and an allgather of one round each, every rank talking to every peer (2 one-way
-trips where the ring takes 2(N-1)). The route model (csrc/collectives/route_model.h) decides from
-the group's agreed round trip, so every rank picks alike.
+A group of one rank per host whose links are long takes the direct exchange: every rank talks to
+every peer at once. Allreduce: a reduce-scatter and an allgather of one round each (2 one-way
+trips where the ring takes 2(N-1)); allgather and reduce-scatter: one round (1 trip where the
+ring takes N-1). The route model (csrc/collectives/route_model.h) decides from the group's agreed
+round trip, so every rank picks alike.
 
-Here: the model's predictions against its closed form (float64 here, from the constants), the
-route each size takes with and without long links, and allreduce results against closed forms
-on 3-5 emulated hosts with a 100 ms round trip (RINGDIST_TEST_ROUND_TRIP_US, test builds only),
-also when only one rank reports it. (Its speed on long links: benchmarks/wan.)
+Here: the allreduce model's predictions against its closed form (float64 here, from the
+constants), the route each size takes with and without long links, and results of allreduce,
+allgather and reduce-scatter against closed forms on 3-5 emulated hosts with a 100 ms round trip
+(RINGDIST_TEST_ROUND_TRIP_US, test builds only), also when only one rank reports it. The bytes an
+op sent tell its route: each direct exchange sends its 40-byte header to every peer, a ring to
+its neighbour only. (Its speed on long links: benchmarks/wan_allreduce.py.)
 """
 from __future__ import annotations
 
@@ -120,6 +123,13 @@ def _expected(ws, count, op):
     return total.to(torch.float64) / (ws if op == "avg" else 1)
 
 
+HEADER_BYTES = 40  # sizeof(OpHeader)
+
+
+def _sent(group, name):
+    return _backend(group).stats().get(name, {}).get("bytes_sent", 0)
+
+
 def _allreduces(rank, ws, report_us, ops):
     """Every dtype x count x op; returns the mismatches and the routes taken."""
     os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
@@ -133,13 +143,52 @@ def _allreduces(rank, ws, report_us, ops):
                 if op == "avg" and not dtype.is_floating_point:
                     continue
                 t = _values(rank, count, dtype)
+                before = _sent(group, "allreduce")
                 dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()), group=group)
+                # 2(N-1)/N of the buffer (by chunks) and a header to each of N-1 peers.
+                chunks = [count // ws + (r < count % ws) for r in range(ws)]
+                share = (sum(chunks) - chunks[rank] + (ws - 1) * chunks[rank]) * dtype.itemsize
+                if _sent(group, "allreduce") - before != share + (ws - 1) * HEADER_BYTES:
+                    routes.add("sent like a ring")
                 tol = 0.05 if dtype == torch.bfloat16 and op == "avg" else 0
                 if not torch.allclose(t.to(torch.float64), _expected(ws, count, op), rtol=tol,
                                       atol=0):
                     wrong.append((str(dtype), count, op))
     dist.destroy_process_group(group)
     return wrong, routes
+
+
+def _gathers_and_scatters(rank, ws, report_us):
+    """all_gather_into_tensor and reduce_scatter_tensor of every dtype x count against closed
+    forms; returns the mismatches and, by (op, block bytes), what each call sent beyond its
+    payload (headers)."""
+    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
+    group = dist.new_group(backend="ringdist")
+    wrong, extra = [], {}
+    for dtype in DTYPES:
+        for count in COUNTS:
+            mine = _values(rank, count, dtype)
+            out = torch.empty(ws * count, dtype=dtype)
+            before = _sent(group, "allgather")
+            dist.all_gather_into_tensor(out, mine, group=group)
+            extra["allgather", count * dtype.itemsize] = (
+                _sent(group, "allgather") - before - (ws - 1) * count * dtype.itemsize)
+            want = torch.cat([_values(r, count, dtype) for r in range(ws)])
+            if not torch.equal(out, want):
+                wrong.append(("allgather", str(dtype), count))
+            full = torch.cat([_values(rank + r, count, dtype) for r in range(ws)])
+            got = torch.empty(count, dtype=dtype)
+            before = _sent(group, "reduce_scatter")
+            dist.reduce_scatter_tensor(got, full, group=group)
+            extra["reduce_scatter", count * dtype.itemsize] = (
+                _sent(group, "reduce_scatter") - before - (ws - 1) * count * dtype.itemsize)
+            # Block b of rank r holds _values(r + b): the sum over r of (i % 7 + r + b + 1).
+            total = (ws * (torch.arange(count, dtype=torch.int64) % 7)
+                     + sum(r + rank + 1 for r in range(ws)))
+            if not torch.equal(got.to(torch.float64), total.to(torch.float64)):
+                wrong.append(("reduce_scatter", str(dtype), count))
+    dist.destroy_process_group(group)
+    return wrong, extra
 
 
 @pytest.mark.parametrize("ws, reporting", [(3, "all"), (4, "all"), (5, "all"), (4, "one")])
@@ -152,3 +201,24 @@ def test_allreduce_over_the_direct_exchange(world_factory, ws, reporting):
                                                                timeout=180):
         assert wrong == []
         assert routes == {"direct"}, routes
+
+
+@pytest.mark.parametrize("ws", [3, 4])
+def test_allgather_and_reduce_scatter_over_the_direct_exchange(world_factory, ws):
+    _testing()
+    for wrong, extra in world_factory(ws, env=_hosts(ws)).run(_gathers_and_scatters,
+                                                              [100_000] * ws, timeout=180):
+        assert wrong == []
+        # A header to every peer and nothing more: the direct exchange (at N=3 a ring's two
+        # headers weigh the same; N=4 tells them apart).
+        assert set(extra.values()) == {(ws - 1) * HEADER_BYTES}, extra
+
+
+def test_allgather_and_reduce_scatter_keep_the_ring_on_short_links(world_factory):
+    for wrong, extra in world_factory(4, env=_hosts(4)).run(_gathers_and_scatters, [0] * 4,
+                                                            timeout=180):
+        assert wrong == []
+        # From 64 KiB a block takes the ring: headers to its two neighbours. (Smaller blocks
+        # may take the direct exchange even on loopback: a few microseconds per trip.)
+        large = {k: v for k, v in extra.items() if k[1] >= 64 << 10}
+        assert large and set(large.values()) == {2 * HEADER_BYTES}, extra
