@@ -46,8 +46,9 @@ import emulator  # noqa: E402
 
 BACKENDS = ("ringdist", "gloo")  # the default --backends
 # --backends variants of a backend: ringdist:plain is ringdist with RINGDIST_TCP_ENCRYPT=0 (what
-# sealing the records costs, measured alternating in the same processes).
-VARIANT_ENV = {"plain": {"RINGDIST_TCP_ENCRYPT": "0"}}
+# sealing the records costs), ringdist:ring with RINGDIST_DIRECT_EXCHANGE=0 (the rings where the
+# route model would take the direct exchange); measured alternating in the same processes.
+VARIANT_ENV = {"plain": {"RINGDIST_TCP_ENCRYPT": "0"}, "ring": {"RINGDIST_DIRECT_EXCHANGE": "0"}}
 PORT = 29700  # inside host 0's namespace: no other process on the machine can hold it
 FORMULA = ("ideal = 2(H-1)/H * 8S/R + 2d  (H: hosts, R: link rate, d: one-way delay; "
            "ring ideal: 2(H-1)d)")
@@ -111,10 +112,8 @@ def worker(args):
         calls = {b: (lambda g=groups[b]: dist.all_reduce(zeros, group=g)) for b in backends}
         batch = batch_for(nbytes)
         times = time_batches(calls, args.rounds, batch, dist.barrier, slowest)
-        route = {}
-        if "ringdist" in groups:
-            route = groups["ringdist"]._get_backend(torch.device("cpu")).allreduce_route(
-                count * 4)
+        route = {b: groups[b]._get_backend(torch.device("cpu")).allreduce_route(count * 4)
+                 for b in backends if b.startswith("ringdist")}
         row = {"bytes": nbytes, "count": count, "batch": batch, "wrong": wrong, "route": route,
                "rounds_s": {b: [us / 1e6 for us in times[b]] for b in backends},
                "median_s": {b: statistics.median(times[b]) / 1e6 for b in backends}}
@@ -122,7 +121,7 @@ def worker(args):
         if rank == 0:
             print(f"N={world} {nbytes} B: " + "  ".join(
                 f"{b} {row['median_s'][b] * 1e3:.1f} ms" for b in backends)
-                + (f"  (ringdist route: {route['route']})" if route else ""), flush=True)
+                + "".join(f"  ({b} route: {r['route']})" for b, r in route.items()), flush=True)
     if rank == 0:
         with open(args.result, "w") as f:
             json.dump(rows, f)
@@ -215,7 +214,8 @@ def print_table(cfg):
               + f" {r['ideal_s'] * 1e3:>7.1f}ms "
               + " ".join(f"{100 * f[b]:>13.1f}%" for b in backends)
               + f" {r['one_way_trips_per_call'][backends[0]]:>11.2f} "
-              f"{sum(r['wrong'].values()):>7}  {r.get('route', {}).get('route', '')}", flush=True)
+              f"{sum(r['wrong'].values()):>7}  "
+              + " ".join(v["route"] for v in r.get("route", {}).values()), flush=True)
     h = line_health(cfg)
     print(f"line during the run: {h['writes']} packets written, {h['late_over_1ms']} over 1 ms late "
           f"({100 * h['late_over_1ms'] / max(1, h['writes']):.2f}%), {h['late_over_10ms']} over 10 ms, "
@@ -231,8 +231,8 @@ def main():
     ap.add_argument("--queue", help="drop-tail queue per link (default: the emulator's, rate x RTT)")
     ap.add_argument("--sizes", nargs="+", default=["8", "1MiB", "16MiB", "64MiB"])
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS),
-                    help="measured alternating, in this order: ringdist, gloo, or ringdist:plain "
-                         "(RINGDIST_TCP_ENCRYPT=0)")
+                    help="measured alternating, in this order: ringdist, gloo, ringdist:plain "
+                         "(RINGDIST_TCP_ENCRYPT=0) or ringdist:ring (RINGDIST_DIRECT_EXCHANGE=0)")
     ap.add_argument("--loss-max-bytes", default="16MiB",
                     help="largest size measured with loss (a cubic stream at 0.1%% loss and "
                          "100 ms moves ~1 MB/s)")

@@ -54,10 +54,14 @@ def _backend(group=None):
     return pg._get_backend(torch.device("cpu"))
 
 
-def _routes(rank, ws, report_us):
+def _routes(rank, ws, report_us, setting="auto"):
     # 0: the round trip measured (loopback), not a reported one.
     os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank] if report_us else 0)
-    group = dist.new_group(backend="ringdist")
+    os.environ["RINGDIST_DIRECT_EXCHANGE"] = setting  # read when the group is made
+    try:
+        group = dist.new_group(backend="ringdist")
+    finally:
+        os.environ["RINGDIST_DIRECT_EXCHANGE"] = "auto"
     out = {size: _backend(group).allreduce_route(size) for size in SIZES}
     dist.destroy_process_group(group)
     return out
@@ -97,6 +101,14 @@ def test_short_links_keep_the_ring(world_factory):
     for routes in world_factory(4, env=_hosts(4)).run(_routes, None):
         assert int(routes[1 << 20]["round_trip_us"]) < 2000
         assert [routes[s]["route"] for s in SIZES[1:]] == ["ring"] * 6, routes
+
+
+def test_the_setting_overrides_the_model(world_factory):
+    world = world_factory(4, env=_hosts(4))
+    for routes in world.run(_routes, [100_000] * 4, "0"):  # long links, never
+        assert {r["route"] for r in routes.values()} == {"ring"}, routes
+    for routes in world.run(_routes, None, "1"):  # loopback, always
+        assert {r["route"] for r in routes.values()} == {"direct"}, routes
 
 
 def test_one_host_and_two_ranks_never_take_it(world_factory):

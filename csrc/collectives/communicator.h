@@ -93,10 +93,15 @@ class Communicator {
   }
   // The model the collectives pick their route by across hosts, from that round trip.
   const RouteModel& routeModel() const { return routeModel_; }
-  // Whether `op` of `bytes` (route_model.h) takes the direct exchange: one rank per host and
-  // the model says so. The same answer on every rank (the model's inputs are agreed).
+  // Whether `op` of `bytes` (route_model.h) takes the direct exchange: one rank per host, and
+  // the model says so (or the setting, RINGDIST_DIRECT_EXCHANGE). The same answer on every
+  // rank: the model's inputs are agreed, the setting must be.
   bool directExchange(ModelledOp op, size_t bytes) const {
-    return hostCount_ == size_ && routeModel_.directWins(op, size_, bytes);
+    switch (options_.directExchange) {
+      case DirectExchangeMode::kOff: return false;
+      case DirectExchangeMode::kOn: return hostCount_ == size_ && RouteModel::directAllowed(size_);
+      default: return hostCount_ == size_ && routeModel_.directWins(op, size_, bytes);
+    }
   }
 
   // Starts an operation: names it in errors and arms its deadline.

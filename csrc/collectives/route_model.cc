@@ -37,8 +37,7 @@ double RouteModel::directUs(ModelledOp op, int n, size_t bytes) const {
 }
 
 bool RouteModel::directWins(ModelledOp op, int n, size_t bytes) const {
-  return n >= 3 && n <= kMaxDirectRanks &&
-      directUs(op, n, bytes) <= kDirectGain * ringUs(op, n, bytes);
+  return directAllowed(n) && directUs(op, n, bytes) <= kDirectGain * ringUs(op, n, bytes);
 }
 
 }  // namespace ringdist

@@ -47,6 +47,8 @@ struct RouteModel {
   // or one rank's block.
   double ringUs(ModelledOp op, int n, size_t bytes) const;
   double directUs(ModelledOp op, int n, size_t bytes) const;
+  // Whether a group of n ranks, one per host, may take the direct exchange at all.
+  static bool directAllowed(int n) { return n >= 3 && n <= kMaxDirectRanks; }
   // Whether the direct exchange is the route for it.
   bool directWins(ModelledOp op, int n, size_t bytes) const;
 };
