@@ -57,23 +57,10 @@ void allgatherDirect(Communicator& comm, const void* input, void* const* outputs
   const size_t bytes = count * elementSize(dtype);
   OpHeader header = comm.makeHeader(OpType::kAllgather, count, dtype, ReduceOp::kSum, -1);
   header.variant = kDirectCopy;
-  std::vector<OpHeader> theirs(static_cast<size_t>(n));
-  Communicator::Transfers sends, recvs;
-  for (int k = 1; k < n; ++k) {
-    const int to = (rank + k) % n;
-    const int from = (rank - k + n) % n;
-    Channel& out = comm.channel(to);
-    out.postSend(&header, sizeof(OpHeader));
-    sends.emplace_back(&out, out.postSend(input, bytes));
-    Channel& in = comm.channel(from);
-    in.postRecv(&theirs[static_cast<size_t>(from)], sizeof(OpHeader));
-    recvs.emplace_back(&in, in.postRecv(outputs[from], bytes));
-  }
   if (outputs[rank] != input) copyBytes(outputs[rank], input, bytes);
-  comm.waitAll(sends, recvs);
-  for (int peer = 0; peer < n; ++peer) {
-    if (peer != rank) comm.checkHeader(header, theirs[static_cast<size_t>(peer)], peer);
-  }
+  comm.exchangeWithAll(
+      &header, [&](int) { return Communicator::Span(input, bytes); },
+      [&](int from) { return Communicator::Landing(outputs[from], bytes); });
 }
 
 // Transfer t of the ring allgather: whose block it carries, and its byte

@@ -99,28 +99,13 @@ void oneShotAllreduce(Communicator& comm, void* data, size_t count, DataType dty
   const size_t bytes = count * elementSize(dtype);
   const size_t stride = (bytes + 63) / 64 * 64;
   char* scratch = comm.scratch(stride * static_cast<size_t>(n));
-  std::vector<OpHeader> theirs(static_cast<size_t>(n));
-  Communicator::Transfers sends, recvs;
-  for (int k = 1; k < n; ++k) {
-    Channel& out = comm.channel((rank + k) % n);
-    out.postSend(&header, sizeof(OpHeader));
-    sends.emplace_back(&out, out.postSend(data, bytes));
-    int from = (rank - k + n) % n;
-    Channel& in = comm.channel(from);
-    in.postRecv(&theirs[static_cast<size_t>(from)], sizeof(OpHeader));
-    recvs.emplace_back(&in, in.postRecv(scratch + static_cast<size_t>(from) * stride, bytes));
-  }
-  comm.waitAll(sends, recvs);
-  for (int peer = 0; peer < n; ++peer) {
-    if (peer != rank) {
-      comm.checkHeader(header, theirs[static_cast<size_t>(peer)], peer);
-    }
-  }
-  std::memcpy(scratch + static_cast<size_t>(rank) * stride, data, bytes);
+  auto slot = [&](int r) { return scratch + static_cast<size_t>(r) * stride; };
+  comm.exchangeWithAll(
+      &header, [&](int) { return Communicator::Span(data, bytes); },
+      [&](int from) { return Communicator::Landing(slot(from), bytes); });
+  std::memcpy(slot(rank), data, bytes);
   ReduceFn reduceFn = reduceFunction(dtype, op);
-  for (int peer = 1; peer < n; ++peer) {
-    reduceFn(scratch, scratch, scratch + static_cast<size_t>(peer) * stride, count);
-  }
+  for (int peer = 1; peer < n; ++peer) reduceFn(scratch, scratch, slot(peer), count);
   if (op == ReduceOp::kAvg) {
     divideInPlace(scratch, count, dtype, n);
   }
@@ -145,43 +130,23 @@ void directAllreduce(Communicator& comm, void* data, size_t count, DataType dtyp
   const size_t own = chunkBytes(rank);
   const size_t stride = (own + 63) / 64 * 64;
   char* scratch = comm.scratch(stride * static_cast<size_t>(n));
-  std::vector<OpHeader> theirs(static_cast<size_t>(n));
-  Communicator::Transfers sends, recvs;
-  for (int k = 1; k < n; ++k) {  // reduce-scatter
-    const int to = (rank + k) % n;
-    const int from = (rank - k + n) % n;
-    Channel& out = comm.channel(to);
-    out.postSend(&header, sizeof(OpHeader));
-    sends.emplace_back(&out, out.postSend(chunk(to), chunkBytes(to)));
-    Channel& in = comm.channel(from);
-    in.postRecv(&theirs[static_cast<size_t>(from)], sizeof(OpHeader));
-    recvs.emplace_back(&in, in.postRecv(scratch + static_cast<size_t>(from) * stride, own));
-  }
-  comm.waitAll(sends, recvs);
-  for (int peer = 0; peer < n; ++peer) {
-    if (peer != rank) comm.checkHeader(header, theirs[static_cast<size_t>(peer)], peer);
-  }
+  auto slot = [&](int r) { return scratch + static_cast<size_t>(r) * stride; };
+  // Reduce-scatter: each peer's share of our chunk, into scratch by rank.
+  comm.exchangeWithAll(
+      &header, [&](int to) { return Communicator::Span(chunk(to), chunkBytes(to)); },
+      [&](int from) { return Communicator::Landing(slot(from), own); });
   const size_t ownCount = own / elem;
   if (ownCount > 0) {
-    std::memcpy(scratch + static_cast<size_t>(rank) * stride, chunk(rank), own);
+    std::memcpy(slot(rank), chunk(rank), own);
     ReduceFn reduceFn = reduceFunction(dtype, op);
-    reduceFn(chunk(rank), scratch, scratch + stride, ownCount);
-    for (int r = 2; r < n; ++r) {
-      reduceFn(chunk(rank), chunk(rank), scratch + static_cast<size_t>(r) * stride, ownCount);
-    }
+    reduceFn(chunk(rank), slot(0), slot(1), ownCount);
+    for (int r = 2; r < n; ++r) reduceFn(chunk(rank), chunk(rank), slot(r), ownCount);
     if (op == ReduceOp::kAvg) divideInPlace(chunk(rank), ownCount, dtype, n);
   }
-  sends.clear();
-  recvs.clear();
-  for (int k = 1; k < n; ++k) {  // allgather
-    const int to = (rank + k) % n;
-    const int from = (rank - k + n) % n;
-    Channel& out = comm.channel(to);
-    sends.emplace_back(&out, out.postSend(chunk(rank), own));
-    Channel& in = comm.channel(from);
-    recvs.emplace_back(&in, in.postRecv(chunk(from), chunkBytes(from)));
-  }
-  comm.waitAll(sends, recvs);
+  // Allgather: our reduced chunk to every peer, theirs straight into the output.
+  comm.exchangeWithAll(
+      nullptr, [&](int) { return Communicator::Span(chunk(rank), own); },
+      [&](int from) { return Communicator::Landing(chunk(from), chunkBytes(from)); });
 }
 
 // How one run of ring steps meets the operation's StageGate: `needs`: its

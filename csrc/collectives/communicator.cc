@@ -156,6 +156,28 @@ void Communicator::checkHeaders(const OpHeader& mine, const std::vector<int>& re
   }
 }
 
+void Communicator::exchangeWithAll(const OpHeader* mine, const std::function<Span(int)>& sendTo,
+                                   const std::function<Landing(int)>& recvFrom) {
+  std::vector<OpHeader> theirs(mine != nullptr ? static_cast<size_t>(size_) : 0);
+  Transfers sends, recvs;
+  for (int k = 1; k < size_; ++k) {  // each rank starts with a different peer
+    const int to = (rank_ + k) % size_;
+    const int from = (rank_ - k + size_) % size_;
+    Channel& out = channel(to);
+    if (mine != nullptr) out.postSend(mine, sizeof(OpHeader));
+    const Span span = sendTo(to);
+    sends.emplace_back(&out, out.postSend(span.first, span.second));
+    Channel& in = channel(from);
+    if (mine != nullptr) in.postRecv(&theirs[static_cast<size_t>(from)], sizeof(OpHeader));
+    const Landing landing = recvFrom(from);
+    recvs.emplace_back(&in, in.postRecv(landing.first, landing.second));
+  }
+  waitAll(sends, recvs);
+  for (int peer = 0; mine != nullptr && peer < size_; ++peer) {
+    if (peer != rank_) checkHeader(*mine, theirs[static_cast<size_t>(peer)], peer);
+  }
+}
+
 void Communicator::exchangeRingHeaders(const OpHeader& mine) {
   if (size_ == 1) {
     return;

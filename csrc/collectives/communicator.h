@@ -124,6 +124,13 @@ class Communicator {
                        const std::vector<uint64_t>* sendCount = nullptr,
                        const std::vector<uint64_t>* expectCount = nullptr);
   void exchangeRingHeaders(const OpHeader& mine);
+  // One round with every peer at once (the one-round and direct-exchange paths): to each peer
+  // our header (if any) and then sendTo(peer)'s bytes; from each, its header and then
+  // recvFrom(peer)'s bytes. Returns once every transfer is done and every header matched ours.
+  using Span = std::pair<const void*, size_t>;
+  using Landing = std::pair<void*, size_t>;
+  void exchangeWithAll(const OpHeader* mine, const std::function<Span(int)>& sendTo,
+                       const std::function<Landing(int)>& recvFrom);
   // checkHeader for each header in[i] received from recvFrom[i].
   void checkHeaders(const OpHeader& mine, const std::vector<int>& recvFrom,
                     const std::vector<OpHeader>& in, const std::vector<uint64_t>* expectCount);

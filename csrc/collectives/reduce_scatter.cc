@@ -182,23 +182,10 @@ void reduceScatterDirect(Communicator& comm, const void* const* inputs, void* ou
   const size_t stride = (bytes + 63) / 64 * 64;
   char* scratch = comm.scratch(stride * static_cast<size_t>(n));
   auto slot = [&](int r) { return scratch + static_cast<size_t>(r) * stride; };
-  std::vector<OpHeader> theirs(static_cast<size_t>(n));
-  Communicator::Transfers sends, recvs;
-  for (int k = 1; k < n; ++k) {
-    const int to = (rank + k) % n;
-    const int from = (rank - k + n) % n;
-    Channel& out = comm.channel(to);
-    out.postSend(&header, sizeof(OpHeader));
-    sends.emplace_back(&out, out.postSend(inputs[to], bytes));
-    Channel& in = comm.channel(from);
-    in.postRecv(&theirs[static_cast<size_t>(from)], sizeof(OpHeader));
-    recvs.emplace_back(&in, in.postRecv(slot(from), bytes));
-  }
   std::memcpy(slot(rank), inputs[rank], bytes);
-  comm.waitAll(sends, recvs);
-  for (int peer = 0; peer < n; ++peer) {
-    if (peer != rank) comm.checkHeader(header, theirs[static_cast<size_t>(peer)], peer);
-  }
+  comm.exchangeWithAll(
+      &header, [&](int to) { return Communicator::Span(inputs[to], bytes); },
+      [&](int from) { return Communicator::Landing(slot(from), bytes); });
   ReduceFn reduceFn = reduceFunction(dtype, op);
   reduceFn(output, slot(0), slot(1), count);
   for (int r = 2; r < n; ++r) reduceFn(output, output, slot(r), count);
