@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "csrc/common/error.h"
 #include "csrc/transport/host_identity.h"
@@ -13,6 +15,9 @@
 namespace ringdist {
 
 namespace {
+
+// How long a rank that found the records disagree waits for the others to have read them too.
+constexpr auto kDisagreementWait = std::chrono::seconds(10);
 
 // Every rank's record (ours included), checking what all must agree on.
 std::vector<PeerRecord> exchangeRecords(Rendezvous& rendezvous, int rank, int size,
@@ -25,11 +30,26 @@ std::vector<PeerRecord> exchangeRecords(Rendezvous& rendezvous, int rank, int si
     records[static_cast<size_t>(r)] = r == rank
         ? mine
         : PeerRecord::decode(rendezvous.get(strCat("ringdist/host/", r), options.timeout), r);
-    // Checksummed links carry a trailer per transfer: both ends must agree.
-    bool theirs = records[static_cast<size_t>(r)].checksums;
-    RINGDIST_CHECK(theirs == mine.checksums, "ringdist: RINGDIST_CRC differs between ranks: rank ",
-                   rank, " has ", mine.checksums ? 1 : 0, " but rank ", r, " has ",
-                   theirs ? 1 : 0);
+  }
+  // Checksummed links carry a trailer per transfer: both ends must agree.
+  for (int r = 0; r < size; ++r) {
+    const bool theirs = records[static_cast<size_t>(r)].checksums;
+    if (theirs == mine.checksums) continue;
+    // Every rank read the same records, so every rank fails here: wait (bounded) until all
+    // have read them, as the store may leave with this process (rank 0 in a plain env://
+    // launch) and a rank still reading would fail without the reason.
+    try {
+      rendezvous.add("ringdist/host/disagree", 1);
+      const auto deadline = std::chrono::steady_clock::now() + kDisagreementWait;
+      while (rendezvous.add("ringdist/host/disagree", 0) < size &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    } catch (const std::exception&) {
+      // The store left: every rank has read the records (the error below is the one to give).
+    }
+    RINGDIST_FAIL("ringdist: RINGDIST_CRC differs between ranks: rank ", rank, " has ",
+                  mine.checksums ? 1 : 0, " but rank ", r, " has ", theirs ? 1 : 0);
   }
   return records;
 }
