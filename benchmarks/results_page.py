@@ -319,10 +319,17 @@ def wan(data):
             else:
                 share = {b: f"{100 * r['fraction_of_ideal'][b]:.0f}% of ideal" for b in m}
             wrong = " (WRONG)" if any(r["wrong"].values()) else ""
-            rows.append(Row(f"{where}: {size(r['bytes'])}{wrong}",
-                            f"{us_range([m['ringdist'] * 1e6])} ({share['ringdist']})",
+            route = r.get("route", {}).get("ringdist", {}).get("route")
+            ours = f"{us_range([m['ringdist'] * 1e6])} ({share['ringdist']})"
+            rows.append(Row(f"{where}: {size(r['bytes'])}{wrong}"
+                            + (f", route {route}" if route else ""), ours,
                             f"gloo {us_range([m['gloo'] * 1e6])} ({share['gloo']})",
                             ratio_range([m["gloo"] / m["ringdist"]])))
+            if "ringdist:ring" in m:  # the same build with the direct exchange off
+                rows.append(Row(f"{where}: {size(r['bytes'])}, against ringdist's rings", ours,
+                                f"rings {us_range([m['ringdist:ring'] * 1e6])} "
+                                f"({share['ringdist:ring']})",
+                                ratio_range([m["ringdist:ring"] / m["ringdist"]])))
     return rows
 
 
@@ -341,7 +348,9 @@ MPI = "Against Open MPI and torch's floor, one host"
 NETNS = "Emulated hosts (network namespaces, `tc tbf` links), one rank per host unless stated"
 DIRECT = "Direct operators and tensor-parallel inference against DeepSpeed, one host"
 WAN = ("Emulated WAN at 1 Gbit/s (`benchmarks/wan/`: delay line, every TCP socket starting with "
-       "cubic), one rank per host unless stated; ideal = 2(H-1)/H * 8S/R + 2(H-1) * d, H hosts")
+       "cubic), one rank per host unless stated; ideal = 2(H-1)/H * 8S/R + T * d, H hosts, d the "
+       "one-way delay, T = 2(H-1) (a ring's trips) in the files before the direct exchange and 2 "
+       "(its trips) in `wan_allreduce_direct*.json`")
 DDP = "DDP training step with communication hooks, emulated hosts at 1 Gbit/s"
 DILOCO = "Local steps (DiLoCo), emulated hosts"
 OTHER = "Other operations"
@@ -383,6 +392,9 @@ SCENARIOS = {
     "wan_allreduce.json": (WAN, "fp32 allreduce", wan),
     "wan_allreduce_loss.json": (WAN, "fp32 allreduce, 0.1% random loss", wan),
     "wan_allreduce_2x2.json": (WAN, "fp32 allreduce, 2 hosts x 2 ranks (N=4)", wan),
+    "wan_allreduce_direct.json": (WAN, "fp32 allreduce, N=4: the direct exchange (route model) "
+                                       "against the rings, same build", wan),
+    "wan_allreduce_direct_rerun.json": (WAN, "the same, a second run (RTT 100 ms)", wan),
     "deepspeed_peer_n2.json": (DIRECT, "ringdist's op against DeepSpeed's, N=2",
                                labels("direct-op", "deepspeed", "DeepSpeed's op")),
     "deepspeed_peer_n2_small.json": (DIRECT, "the same, small sizes",
