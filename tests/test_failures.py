@@ -117,14 +117,17 @@ def kill_mid_allreduce(rank, ws, store, dist, torch):
 # from the victim (its peers are reading its memory), allgathers or reduce-scatters (every rank
 # reads every other's);
 # "auto-pair": two ranks, whose allreduce copies straight between their buffers.
+# "direct": 4 emulated hosts of one rank each, the allreduce as a direct exchange (every rank
+# sends to and receives from every peer at once).
 @pytest.mark.parametrize("transport", TRANSPORTS + ["hosts", "hosts-int8", "auto-broadcast",
                                                     "auto-allgather", "auto-reduce_scatter",
-                                                    "auto-pair"])
+                                                    "auto-pair", "direct"])
 def test_sigkill_mid_allreduce_fails_survivors_fast(tmp_path, record_property, transport):
-    ws, victim = ((4, 1) if transport.startswith("hosts") else
+    ws, victim = ((4, 1) if transport.startswith(("hosts", "direct")) else
                   (2, 1) if transport.endswith("-pair") else (3, 1))
     env = ({"RINGDIST_HOST_ID": "h0,h1,h0,h1"} if transport.startswith("hosts")
-           else {"RINGDIST_TRANSPORT": transport.split("-")[0]})
+           else {"RINGDIST_HOST_ID": "h0,h1,h2,h3", "RINGDIST_DIRECT_EXCHANGE": "1"}
+           if transport == "direct" else {"RINGDIST_TRANSPORT": transport.split("-")[0]})
     if transport.endswith("-int8"):
         env["FT_CODEC"] = "int8"
     if transport.endswith(("-broadcast", "-allgather", "-reduce_scatter")):
