@@ -52,7 +52,6 @@ void allgatherSingleCopy(Communicator& comm, const void* input, void* const* out
 // operation (and so the group) before it returns.
 void allgatherDirect(Communicator& comm, const void* input, void* const* outputs, size_t count,
                      DataType dtype) {
-  const int n = comm.size();
   const int rank = comm.rank();
   const size_t bytes = count * elementSize(dtype);
   OpHeader header = comm.makeHeader(OpType::kAllgather, count, dtype, ReduceOp::kSum, -1);
