@@ -193,12 +193,28 @@ def single_copy_abort(rank, ws, store, dist, torch):
     (RINGDIST_TEST_SINGLE_COPY_WRITE_DELAY_MS, set by the test), and another thread of rank 1
     aborts its group 100 ms into the broadcast. Both ranks must fail; rank 1's broadcast must
     return only after rank 0's write in flight ended, so no byte lands in the buffer rank 1
-    lent after it returned (filled with a pattern at once, checked 500 ms later)."""
+    lent after it returned (filled with a pattern at once, checked 500 ms later). The abort
+    waits until the flight recorder shows the broadcast started, not a fixed delay."""
     init_group(rank, ws, store, dist)
     t = torch.full((1 << 18,), float(rank))
     group = dist.new_group(timeout=datetime.timedelta(seconds=20))
-    out = {"error": None}
-    timer = threading.Timer(0.1, group.abort) if rank == 1 else None
+    # Which way this group copies (single copy forced by the suite; "why" if not taken).
+    out = {"error": None,
+           "copy": dict(group._get_backend(torch.device("cpu")).same_host_copy)}
+
+    def abort_once_started():
+        # The broadcast as the flight recorder shows it: started, then 100 ms in (a loaded
+        # machine may hold the caller back longer than a fixed delay would allow).
+        import torch_ringdist
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+                e["profiling_name"].endswith("broadcast") and e["state"] == "started"
+                for e in torch_ringdist.trace(group)["entries"]):
+            time.sleep(0.005)
+        time.sleep(0.1)
+        group.abort()
+
+    timer = threading.Thread(target=abort_once_started) if rank == 1 else None
     start = time.monotonic()
     try:
         if timer is not None:
@@ -224,6 +240,7 @@ def test_single_copy_abort_mid_write(tmp_path):
     with Spawned(single_copy_abort, 2, tmp_path, env=env) as w:
         got = w.results(120)
     root, reader = got[0], got[1]
+    assert reader["copy"]["single_copy"], reader  # else the write under test never happens
     assert reader["error"] and "aborted" in reader["error"], reader
     assert 0.25 < reader["seconds"] < 5, reader  # the abort at 0.1 s waited for the write
     assert root["error"] and re.search(r"\brank 1\b", root["error"]), root
