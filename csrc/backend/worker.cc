@@ -422,7 +422,7 @@ std::vector<std::vector<int>> Worker::allreduceRings() const {
 
 std::map<std::string, std::string> Worker::allreduceRoute(size_t bytes) const {
   std::lock_guard<std::mutex> lock(optionsMutex_);
-  const RouteModel& model = comm_->routeModel();
+  const RouteModel model = comm_->routeModel();
   const int n = comm_->size();
   return {{"route", ringdist::allreduceRoute(*comm_, bytes)},
           {"round_trip_us", std::to_string(comm_->linkRoundTripUs())},

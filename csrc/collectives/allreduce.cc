@@ -77,14 +77,7 @@ void boardAllreduce(Communicator& comm, void* data, size_t count, DataType dtype
     // Every peer's header checked before the output is written.
     if (peer != comm.rank()) from[peer] = comm.published(peer, header);
   }
-  ReduceFn reduceFn = reduceFunction(dtype, op);
-  reduceFn(data, from[0], from[1], count);
-  for (int r = 2; r < n; ++r) {
-    reduceFn(data, data, from[r], count);
-  }
-  if (op == ReduceOp::kAvg) {
-    divideInPlace(data, count, dtype, n);
-  }
+  reduceInRankOrder(data, n, count, dtype, op, [&](int r) { return from[r]; });
 }
 
 // Latency path for small buffers: one round. Every rank sends its whole
@@ -97,19 +90,12 @@ void oneShotAllreduce(Communicator& comm, void* data, size_t count, DataType dty
   const int n = comm.size();
   const int rank = comm.rank();
   const size_t bytes = count * elementSize(dtype);
-  const size_t stride = (bytes + 63) / 64 * 64;
-  char* scratch = comm.scratch(stride * static_cast<size_t>(n));
-  auto slot = [&](int r) { return scratch + static_cast<size_t>(r) * stride; };
+  const ScratchSlots slot(comm, n, bytes);
   comm.exchangeWithAll(
       &header, [&](int) { return Communicator::Span(data, bytes); },
-      [&](int from) { return Communicator::Landing(slot(from), bytes); });
-  std::memcpy(slot(rank), data, bytes);
-  ReduceFn reduceFn = reduceFunction(dtype, op);
-  for (int peer = 1; peer < n; ++peer) reduceFn(scratch, scratch, slot(peer), count);
-  if (op == ReduceOp::kAvg) {
-    divideInPlace(scratch, count, dtype, n);
-  }
-  std::memcpy(data, scratch, bytes);
+      [&](int from) { return Communicator::Landing(slot[from], bytes); });
+  std::memcpy(slot[rank], data, bytes);  // the output is written from the first step on
+  reduceInRankOrder(data, n, count, dtype, op, [&](int r) { return slot[r]; });
 }
 
 // Direct exchange, for groups whose links are long (the route model, route_model.h): a
@@ -128,20 +114,14 @@ void directAllreduce(Communicator& comm, void* data, size_t count, DataType dtyp
   auto chunk = [&](int r) { return static_cast<char*>(data) + layout.chunkOffset(r) * elem; };
   auto chunkBytes = [&](int r) { return layout.chunkLength(static_cast<size_t>(r)) * elem; };
   const size_t own = chunkBytes(rank);
-  const size_t stride = (own + 63) / 64 * 64;
-  char* scratch = comm.scratch(stride * static_cast<size_t>(n));
-  auto slot = [&](int r) { return scratch + static_cast<size_t>(r) * stride; };
+  const ScratchSlots slot(comm, n, own);
   // Reduce-scatter: each peer's share of our chunk, into scratch by rank.
   comm.exchangeWithAll(
       &header, [&](int to) { return Communicator::Span(chunk(to), chunkBytes(to)); },
-      [&](int from) { return Communicator::Landing(slot(from), own); });
-  const size_t ownCount = own / elem;
-  if (ownCount > 0) {
-    std::memcpy(slot(rank), chunk(rank), own);
-    ReduceFn reduceFn = reduceFunction(dtype, op);
-    reduceFn(chunk(rank), slot(0), slot(1), ownCount);
-    for (int r = 2; r < n; ++r) reduceFn(chunk(rank), chunk(rank), slot(r), ownCount);
-    if (op == ReduceOp::kAvg) divideInPlace(chunk(rank), ownCount, dtype, n);
+      [&](int from) { return Communicator::Landing(slot[from], own); });
+  if (own > 0) {
+    std::memcpy(slot[rank], chunk(rank), own);
+    reduceInRankOrder(chunk(rank), n, own / elem, dtype, op, [&](int r) { return slot[r]; });
   }
   // Allgather: our reduced chunk to every peer, theirs straight into the output.
   comm.exchangeWithAll(

@@ -8,6 +8,7 @@
 #include "csrc/codec/codec.h"
 #include "csrc/collectives/communicator.h"
 #include "csrc/common/types.h"
+#include "csrc/reduce/reduce.h"
 
 namespace ringdist {
 
@@ -64,6 +65,30 @@ inline void needWhole(StageGate* gate, size_t bytes) {
   if (gate == nullptr || bytes == 0) return;
   gate->plan({{0, bytes}});
   gate->need(0, bytes);
+}
+
+// One piece of `bytes` per rank in the communicator's scratch, each 64-byte aligned: where the
+// one-round and direct paths land every peer's contribution before reducing.
+class ScratchSlots {
+ public:
+  ScratchSlots(Communicator& comm, int ranks, size_t bytes)
+      : stride_((bytes + 63) / 64 * 64),
+        base_(comm.scratch(stride_ * static_cast<size_t>(ranks))) {}
+  char* operator[](int rank) const { return base_ + static_cast<size_t>(rank) * stride_; }
+
+ private:
+  size_t stride_;
+  char* base_;
+};
+
+// dst = from(0) (op) from(1) (op) ... from(n-1), in rank order, so every rank that reduces the
+// same contributions gets the same bits; divided by n for AVG. n >= 2; dst may be from(0).
+template <typename From>
+void reduceInRankOrder(void* dst, int n, size_t count, DataType dtype, ReduceOp op, From from) {
+  const ReduceFn reduceFn = reduceFunction(dtype, op);
+  reduceFn(dst, from(0), from(1), count);
+  for (int r = 2; r < n; ++r) reduceFn(dst, dst, from(r), count);
+  if (op == ReduceOp::kAvg) divideInPlace(dst, count, dtype, n);
 }
 
 // The route an allreduce of `bytes` per rank in CPU memory takes on this group

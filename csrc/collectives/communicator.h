@@ -87,12 +87,9 @@ class Communicator {
   // the same on every rank; 0: not measured), microseconds: the rings size the
   // data they keep in flight by it (ringInFlightBytes in ring.h).
   uint32_t linkRoundTripUs() const { return linkRoundTripUs_; }
-  void setLinkRoundTrip(uint32_t roundTripUs) {
-    linkRoundTripUs_ = roundTripUs;
-    routeModel_ = RouteModel::forRoundTrip(roundTripUs);
-  }
+  void setLinkRoundTrip(uint32_t roundTripUs) { linkRoundTripUs_ = roundTripUs; }
   // The model the collectives pick their route by across hosts, from that round trip.
-  const RouteModel& routeModel() const { return routeModel_; }
+  RouteModel routeModel() const { return RouteModel::forRoundTrip(linkRoundTripUs_); }
   // Whether `op` of `bytes` (route_model.h) takes the direct exchange: one rank per host, and
   // the model says so (or the setting, RINGDIST_DIRECT_EXCHANGE). The same answer on every
   // rank: the model's inputs are agreed, the setting must be.
@@ -100,7 +97,7 @@ class Communicator {
     switch (options_.directExchange) {
       case DirectExchangeMode::kOff: return false;
       case DirectExchangeMode::kOn: return hostCount_ == size_ && RouteModel::directAllowed(size_);
-      default: return hostCount_ == size_ && routeModel_.directWins(op, size_, bytes);
+      default: return hostCount_ == size_ && routeModel().directWins(op, size_, bytes);
     }
   }
 
@@ -245,7 +242,6 @@ class Communicator {
   std::vector<int> hostOf_;
   CollectiveOptions options_;
   uint32_t linkRoundTripUs_ = 0;
-  RouteModel routeModel_ = RouteModel::forRoundTrip(0);
   bool hierarchical_ = false;
   SubRing hostRing_;
   int hostCount_ = 1;

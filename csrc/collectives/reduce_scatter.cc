@@ -179,17 +179,12 @@ void reduceScatterDirect(Communicator& comm, const void* const* inputs, void* ou
   const size_t bytes = count * elementSize(dtype);
   OpHeader header = comm.makeHeader(OpType::kReduceScatter, count, dtype, op, -1);
   header.variant = kDirectCopy;
-  const size_t stride = (bytes + 63) / 64 * 64;
-  char* scratch = comm.scratch(stride * static_cast<size_t>(n));
-  auto slot = [&](int r) { return scratch + static_cast<size_t>(r) * stride; };
-  std::memcpy(slot(rank), inputs[rank], bytes);
+  const ScratchSlots slot(comm, n, bytes);
+  std::memcpy(slot[rank], inputs[rank], bytes);
   comm.exchangeWithAll(
       &header, [&](int to) { return Communicator::Span(inputs[to], bytes); },
-      [&](int from) { return Communicator::Landing(slot(from), bytes); });
-  ReduceFn reduceFn = reduceFunction(dtype, op);
-  reduceFn(output, slot(0), slot(1), count);
-  for (int r = 2; r < n; ++r) reduceFn(output, output, slot(r), count);
-  if (op == ReduceOp::kAvg) divideInPlace(output, count, dtype, n);
+      [&](int from) { return Communicator::Landing(slot[from], bytes); });
+  reduceInRankOrder(output, n, count, dtype, op, [&](int r) { return slot[r]; });
 }
 
 }  // namespace

@@ -160,7 +160,7 @@ constexpr size_t kMinPipelinedSegmentBytes = 32 * 1024;
 // this just gets more queued than it needs (at 1 Gbit/s and RTT 100 ms the
 // ring then runs step by step, which costs nothing there). On one host or a
 // LAN the round trip is tens of microseconds and the ring keeps its cache-
-// friendly order (kForwardLag in allreduce.cc).
+// friendly order (kForwardLag in ring.h).
 constexpr double kRingFillBitsPerSecond = 10e9;
 // Up to this size an allreduce is latency-bound: one round in which every
 // rank sends its buffer to every peer beats 2(N-1) ring hops.
