@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from harness.closed_forms import expected, require_test_build, values
 from harness.spawned import RINGDIST_ONLY
 
 pytestmark = [RINGDIST_ONLY]
@@ -74,16 +75,10 @@ def _hosts(ws):
             "RINGDIST_TRANSPORT": "tcp", "RINGDIST_SMALL_ALLREDUCE_BYTES": "0"}
 
 
-def _testing():
-    from torch_ringdist import _C
-    if not hasattr(_C, "testing"):
-        pytest.skip("needs a test build (TORCH_RINGDIST_TESTING=1)")
-
-
 @pytest.mark.quick
 @pytest.mark.parametrize("ws", [3, 4, 5])
 def test_route_model_predictions_and_choice(world_factory, ws):
-    _testing()
+    require_test_build()
     for routes in world_factory(ws, env=_hosts(ws)).run(_routes, [100_000] * ws):
         for size, got in routes.items():
             ring, direct = _model(ws, size, 100_000)
@@ -124,17 +119,6 @@ DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]
 COUNTS = [1, 3, 1001, 65_537, 300_007]
 
 
-def _values(rank, count, dtype):
-    return (torch.arange(count, dtype=torch.int64) % 7 + rank + 1).to(dtype)
-
-
-def _expected(ws, count, op):
-    if op == "max":  # the last rank's values
-        return (torch.arange(count, dtype=torch.int64) % 7 + ws).to(torch.float64)
-    total = ws * (torch.arange(count, dtype=torch.int64) % 7) + ws * (ws + 1) // 2
-    return total.to(torch.float64) / (ws if op == "avg" else 1)
-
-
 HEADER_BYTES = 40  # sizeof(OpHeader)
 
 
@@ -154,7 +138,7 @@ def _allreduces(rank, ws, report_us, ops):
             for op in ops:
                 if op == "avg" and not dtype.is_floating_point:
                     continue
-                t = _values(rank, count, dtype)
+                t = values(rank, count, dtype)
                 before = _sent(group, "allreduce")
                 dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()), group=group)
                 # 2(N-1)/N of the buffer (by chunks) and a header to each of N-1 peers.
@@ -163,7 +147,7 @@ def _allreduces(rank, ws, report_us, ops):
                 if _sent(group, "allreduce") - before != share + (ws - 1) * HEADER_BYTES:
                     routes.add("sent like a ring")
                 tol = 0.05 if dtype == torch.bfloat16 and op == "avg" else 0
-                if not torch.allclose(t.to(torch.float64), _expected(ws, count, op), rtol=tol,
+                if not torch.allclose(t.to(torch.float64), expected(ws, count, op), rtol=tol,
                                       atol=0):
                     wrong.append((str(dtype), count, op))
     dist.destroy_process_group(group)
@@ -179,22 +163,22 @@ def _gathers_and_scatters(rank, ws, report_us):
     wrong, extra = [], {}
     for dtype in DTYPES:
         for count in COUNTS:
-            mine = _values(rank, count, dtype)
+            mine = values(rank, count, dtype)
             out = torch.empty(ws * count, dtype=dtype)
             before = _sent(group, "allgather")
             dist.all_gather_into_tensor(out, mine, group=group)
             extra["allgather", count * dtype.itemsize] = (
                 _sent(group, "allgather") - before - (ws - 1) * count * dtype.itemsize)
-            want = torch.cat([_values(r, count, dtype) for r in range(ws)])
+            want = torch.cat([values(r, count, dtype) for r in range(ws)])
             if not torch.equal(out, want):
                 wrong.append(("allgather", str(dtype), count))
-            full = torch.cat([_values(rank + r, count, dtype) for r in range(ws)])
+            full = torch.cat([values(rank + r, count, dtype) for r in range(ws)])
             got = torch.empty(count, dtype=dtype)
             before = _sent(group, "reduce_scatter")
             dist.reduce_scatter_tensor(got, full, group=group)
             extra["reduce_scatter", count * dtype.itemsize] = (
                 _sent(group, "reduce_scatter") - before - (ws - 1) * count * dtype.itemsize)
-            # Block b of rank r holds _values(r + b): the sum over r of (i % 7 + r + b + 1).
+            # Block b of rank r holds values(r + b): the sum over r of (i % 7 + r + b + 1).
             total = (ws * (torch.arange(count, dtype=torch.int64) % 7)
                      + sum(r + rank + 1 for r in range(ws)))
             if not torch.equal(got.to(torch.float64), total.to(torch.float64)):
@@ -205,7 +189,7 @@ def _gathers_and_scatters(rank, ws, report_us):
 
 @pytest.mark.parametrize("ws, reporting", [(3, "all"), (4, "all"), (5, "all"), (4, "one")])
 def test_allreduce_over_the_direct_exchange(world_factory, ws, reporting):
-    _testing()
+    require_test_build()
     # "one": only the last rank reports the long round trip; the group must still agree.
     report = [100_000] * ws if reporting == "all" else [0] * (ws - 1) + [100_000]
     ops = ["sum", "avg", "max"] if reporting == "all" else ["sum"]
@@ -217,7 +201,7 @@ def test_allreduce_over_the_direct_exchange(world_factory, ws, reporting):
 
 @pytest.mark.parametrize("ws", [3, 4])
 def test_allgather_and_reduce_scatter_over_the_direct_exchange(world_factory, ws):
-    _testing()
+    require_test_build()
     for wrong, extra in world_factory(ws, env=_hosts(ws)).run(_gathers_and_scatters,
                                                               [100_000] * ws, timeout=180):
         assert wrong == []

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from harness.closed_forms import expected, require_test_build, values
 from harness.spawned import RINGDIST_ONLY
 
 pytestmark = [RINGDIST_ONLY]
@@ -27,26 +28,19 @@ pytestmark = [RINGDIST_ONLY]
 FILL_BITS_PER_S = 10e9  # kRingFillBitsPerSecond (csrc/common/options.h)
 
 
-def _testing():
-    from torch_ringdist import _C
-    if not hasattr(_C, "testing"):
-        pytest.skip("needs a test build (TORCH_RINGDIST_TESTING=1)")
-    return _C.testing
-
-
 @pytest.mark.quick
 @pytest.mark.parametrize("rtt_us", [0, 1, 40, 200, 1000, 10_000, 100_000, 2_000_000])
 @pytest.mark.parametrize("segment", [1, 4096, 32 << 10, 256 << 10, 4 << 20])
 def test_forward_lag_fills_the_round_trip(rtt_us, segment):
     in_flight = FILL_BITS_PER_S / 8 * rtt_us / 1e6
-    assert _testing().ring_forward_lag(rtt_us, segment) == max(2, math.ceil(in_flight / segment))
+    assert require_test_build().ring_forward_lag(rtt_us, segment) == max(2, math.ceil(in_flight / segment))
 
 
 @pytest.mark.quick
 def test_one_host_and_lan_keep_the_cache_order():
     # Round trips of one host and of a LAN (up to 0.4 ms) keep 256 KiB segments two apart.
     for rtt_us in (0, 20, 100, 400):
-        assert _testing().ring_forward_lag(rtt_us, 256 << 10) == 2
+        assert require_test_build().ring_forward_lag(rtt_us, 256 << 10) == 2
 
 
 def _link_round_trips(rank, ws):
@@ -67,18 +61,6 @@ DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]
 COUNTS = [1, 3, 1001, 4099, 65_537, 300_007]
 
 
-def _values(rank, count, dtype):
-    # Small integers, exact in every dtype (bf16 has 8 bits of mantissa): rank + 1 + i % 7.
-    return (torch.arange(count, dtype=torch.int64) % 7 + rank + 1).to(dtype)
-
-
-def _expected(ws, count, dtype, op):
-    total = ws * (torch.arange(count, dtype=torch.int64) % 7) + ws * (ws + 1) // 2
-    if op == "avg":
-        return total.to(torch.float64) / ws
-    return total.to(torch.float64)
-
-
 def _allreduces(rank, ws, report_us, ops):
     """Allreduce every dtype x count x op in a group made with this rank reporting a round trip
     of report_us[rank]; returns the mismatches."""
@@ -90,9 +72,9 @@ def _allreduces(rank, ws, report_us, ops):
             for op in ops:
                 if op == "avg" and not dtype.is_floating_point:
                     continue
-                t = _values(rank, count, dtype)
+                t = values(rank, count, dtype)
                 dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()), group=group)
-                want = _expected(ws, count, dtype, op)
+                want = expected(ws, count, op)
                 tol = 0.05 if dtype == torch.bfloat16 and op == "avg" else 0
                 if not torch.allclose(t.to(torch.float64), want, rtol=tol, atol=0):
                     wrong.append((str(dtype), count, op))
@@ -109,7 +91,7 @@ RING_ENV = {"RINGDIST_TRANSPORT": "tcp", "RINGDIST_SEGMENT_BYTES": "4096",
 @pytest.mark.parametrize("ws", [2, 3, 4])
 @pytest.mark.parametrize("reporting", ["all", "one"])
 def test_allreduce_sized_for_a_long_round_trip(world_factory, ws, reporting):
-    _testing()
+    require_test_build()
     # 100 ms: every chunk's segments lie within one lag, so the ring runs step by step.
     report = [100_000] * ws if reporting == "all" else [0] * (ws - 1) + [100_000]
     ops = ["sum", "avg"] if reporting == "all" else ["sum"]
@@ -121,7 +103,7 @@ def test_allreduce_sized_for_a_long_round_trip(world_factory, ws, reporting):
 def test_allreduce_with_a_lag_inside_a_chunk(world_factory, rtt_us):
     # 20 us and 0.3 ms at 4 KiB segments: lags of 7 and 92 segments, shorter than the chunks
     # of the largest count (98 to 196 segments), so steps interleave with that lag.
-    _testing()
+    require_test_build()
     for wrong in world_factory(3, env=RING_ENV).run(_allreduces, [rtt_us] * 3, ["sum"],
                                                       timeout=180):
         assert wrong == []
