@@ -46,9 +46,12 @@ import emulator  # noqa: E402
 
 BACKENDS = ("ringdist", "gloo")  # the default --backends
 # --backends variants of a backend: ringdist:plain is ringdist with RINGDIST_TCP_ENCRYPT=0 (what
-# sealing the records costs), ringdist:ring with RINGDIST_DIRECT_EXCHANGE=0 (the rings where the
-# route model would take the direct exchange); measured alternating in the same processes.
-VARIANT_ENV = {"plain": {"RINGDIST_TCP_ENCRYPT": "0"}, "ring": {"RINGDIST_DIRECT_EXCHANGE": "0"}}
+# sealing the records costs), ringdist:ring, ringdist:direct and ringdist:halving with that
+# RINGDIST_ROUTE (a route where the route model would take another); measured alternating in the
+# same processes.
+VARIANT_ENV = {"plain": {"RINGDIST_TCP_ENCRYPT": "0"}, "ring": {"RINGDIST_ROUTE": "ring"},
+               "direct": {"RINGDIST_ROUTE": "direct"},
+               "halving": {"RINGDIST_ROUTE": "halving-doubling"}}
 PORT = 29700  # inside host 0's namespace: no other process on the machine can hold it
 FORMULA = ("ideal = 2(H-1)/H * 8S/R + 2d  (H: hosts, R: link rate, d: one-way delay; "
            "ring ideal: 2(H-1)d)")
@@ -174,7 +177,11 @@ def run_config(args, hosts, rtt_s, loss):
         with open(result) as f:
             rows = json.load(f)
         print(open(logs[0]).read(), end="")
+    from torch_ringdist import _C
     for row in rows:
+        if args.procs_per_host == 1:  # the route model's prediction for this link
+            row["model_us"] = _C.allreduce_route_model(hosts, row["count"] * 4, int(rtt_s * 1e6),
+                                                       args.rate_bps)
         row["ideal_s"] = ideal_s(row["bytes"], hosts, args.rate_bps, rtt_s / 2)
         row["ring_ideal_s"] = ideal_s(row["bytes"], hosts, args.rate_bps, rtt_s / 2,
                                       trips=2 * (hosts - 1))
@@ -201,13 +208,19 @@ def line_health(cfg):
                                for p, a in zip(before, after) for k in ("up", "down"))}
 
 
+def predicted(row, route):
+    us = row.get("model_us", {}).get(route + "_us")
+    return f" ({float(us) / 1e3:.1f}ms)" if us else ""
+
+
 def print_table(cfg):
     print(f"N={cfg['world']} RTT {cfg['rtt_s'] * 1e3:g} ms loss {cfg['loss']:g} "
           f"(load average {cfg['loadavg_1min_before']:.1f} -> {cfg['loadavg_1min_after']:.1f}); "
           + FORMULA)
     backends = list(cfg["rows"][0]["median_s"]) if cfg["rows"] else []
     print(f"{'size':>10} " + " ".join(f"{b:>14}" for b in backends) + f" {'ideal':>9} "
-          + " ".join(f"{b + ' %':>14}" for b in backends) + f" {'trips/call':>11} {'#wrong':>7}  route")
+          + " ".join(f"{b + ' %':>14}" for b in backends) + f" {'trips/call':>11} {'#wrong':>7}  "
+          "route (model's time for it, at the link's rate)")
     for r in cfg["rows"]:
         m, f = r["median_s"], r["fraction_of_ideal"]
         print(f"{r['bytes']:>10} " + " ".join(f"{m[b] * 1e3:>12.1f}ms" for b in backends)
@@ -215,7 +228,8 @@ def print_table(cfg):
               + " ".join(f"{100 * f[b]:>13.1f}%" for b in backends)
               + f" {r['one_way_trips_per_call'][backends[0]]:>11.2f} "
               f"{sum(r['wrong'].values()):>7}  "
-              + " ".join(v["route"] for v in r.get("route", {}).values()), flush=True)
+              + " ".join(v["route"] + predicted(r, v["route"]) for v in r.get("route", {}).values()),
+              flush=True)
     h = line_health(cfg)
     print(f"line during the run: {h['writes']} packets written, {h['late_over_1ms']} over 1 ms late "
           f"({100 * h['late_over_1ms'] / max(1, h['writes']):.2f}%), {h['late_over_10ms']} over 10 ms, "
@@ -232,7 +246,8 @@ def main():
     ap.add_argument("--sizes", nargs="+", default=["8", "1MiB", "16MiB", "64MiB"])
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS),
                     help="measured alternating, in this order: ringdist, gloo, ringdist:plain "
-                         "(RINGDIST_TCP_ENCRYPT=0) or ringdist:ring (RINGDIST_DIRECT_EXCHANGE=0)")
+                         "(RINGDIST_TCP_ENCRYPT=0), ringdist:ring, ringdist:direct or "
+                         "ringdist:halving (RINGDIST_ROUTE=ring, direct, halving-doubling)")
     ap.add_argument("--loss-max-bytes", default="16MiB",
                     help="largest size measured with loss (a cubic stream at 0.1%% loss and "
                          "100 ms moves ~1 MB/s)")

@@ -52,13 +52,15 @@ SingleCopyMode singleCopyMode(size_t singleCopyBytes) {
   return singleCopyBytes == 0 ? SingleCopyMode::kOff : mode;
 }
 
-DirectExchangeMode directExchangeMode() {
-  const std::string name = envString("RINGDIST_DIRECT_EXCHANGE", "auto");
-  RINGDIST_CHECK(name == "auto" || name == "1" || name == "0",
-                 "ringdist: RINGDIST_DIRECT_EXCHANGE must be auto, 1 or 0, got '", name, "'");
-  return name == "auto" ? DirectExchangeMode::kAuto
-         : name == "1"  ? DirectExchangeMode::kOn
-                        : DirectExchangeMode::kOff;
+RouteMode routeMode() {
+  const std::string name = envString("RINGDIST_ROUTE", "auto");
+  RINGDIST_CHECK(name == "auto" || name == "ring" || name == "direct" || name == "halving-doubling",
+                 "ringdist: RINGDIST_ROUTE must be auto, ring, direct or halving-doubling, got '",
+                 name, "'");
+  return name == "ring"               ? RouteMode::kRing
+         : name == "direct"           ? RouteMode::kDirect
+         : name == "halving-doubling" ? RouteMode::kHalvingDoubling
+                                      : RouteMode::kAuto;
 }
 
 TransportPolicy transportPolicy() {
@@ -140,7 +142,7 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
       envBytes("RINGDIST_SINGLE_COPY_BYTES", kDefaultSingleCopyBytes, 0);
   o.mesh.singleCopy = singleCopyMode(o.collectives.singleCopyBytes);
   o.collectives.hierarchical = envFlag("RINGDIST_HIERARCHICAL", true);
-  o.collectives.directExchange = directExchangeMode();
+  o.collectives.route = routeMode();
   o.collectives.checkResults = envFlag("RINGDIST_CHECK_RESULTS", false);
   o.collectives.maxUnexpectedBytes =
       envBytes("RINGDIST_MAX_UNEXPECTED_BYTES", kDefaultMaxUnexpectedBytes, 0);

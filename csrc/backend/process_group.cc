@@ -240,6 +240,21 @@ std::map<std::string, std::string> ProcessGroupRingdist::allreduceRoute(size_t b
   return worker_->allreduceRoute(bytes);
 }
 
+std::map<std::string, std::string> ProcessGroupRingdist::modelAllreduce(int ranks, size_t bytes,
+                                                                       uint32_t roundTripUs,
+                                                                       double bitsPerSecond) {
+  RINGDIST_CHECK(ranks >= 1 && bitsPerSecond > 0,
+                 "ringdist route model: ranks must be >= 1 and the link's rate > 0, got ", ranks,
+                 " and ", bitsPerSecond);
+  const RouteModel model = RouteModel::forLink(roundTripUs, bitsPerSecond);
+  std::map<std::string, std::string> out = {
+      {"route", routeName(model.best(ModelledOp::kAllreduce, ranks, bytes))}};
+  for (const auto& [route, us] : model.timesUs(ModelledOp::kAllreduce, ranks, bytes)) {
+    out[route + "_us"] = std::to_string(us);
+  }
+  return out;
+}
+
 std::map<std::string, OpStats> ProcessGroupRingdist::stats() const { return worker_->stats(); }
 
 void ProcessGroupRingdist::resetStats() { worker_->resetStats(); }

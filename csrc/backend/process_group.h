@@ -130,8 +130,14 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // at our position on every host}, each in ring order; empty for one flat ring.
   std::vector<std::vector<int>> allreduceRings() const;
   // The route an allreduce of `bytes` per rank (CPU memory) takes on this group, and the
-  // route model's predicted ring and direct times for it (csrc/collectives/route_model.h).
+  // route model's predicted time of each route it allows (csrc/collectives/route_model.h).
   std::map<std::string, std::string> allreduceRoute(size_t bytes) const;
+  // The route model's prediction for an allreduce of `bytes` over `ranks` hosts (one rank
+  // each) joined by links of `roundTripUs` and `bitsPerSecond`: "route", and "<route>_us"
+  // for each route allowed.
+  static std::map<std::string, std::string> modelAllreduce(int ranks, size_t bytes,
+                                                           uint32_t roundTripUs,
+                                                           double bitsPerSecond);
   // Bytes per pipelined segment. The setter applies between the operations
   // issued before and after it (every rank must call it at the same point).
   size_t segmentBytes() const;

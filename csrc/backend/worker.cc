@@ -422,13 +422,15 @@ std::vector<std::vector<int>> Worker::allreduceRings() const {
 
 std::map<std::string, std::string> Worker::allreduceRoute(size_t bytes) const {
   std::lock_guard<std::mutex> lock(optionsMutex_);
-  const RouteModel model = comm_->routeModel();
-  const int n = comm_->size();
-  return {{"route", ringdist::allreduceRoute(*comm_, bytes)},
-          {"round_trip_us", std::to_string(comm_->linkRoundTripUs())},
-          {"hosts", std::to_string(comm_->hostCount())},
-          {"ring_us", std::to_string(model.ringUs(ModelledOp::kAllreduce, n, bytes))},
-          {"direct_us", std::to_string(model.directUs(ModelledOp::kAllreduce, n, bytes))}};
+  std::map<std::string, std::string> out = {
+      {"route", ringdist::allreduceRoute(*comm_, bytes)},
+      {"round_trip_us", std::to_string(comm_->linkRoundTripUs())},
+      {"hosts", std::to_string(comm_->hostCount())}};
+  for (const auto& [route, us] :
+       comm_->routeModel().timesUs(ModelledOp::kAllreduce, comm_->size(), bytes)) {
+    out[route + "_us"] = std::to_string(us);
+  }
+  return out;
 }
 
 Worker::Counters Worker::counters() const {

@@ -169,7 +169,7 @@ void allgather(Communicator& comm, const void* input, void* const* outputs, size
   const size_t bytes = count * elementSize(dtype);
   RINGDIST_CHECK(gate == nullptr || input == outputs[comm.rank()],
                  "allgather: a staged input must be the rank's own output block");
-  const bool direct = count > 0 && comm.directExchange(ModelledOp::kAllgather, bytes);
+  const bool direct = count > 0 && comm.route(ModelledOp::kAllgather, bytes) == Route::kDirect;
   if (!direct && !comm.singleCopy(bytes)) {
     allgatherRing(comm, input, outputs, count, dtype, gate);
     return;

@@ -129,6 +129,81 @@ void directAllreduce(Communicator& comm, void* data, size_t count, DataType dtyp
       [&](int from) { return Communicator::Landing(chunk(from), chunkBytes(from)); });
 }
 
+// Recursive halving-doubling (Rabenseifner's allreduce), for groups of one rank per host whose
+// links are long and too many for the direct exchange (the route model, route_model.h). With P
+// the largest power of two <= N and R = N - P, the ranks below 2R first fold in pairs: each even
+// one sends its buffer to the odd one above it, which reduces it (lower rank first), and waits
+// for the result. The P ranks left, numbered v, then halve: in the round of distance d = P/2,
+// ..., 1 each keeps half of its range of the P blocks and exchanges the other half with v ^ d,
+// reducing what arrives into the half it keeps, until it holds block v reduced over all N ranks.
+// They double back in the opposite order, each sending its range and receiving its partner's
+// straight into the output, and the folded ranks get the whole result. Every block is reduced
+// once, by its owner, so every rank ends with the same bits. 2 log2(P) one-way trips (2 more
+// when R > 0) where the ring takes 2(N-1), and the same bytes on each link when R = 0. A
+// partner's header is checked before its bytes reach the output.
+void halvingDoublingAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
+                              ReduceOp op, const OpHeader& header) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  int p = 1;
+  while (p <= n / 2) p *= 2;
+  const int folded = n - p;
+  const bool inPair = rank < 2 * folded;
+  const int v = inPair ? rank / 2 : rank - folded;
+  auto rankOf = [folded](int virt) { return virt < folded ? 2 * virt + 1 : virt + folded; };
+  const size_t elem = elementSize(dtype);
+  const ReduceFn combine = reduceFunction(dtype, op);
+  const ChunkLayout blocks(count, p, comm.segmentBytes(), elem);
+  char* base = static_cast<char*>(data);
+  auto at = [&](int block) { return base + blocks.chunkOffset(static_cast<size_t>(block)) * elem; };
+  auto span = [&](int lo, int hi) { return static_cast<size_t>(at(hi) - at(lo)); };
+  // One round with `peer`: our bytes [out, out + outBytes) to it and its into `in` (reduced
+  // into what `in` holds, or copied); with `headers`, each side's header first.
+  auto round = [&](int peer, const char* out, size_t outBytes, char* in, size_t inBytes,
+                   bool headers, bool reduce) {
+    Channel& link = comm.channel(peer);
+    OpHeader theirs;
+    if (headers) link.postSend(&header, sizeof(OpHeader));
+    const uint64_t sent = link.postSend(out, outBytes);
+    if (headers) {
+      const uint64_t heard = link.postRecv(&theirs, sizeof(OpHeader));
+      comm.waitUntil([&] { return link.recvDone(heard); });
+      comm.checkHeader(header, theirs, peer);
+    }
+    const uint64_t got = reduce ? link.postRecvReduce(in, in, inBytes, elem, combine, peer < rank)
+                                : link.postRecv(in, inBytes);
+    comm.waitUntil([&] { return link.recvDone(got) && link.sendDone(sent); });
+  };
+  const size_t bytes = count * elem;
+  if (inPair && rank % 2 == 0) {  // folded: hand the buffer over, then take the result
+    round(rank + 1, base, bytes, base, 0, true, false);
+    round(rank + 1, base, 0, base, bytes, false, false);
+    return;
+  }
+  if (inPair) round(rank - 1, base, 0, base, bytes, true, true);
+  int lo = 0;
+  int hi = p;
+  for (int d = p / 2; d >= 1; d /= 2) {  // halving
+    const int half = (hi - lo) / 2;
+    const bool lower = (v & d) == 0;
+    const int keep = lower ? lo : lo + half;
+    const int give = lower ? lo + half : lo;
+    round(rankOf(v ^ d), at(give), span(give, give + half), at(keep), span(keep, keep + half),
+          true, true);
+    lo = keep;
+    hi = keep + half;
+  }
+  if (op == ReduceOp::kAvg) divideInPlace(at(v), blocks.chunkLength(static_cast<size_t>(v)), dtype, n);
+  for (int d = 1; d < p; d *= 2) {  // doubling
+    const int width = hi - lo;
+    const int other = (v & d) == 0 ? hi : lo - width;
+    round(rankOf(v ^ d), at(lo), span(lo, hi), at(other), span(other, other + width), false, false);
+    lo = std::min(lo, other);
+    hi = lo + 2 * width;
+  }
+  if (inPair) round(rank - 1, base, bytes, base, 0, false, false);
+}
+
 // How one run of ring steps meets the operation's StageGate: `needs`: its
 // step-0 sends and reduce-scatter receives are the operation's first reads
 // of the input; `produces`: its final segments are results; `offset`: where
@@ -352,9 +427,13 @@ AllreduceVariant linkVariant(const Communicator& comm, size_t bytes) {
   }
   if (small) return kOneShotAllreduce;
   if (comm.hierarchical()) return kHierarchicalAllreduce;
-  // The route model weighs the ring's 2(N-1) trips against the direct exchange's two.
-  if (comm.directExchange(ModelledOp::kAllreduce, bytes)) return kDirectAllreduce;
-  return kRingAllreduce;
+  // The route model weighs the ring's 2(N-1) trips against the direct exchange's two and
+  // halving-doubling's 2 log2(N).
+  switch (comm.route(ModelledOp::kAllreduce, bytes)) {
+    case Route::kDirect: return kDirectAllreduce;
+    case Route::kHalvingDoubling: return kHalvingDoublingAllreduce;
+    default: return kRingAllreduce;
+  }
 }
 
 bool onBoard(const Communicator& comm, size_t bytes) {
@@ -384,6 +463,8 @@ void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
     oneShotAllreduce(comm, data, count, dtype, op, header);
   } else if (header.variant == kDirectAllreduce && count > 0) {
     directAllreduce(comm, data, count, dtype, op, header);
+  } else if (header.variant == kHalvingDoublingAllreduce && count > 0) {
+    halvingDoublingAllreduce(comm, data, count, dtype, op, header);
   } else {
     comm.exchangeRingHeaders(header);
     if (n > 1 && count > 0) {  // AVG over one rank divides by one
@@ -406,6 +487,7 @@ const char* allreduceRoute(const Communicator& comm, size_t bytes) {
     case kOneShotAllreduce: return comm.size() == 2 ? "pair" : "one round";
     case kHierarchicalAllreduce: return "two-level";
     case kDirectAllreduce: return "direct";
+    case kHalvingDoublingAllreduce: return "halving-doubling";
     default: return "ring";
   }
 }

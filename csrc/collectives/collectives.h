@@ -27,6 +27,7 @@ enum AllreduceVariant : uint8_t {
   kSingleCopyAllreduce = 4,   // one host: copies straight between the ranks' buffers
   kSameGpuAllreduce = 5,      // ranks sharing one GPU: one fused kernel (gpu/same_gpu.h)
   kDirectAllreduce = 6,       // one rank per host, long links: every peer at once (route_model.h)
+  kHalvingDoublingAllreduce = 7,  // one rank per host, long links, many hosts (route_model.h)
 };
 
 // Broadcast, allgather and reduce-scatter: how the bytes travel; in OpHeader::variant.

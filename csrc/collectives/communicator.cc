@@ -36,6 +36,18 @@ void Communicator::setOptions(const CollectiveOptions& options) {
   setUpHierarchy();
 }
 
+Route Communicator::route(ModelledOp op, size_t bytes) const {
+  if (hostCount_ != size_) return Route::kRing;
+  Route forced = Route::kRing;
+  switch (options_.route) {
+    case RouteMode::kAuto: return routeModel().best(op, size_, bytes);
+    case RouteMode::kDirect: forced = Route::kDirect; break;
+    case RouteMode::kHalvingDoubling: forced = Route::kHalvingDoubling; break;
+    default: break;
+  }
+  return RouteModel::allowed(forced, op, size_) ? forced : Route::kRing;
+}
+
 void Communicator::setUpHierarchy() {
   const std::vector<int>& hostOf = hostOf_;
   hierarchical_ = false;

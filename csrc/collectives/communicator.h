@@ -90,16 +90,10 @@ class Communicator {
   void setLinkRoundTrip(uint32_t roundTripUs) { linkRoundTripUs_ = roundTripUs; }
   // The model the collectives pick their route by across hosts, from that round trip.
   RouteModel routeModel() const { return RouteModel::forRoundTrip(linkRoundTripUs_); }
-  // Whether `op` of `bytes` (route_model.h) takes the direct exchange: one rank per host, and
-  // the model says so (or the setting, RINGDIST_DIRECT_EXCHANGE). The same answer on every
+  // The route `op` of `bytes` (route_model.h) takes: with one rank per host, the model's (or
+  // the setting's, RINGDIST_ROUTE, where allowed); else the ring. The same answer on every
   // rank: the model's inputs are agreed, the setting must be.
-  bool directExchange(ModelledOp op, size_t bytes) const {
-    switch (options_.directExchange) {
-      case DirectExchangeMode::kOff: return false;
-      case DirectExchangeMode::kOn: return hostCount_ == size_ && RouteModel::directAllowed(size_);
-      default: return hostCount_ == size_ && routeModel().directWins(op, size_, bytes);
-    }
-  }
+  Route route(ModelledOp op, size_t bytes) const;
 
   // Starts an operation: names it in errors and arms its deadline.
   // `now`: the caller's clock reading, when it has one (one read per op).

@@ -204,7 +204,7 @@ void reduceScatter(Communicator& comm, const void* const* inputs, void* output, 
     whole([&] { reduceScatterSingleCopy(comm, inputs, output, count, dtype, op); });
     return;
   }
-  if (count > 0 && comm.directExchange(ModelledOp::kReduceScatter, bytes)) {
+  if (count > 0 && comm.route(ModelledOp::kReduceScatter, bytes) == Route::kDirect) {
     reduceFunction(dtype, op);  // reject unsupported pairs before anything is sent
     whole([&] { reduceScatterDirect(comm, inputs, output, count, dtype, op); });
     return;

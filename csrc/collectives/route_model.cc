@@ -4,40 +4,92 @@
 
 namespace ringdist {
 
-RouteModel RouteModel::forRoundTrip(uint32_t roundTripUs) {
+const char* routeName(Route route) {
+  switch (route) {
+    case Route::kDirect: return "direct";
+    case Route::kHalvingDoubling: return "halving-doubling";
+    default: return "ring";
+  }
+}
+
+RouteModel RouteModel::forLink(uint32_t roundTripUs, double bitsPerSecond) {
   RouteModel m;
   m.alphaUs = roundTripUs / 2.0;
-  m.betaUsPerByte = 8 / (kRingFillBitsPerSecond / 1e6);
+  m.betaUsPerByte = 8 / (bitsPerSecond / 1e6);
   m.rhoUsPerByte = 1 / kReduceBytesPerUs;
   return m;
 }
 
+RouteModel RouteModel::forRoundTrip(uint32_t roundTripUs) {
+  return forLink(roundTripUs, kRingFillBitsPerSecond);
+}
+
+bool RouteModel::allowed(Route route, ModelledOp op, int n) {
+  switch (route) {
+    case Route::kDirect: return n >= 3 && n <= kMaxDirectRanks;
+    case Route::kHalvingDoubling: return n >= 3 && op == ModelledOp::kAllreduce;
+    default: return true;
+  }
+}
+
 namespace {
 
-// Bytes over each rank's link each way, the same for both routes.
-double linkBytes(ModelledOp op, int n, size_t bytes) {
-  const double s = static_cast<double>(bytes);
-  return op == ModelledOp::kAllreduce ? 2.0 * (n - 1) / n * s : (n - 1.0) * s;
+int powerOfTwoBelow(int n) {  // the largest power of two <= n
+  int p = 1;
+  while (p <= n / 2) p *= 2;
+  return p;
+}
+
+int log2Of(int p) {
+  int k = 0;
+  while ((1 << k) < p) ++k;
+  return k;
 }
 
 }  // namespace
 
-double RouteModel::ringUs(ModelledOp op, int n, size_t bytes) const {
-  const int trips = op == ModelledOp::kAllreduce ? 2 * (n - 1) : n - 1;
-  return trips * alphaUs + linkBytes(op, n, bytes) * betaUsPerByte;
-}
-
-double RouteModel::directUs(ModelledOp op, int n, size_t bytes) const {
+double RouteModel::timeUs(Route route, ModelledOp op, int n, size_t bytes) const {
   const double s = static_cast<double>(bytes);
-  const double reduced = op == ModelledOp::kAllreduce     ? (n - 1.0) / n * s
-                         : op == ModelledOp::kReduceScatter ? (n - 1.0) * s
-                                                            : 0.0;
-  const int trips = op == ModelledOp::kAllreduce ? 2 : 1;
-  return trips * alphaUs + linkBytes(op, n, bytes) * betaUsPerByte + reduced * rhoUsPerByte;
+  const bool allreduce = op == ModelledOp::kAllreduce;
+  // Bytes over each rank's link each way, the same for the ring and the direct exchange.
+  const double linkBytes = allreduce ? 2.0 * (n - 1) / n * s : (n - 1.0) * s;
+  switch (route) {
+    case Route::kDirect: {
+      const double reduced = allreduce                              ? (n - 1.0) / n * s
+                             : op == ModelledOp::kReduceScatter ? (n - 1.0) * s
+                                                                : 0.0;
+      return (allreduce ? 2 : 1) * alphaUs + linkBytes * betaUsPerByte + reduced * rhoUsPerByte;
+    }
+    case Route::kHalvingDoubling: {
+      const int p = powerOfTwoBelow(n);
+      const double folded = p < n ? 2 * alphaUs + 2 * s * betaUsPerByte : 0.0;
+      return 2 * log2Of(p) * alphaUs + 2.0 * (p - 1) / p * s * betaUsPerByte + folded;
+    }
+    default: return (allreduce ? 2 * (n - 1) : n - 1) * alphaUs + linkBytes * betaUsPerByte;
+  }
 }
 
-bool RouteModel::directWins(ModelledOp op, int n, size_t bytes) const {
-  return directAllowed(n) && directUs(op, n, bytes) <= kDirectGain * ringUs(op, n, bytes);
+Route RouteModel::best(ModelledOp op, int n, size_t bytes) const {
+  const double limit = kRouteGain * timeUs(Route::kRing, op, n, bytes);
+  Route chosen = Route::kRing;
+  double fastest = 0;
+  for (Route route : {Route::kDirect, Route::kHalvingDoubling}) {  // ties: the earlier
+    if (!allowed(route, op, n)) continue;
+    const double t = timeUs(route, op, n, bytes);
+    if (t <= limit && (chosen == Route::kRing || t < fastest)) {
+      chosen = route;
+      fastest = t;
+    }
+  }
+  return chosen;
+}
+
+std::map<std::string, double> RouteModel::timesUs(ModelledOp op, int n, size_t bytes) const {
+  std::map<std::string, double> out;
+  for (Route route : {Route::kRing, Route::kDirect, Route::kHalvingDoubling}) {
+    if (allowed(route, op, n)) out[routeName(route)] = timeUs(route, op, n, bytes);
+  }
+  return out;
 }
 
 }  // namespace ringdist

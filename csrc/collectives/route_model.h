@@ -1,56 +1,67 @@
 #pragma once
 
-// The alpha-beta model (glossary: route model) from which a collective across hosts picks
-// between its ring and the direct exchange. Its inputs are the same on every rank (the group's
-// agreed round trip and constants), so every rank picks the same route.
+// The alpha-beta model (glossary: route model) from which a collective across hosts picks its
+// route: the ring, the direct exchange or recursive halving-doubling. Its inputs are the same on
+// every rank (the group's agreed round trip and constants), so every rank picks the same route.
 //
 //   alpha  one-way latency of the group's longest link: half the round trip agreed at connect
-//   beta   time per byte of a host's link: kRingFillBitsPerSecond, the fastest link the rings
-//          fill; a slower link adds the same bandwidth term to both routes
+//   beta   time per byte of a host's link: kRingFillBitsPerSecond (the fastest link the rings
+//          fill) unless told the link's rate; a slower link adds the same bandwidth term to the
+//          ring and the direct exchange
 //   rho    time per byte of reducing on one core (kReduceBytesPerUs)
 //
-// With N ranks, one per host, and S the allreduce's buffer (b = one rank's block for
-// allgather and reduce-scatter), each route moves the same bytes over each host's link:
+// With N ranks, one per host, S the allreduce's buffer (b = one rank's block for allgather and
+// reduce-scatter), P the largest power of two <= N and R = N - P:
 //
-//   allreduce       ring 2(N-1) alpha               direct 2 alpha + reducing (N-1)/N S
-//   allgather       ring (N-1) alpha                direct alpha
-//   reduce-scatter  ring (N-1) alpha                direct alpha + reducing (N-1) b
+//   allreduce       ring     2(N-1) alpha + 2(N-1)/N S beta
+//                   direct   2 alpha      + 2(N-1)/N S beta + reducing (N-1)/N S
+//                   halving  2 log2(P) alpha + 2(P-1)/P S beta, and with R > 0
+//                            2 alpha + 2 S beta more (the pairs that fold N onto P ranks)
+//   allgather       ring (N-1) alpha        direct alpha               (+ (N-1) b beta each)
+//   reduce-scatter  ring (N-1) alpha        direct alpha + reducing (N-1) b
 //
-// (the rings overlap their reductions with the transfers; the direct exchange reduces once
-// every share arrived). The direct exchange is taken where it is predicted at most
-// kDirectGain of the ring's time.
+// (the ring and halving-doubling overlap their reductions with the transfers; the direct
+// exchange reduces once every share arrived). A route other than the ring is taken where it is
+// predicted at most kRouteGain of the ring's time, the fastest such.
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
 
 namespace ringdist {
 
 // Reducing float32 on one core of a loaded 2-core machine: 0.9-2.6 GB/s measured (the slower
 // end, so the model errs towards the ring).
 constexpr double kReduceBytesPerUs = 1000;
-// The direct exchange's predicted time at most this fraction of the ring's.
-constexpr double kDirectGain = 0.8;
-// Up to this many ranks: beyond, each peer's share is small and N-1 flows share each host's
-// link at once (recursive halving-doubling is the route that scales; not built yet).
+// A route other than the ring: its predicted time at most this fraction of the ring's.
+constexpr double kRouteGain = 0.8;
+// The direct exchange up to this many ranks: beyond, each peer's share is small and N-1 flows
+// share each host's link at once; halving-doubling is the route that scales.
 constexpr int kMaxDirectRanks = 16;
 
 enum class ModelledOp { kAllreduce, kAllgather, kReduceScatter };
+enum class Route : uint8_t { kRing, kDirect, kHalvingDoubling };
+const char* routeName(Route route);
 
 struct RouteModel {
   double alphaUs = 0;  // one-way latency
   double betaUsPerByte = 0;
   double rhoUsPerByte = 0;
 
-  // The model of a group whose longest link has this round trip.
-  static RouteModel forRoundTrip(uint32_t roundTripUs);
-  // Predicted times (us) of `op` over n ranks, one per host; `bytes`: the allreduce's buffer,
-  // or one rank's block.
-  double ringUs(ModelledOp op, int n, size_t bytes) const;
-  double directUs(ModelledOp op, int n, size_t bytes) const;
-  // Whether a group of n ranks, one per host, may take the direct exchange at all.
-  static bool directAllowed(int n) { return n >= 3 && n <= kMaxDirectRanks; }
-  // Whether the direct exchange is the route for it.
-  bool directWins(ModelledOp op, int n, size_t bytes) const;
+  // The model of a group whose longest link has this round trip; links of `bitsPerSecond`.
+  static RouteModel forLink(uint32_t roundTripUs, double bitsPerSecond);
+  static RouteModel forRoundTrip(uint32_t roundTripUs);  // links taken as kRingFillBitsPerSecond
+  // Whether a group of n ranks, one per host, may take `route` for `op` at all.
+  static bool allowed(Route route, ModelledOp op, int n);
+  // Predicted time (us) of `op` over n ranks, one per host, by `route` (an allowed one);
+  // `bytes`: the allreduce's buffer, or one rank's block.
+  double timeUs(Route route, ModelledOp op, int n, size_t bytes) const;
+  // The route for it: the fastest allowed one predicted at most kRouteGain of the ring's time,
+  // else the ring.
+  Route best(ModelledOp op, int n, size_t bytes) const;
+  // Every allowed route's predicted time (us), by routeName.
+  std::map<std::string, double> timesUs(ModelledOp op, int n, size_t bytes) const;
 };
 
 }  // namespace ringdist

@@ -34,10 +34,10 @@ const char* singleCopyModeName(SingleCopyMode mode);
 // The inverse of singleCopyModeName ("auto", "1", "0"); false for any other name.
 bool singleCopyModeFromName(const std::string& name, SingleCopyMode* out);
 
-// Whether collectives of a group with one rank per host may take the direct exchange
-// (RINGDIST_DIRECT_EXCHANGE; every rank must agree): by the route model
-// (collectives/route_model.h), wherever the group allows it, or never.
-enum class DirectExchangeMode : uint8_t { kAuto, kOn, kOff };
+// The route collectives of a group with one rank per host take (RINGDIST_ROUTE; every rank
+// must agree): the route model's (collectives/route_model.h), or one forced wherever the group
+// and the operation allow it (else the ring).
+enum class RouteMode : uint8_t { kAuto, kRing, kDirect, kHalvingDoubling };
 
 // The connect-time copy probe (kAuto): every rank of a host times a kernel
 // copy (process_vm_readv) of this many bytes from a peer's memory against
@@ -216,7 +216,7 @@ struct CollectiveOptions {
   size_t segmentBytes = kDefaultSegmentBytes;  // ranks must agree (checked per op)
   size_t smallAllreduceBytes = kDefaultSmallAllreduceBytes;  // 3+ ranks
   size_t pairAllreduceBytes = kDefaultPairAllreduceBytes;    // 2 ranks
-  DirectExchangeMode directExchange = DirectExchangeMode::kAuto;
+  RouteMode route = RouteMode::kAuto;
   // Whether an allreduce of `bytes` among `ranks` takes the one-round path.
   bool oneRoundAllreduce(size_t bytes, int ranks) const {
     return bytes <= (ranks == 2 ? pairAllreduceBytes : smallAllreduceBytes);

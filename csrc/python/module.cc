@@ -48,8 +48,9 @@ PYBIND11_MODULE(_C, m) {
                              "or [] when large allreduces take one flat ring")
       .def("allreduce_route", &ringdist::ProcessGroupRingdist::allreduceRoute, py::arg("bytes"),
            "The route an allreduce of that many bytes per rank (CPU memory) takes on this "
-           "group, with the route model's inputs and predicted times (us) for the ring and "
-           "the direct exchange: route, round_trip_us, hosts, ring_us, direct_us")
+           "group, with the route model's inputs and predicted time (us) of each route it "
+           "allows: route, round_trip_us, hosts, ring_us, and direct_us and "
+           "halving-doubling_us where allowed")
       .def("allreduce_compressed", &ringdist::ProcessGroupRingdist::allreduceCompressed,
            py::arg("tensor"), py::arg("codec"), py::arg("average") = false,
            py::arg("timeout") = std::chrono::milliseconds(0),
@@ -118,6 +119,12 @@ PYBIND11_MODULE(_C, m) {
         "Shut down every live ringdist group (registered with atexit by torch_ringdist); "
         "wait_for_peers=False aborts them instead");
   m.def("reduce_kernel_family", &ringdist::kernelFamily);
+  m.def("allreduce_route_model", &ringdist::ProcessGroupRingdist::modelAllreduce,
+        py::arg("ranks"), py::arg("bytes"), py::arg("round_trip_us"),
+        py::arg("link_bits_per_s") = 10e9,
+        "The route model's prediction for an allreduce of `bytes` over `ranks` hosts, one rank "
+        "each: route, and the predicted time (us) of each route allowed (ring_us, direct_us, "
+        "halving-doubling_us)");
 #if RINGDIST_TESTING
   ringdist::defineTestingModule(m);  // test builds only (TORCH_RINGDIST_TESTING)
 #endif

@@ -1,0 +1,315 @@
+"""The routes across hosts and the route model (issue 44, item 3).
+
+A group of one rank per host whose links are long leaves the ring where the route model predicts
+another route faster. The direct exchange: every rank talks to every peer at once; allreduce is a
+reduce-scatter and an allgather of one round each (2 one-way trips where the ring takes 2(N-1)),
+allgather and reduce-scatter one round (1 trip where the ring takes N-1). Recursive
+halving-doubling (allreduce): 2 log2(P) trips, P the largest power of two <= N, and 2 more when
+N is not one. The route model (csrc/collectives/route_model.h) decides from the group's agreed
+round trip, so every rank picks alike.
+
+Here: the model's predictions against its closed forms (float64 here, from the constants), the
+route each size takes with and without long links and by the setting, and results of
+allreduce, allgather and reduce-scatter against closed forms on 3-8 emulated hosts with a 100 ms
+round trip (RINGDIST_TEST_ROUND_TRIP_US, test builds only), also when only one rank reports it.
+The bytes an op sent tell its route: each direct exchange sends its 40-byte header to every peer,
+a ring to its neighbours only, halving-doubling to its partner of each halving round. (Their
+speed on long links: benchmarks/wan_allreduce.py.)
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness.closed_forms import expected, require_test_build, values
+from harness.spawned import RINGDIST_ONLY
+
+pytestmark = [RINGDIST_ONLY]
+
+# The model's constants (csrc/collectives/route_model.h, csrc/common/options.h).
+LINK_BITS_PER_S = 10e9       # kRingFillBitsPerSecond
+REDUCE_BYTES_PER_US = 1000   # kReduceBytesPerUs
+ROUTE_GAIN = 0.8             # kRouteGain
+MAX_DIRECT_RANKS = 16        # kMaxDirectRanks
+
+SIZES = [1 << 10, 64 << 10, (64 << 10) + 4, 256 << 10, 1 << 20, 16 << 20, 256 << 20]
+
+
+def _model(n, size, rtt_us, bits_per_s=LINK_BITS_PER_S):
+    """Each allowed route's predicted allreduce time (us), in the order the model breaks ties."""
+    alpha, beta = rtt_us / 2, 8 / (bits_per_s / 1e6)
+    wire = 2 * (n - 1) / n * size * beta
+    out = {"ring": 2 * (n - 1) * alpha + wire}
+    if 3 <= n <= MAX_DIRECT_RANKS:
+        out["direct"] = 2 * alpha + wire + (n - 1) / n * size / REDUCE_BYTES_PER_US
+    if n >= 3:
+        p = 2 ** int(math.log2(n))
+        fold = 2 * alpha + 2 * size * beta if p < n else 0
+        out["halving-doubling"] = 2 * math.log2(p) * alpha + 2 * (p - 1) / p * size * beta + fold
+    return out
+
+
+def _best(times):
+    others = [(t, i, r) for i, (r, t) in enumerate(times.items())
+              if r != "ring" and t <= ROUTE_GAIN * times["ring"]]
+    return min(others)[2] if others else "ring"
+
+
+def _expected_route(n, size, rtt_us, one_round_bytes):
+    return "one round" if size <= one_round_bytes else _best(_model(n, size, rtt_us))
+
+
+def _backend(group=None):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    return pg._get_backend(torch.device("cpu"))
+
+
+def _routes(rank, ws, report_us, setting="auto"):
+    # 0: the round trip measured (loopback), not a reported one.
+    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank] if report_us else 0)
+    os.environ["RINGDIST_ROUTE"] = setting  # read when the group is made
+    try:
+        group = dist.new_group(backend="ringdist")
+    finally:
+        os.environ["RINGDIST_ROUTE"] = "auto"
+    out = {size: _backend(group).allreduce_route(size) for size in SIZES}
+    dist.destroy_process_group(group)
+    return out
+
+
+def _hosts(ws):
+    """One emulated host per rank; no one-round path, so every count above zero takes a route
+    across hosts (one world per size serves every test here)."""
+    return {"RINGDIST_HOST_ID": ",".join(f"h{r}" for r in range(ws)),
+            "RINGDIST_TRANSPORT": "tcp", "RINGDIST_SMALL_ALLREDUCE_BYTES": "0"}
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("ws", [3, 4, 5])
+def test_route_model_predictions_and_choice(world_factory, ws):
+    require_test_build()
+    for routes in world_factory(ws, env=_hosts(ws)).run(_routes, [100_000] * ws):
+        for size, got in routes.items():
+            want = _model(ws, size, 100_000)
+            assert int(got["round_trip_us"]) == 100_000 and int(got["hosts"]) == ws
+            assert {k[:-3] for k in got if k.endswith("_us") and k != "round_trip_us"} == set(want)
+            for route, us in want.items():
+                assert float(got[route + "_us"]) == pytest.approx(us, rel=1e-9), (size, route)
+            assert got["route"] == _expected_route(ws, size, 100_000, 0), (size, got)
+        # At 100 ms the direct exchange wins from the smallest sizes to beyond 16 MiB.
+        assert routes[256 << 10]["route"] == routes[16 << 20]["route"] == "direct"
+
+
+@pytest.mark.quick
+def test_route_model_for_many_hosts():
+    """The model as the docs' predictions use it (torch_ringdist._C.allreduce_route_model): its
+    times against the closed forms and its choice from 2 to 1,024 hosts, at a 100 ms and a 1 ms
+    round trip and 1 and 10 Gbit/s links."""
+    from torch_ringdist import _C
+
+    seen = set()
+    for n in [2, 3, 4, 8, 16, 17, 64, 100, 1024]:
+        for rtt_us in [1_000, 100_000]:
+            for bits in [1e9, 10e9]:
+                for size in [4 << 10, 1 << 20, 64 << 20, 1 << 30]:
+                    got = _C.allreduce_route_model(n, size, rtt_us, bits)
+                    want = _model(n, size, rtt_us, bits)
+                    assert {k[:-3] for k in got if k.endswith("_us")} == set(want), (n, got)
+                    for route, us in want.items():
+                        assert float(got[route + "_us"]) == pytest.approx(us, rel=1e-9)
+                    assert got["route"] == _best(want), (n, rtt_us, bits, size, got)
+                    seen.add((n > MAX_DIRECT_RANKS, got["route"]))
+    # Beyond the direct exchange's limit, halving-doubling takes over from the ring where
+    # trips dominate; within it the direct exchange does.
+    assert {(True, "halving-doubling"), (False, "direct"), (True, "ring")} <= seen, seen
+    with pytest.raises(RuntimeError, match="ranks must be >= 1"):
+        _C.allreduce_route_model(0, 1, 1, 1e9)
+
+
+def test_short_links_keep_the_ring(world_factory):
+    # Loopback TCP between emulated hosts: tens of microseconds, the ring stays from 64 KiB on
+    # (a LAN's figures unchanged).
+    for routes in world_factory(4, env=_hosts(4)).run(_routes, None):
+        assert int(routes[1 << 20]["round_trip_us"]) < 2000
+        assert [routes[s]["route"] for s in SIZES[1:]] == ["ring"] * 6, routes
+
+
+def test_the_setting_overrides_the_model(world_factory):
+    world = world_factory(4, env=_hosts(4))
+    for routes in world.run(_routes, [100_000] * 4, "ring"):  # long links, never
+        assert {r["route"] for r in routes.values()} == {"ring"}, routes
+    for setting in ["direct", "halving-doubling"]:  # loopback, always
+        for routes in world.run(_routes, None, setting):
+            assert {r["route"] for r in routes.values()} == {setting}, routes
+
+
+def test_one_host_and_two_ranks_keep_the_ring(world_factory):
+    # Shared memory on one host, and two hosts (the ring is already two trips there), also
+    # when a route is forced.
+    across = {"direct", "halving-doubling"}
+    for routes in world_factory(3).run(_routes, [100_000] * 3, "halving-doubling"):
+        assert not {r["route"] for r in routes.values()} & across, routes
+    world = world_factory(2, env=_hosts(2))
+    for setting in ["auto", "direct", "halving-doubling"]:
+        for routes in world.run(_routes, [100_000] * 2, setting):
+            assert routes[256 << 20]["route"] == "ring", (setting, routes)
+            assert not {r["route"] for r in routes.values()} & across, (setting, routes)
+
+
+DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]
+# Elements: fewer than the ranks (empty chunks), odd, not divisible by any N, large.
+COUNTS = [1, 3, 1001, 65_537, 300_007]
+
+
+HEADER_BYTES = 40  # sizeof(OpHeader)
+
+
+def _sent(group, name):
+    return _backend(group).stats().get(name, {}).get("bytes_sent", 0)
+
+
+def _direct_sent(rank, ws, count, itemsize):
+    """Bytes a rank's direct-exchange allreduce sends: 2(N-1)/N of the buffer (by chunks) and a
+    header to each of N-1 peers."""
+    chunks = [count // ws + (r < count % ws) for r in range(ws)]
+    return (sum(chunks) - chunks[rank] + (ws - 1) * chunks[rank]) * itemsize + (ws - 1) * HEADER_BYTES
+
+
+def _halving_sent(rank, ws, count, itemsize):
+    """Bytes a rank's halving-doubling allreduce sends, from the ranges each round holds: P
+    blocks as the ring cuts a buffer into P chunks; a header to each partner it receives from."""
+    p = 2 ** int(math.log2(ws))
+    folded = ws - p
+    edge = [b * (count // p) + min(b, count % p) for b in range(p + 1)]
+    size = lambda lo, hi: (edge[hi] - edge[lo]) * itemsize  # noqa: E731
+    if rank < 2 * folded and rank % 2 == 0:
+        return HEADER_BYTES + count * itemsize  # hands its buffer over
+    v = rank // 2 if rank < 2 * folded else rank - folded
+    sent = HEADER_BYTES + count * itemsize if rank < 2 * folded else 0  # header in, result out
+    lo, hi = 0, p
+    for d in [p >> k for k in range(1, int(math.log2(p)) + 1)]:  # halving: the other half out
+        half = (hi - lo) // 2
+        keep, give = (lo, lo + half) if v & d == 0 else (lo + half, lo)
+        sent += HEADER_BYTES + size(give, give + half)
+        lo, hi = keep, keep + half
+    for d in [1 << k for k in range(int(math.log2(p)))]:  # doubling: what it holds out
+        sent += size(lo, hi)
+        width = hi - lo
+        lo = min(lo, hi if v & d == 0 else lo - width)
+        hi = lo + 2 * width
+    return sent
+
+
+SENT = {"direct": _direct_sent, "halving-doubling": _halving_sent}
+
+
+def _allreduces(rank, ws, report_us, ops, setting="auto"):
+    """Every dtype x count x op; returns the mismatches and the routes taken (and "sent
+    unlike <route>" where the bytes sent did not match it)."""
+    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
+    os.environ["RINGDIST_ROUTE"] = setting
+    try:
+        group = dist.new_group(backend="ringdist")
+    finally:
+        os.environ["RINGDIST_ROUTE"] = "auto"
+    backend = _backend(group)
+    wrong, routes = [], set()
+    for dtype in DTYPES:
+        for count in COUNTS:
+            route = backend.allreduce_route(count * dtype.itemsize)["route"]
+            routes.add(route)
+            for op in ops:
+                if op == "avg" and not dtype.is_floating_point:
+                    continue
+                t = values(rank, count, dtype)
+                before = _sent(group, "allreduce")
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()), group=group)
+                sent = _sent(group, "allreduce") - before
+                if route in SENT and sent != SENT[route](rank, ws, count, dtype.itemsize):
+                    routes.add(f"sent unlike {route}")
+                tol = 0.05 if dtype == torch.bfloat16 and op == "avg" else 0
+                if not torch.allclose(t.to(torch.float64), expected(ws, count, op), rtol=tol,
+                                      atol=0):
+                    wrong.append((str(dtype), count, op))
+    dist.destroy_process_group(group)
+    return wrong, routes
+
+
+def _gathers_and_scatters(rank, ws, report_us):
+    """all_gather_into_tensor and reduce_scatter_tensor of every dtype x count against closed
+    forms; returns the mismatches and, by (op, block bytes), what each call sent beyond its
+    payload (headers)."""
+    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
+    group = dist.new_group(backend="ringdist")
+    wrong, extra = [], {}
+    for dtype in DTYPES:
+        for count in COUNTS:
+            mine = values(rank, count, dtype)
+            out = torch.empty(ws * count, dtype=dtype)
+            before = _sent(group, "allgather")
+            dist.all_gather_into_tensor(out, mine, group=group)
+            extra["allgather", count * dtype.itemsize] = (
+                _sent(group, "allgather") - before - (ws - 1) * count * dtype.itemsize)
+            want = torch.cat([values(r, count, dtype) for r in range(ws)])
+            if not torch.equal(out, want):
+                wrong.append(("allgather", str(dtype), count))
+            full = torch.cat([values(rank + r, count, dtype) for r in range(ws)])
+            got = torch.empty(count, dtype=dtype)
+            before = _sent(group, "reduce_scatter")
+            dist.reduce_scatter_tensor(got, full, group=group)
+            extra["reduce_scatter", count * dtype.itemsize] = (
+                _sent(group, "reduce_scatter") - before - (ws - 1) * count * dtype.itemsize)
+            # Block b of rank r holds values(r + b): the sum over r of (i % 7 + r + b + 1).
+            total = (ws * (torch.arange(count, dtype=torch.int64) % 7)
+                     + sum(r + rank + 1 for r in range(ws)))
+            if not torch.equal(got.to(torch.float64), total.to(torch.float64)):
+                wrong.append(("reduce_scatter", str(dtype), count))
+    dist.destroy_process_group(group)
+    return wrong, extra
+
+
+@pytest.mark.parametrize("ws, reporting", [(3, "all"), (4, "all"), (5, "all"), (4, "one")])
+def test_allreduce_over_the_direct_exchange(world_factory, ws, reporting):
+    require_test_build()
+    # "one": only the last rank reports the long round trip; the group must still agree.
+    report = [100_000] * ws if reporting == "all" else [0] * (ws - 1) + [100_000]
+    ops = ["sum", "avg", "max"] if reporting == "all" else ["sum"]
+    for wrong, routes in world_factory(ws, env=_hosts(ws)).run(_allreduces, report, ops,
+                                                               timeout=180):
+        assert wrong == []
+        assert routes == {"direct"}, routes
+
+
+# 3, 5, 6: N folds onto P = 2, 4, 4 ranks (1, 1, 2 pairs); 8: a power of two.
+@pytest.mark.parametrize("ws", [3, 5, 6, 8])
+def test_allreduce_by_halving_doubling(world_factory, ws):
+    require_test_build()
+    for wrong, routes in world_factory(ws, env=_hosts(ws)).run(
+            _allreduces, [0] * ws, ["sum", "avg", "max"], "halving-doubling", timeout=240):
+        assert wrong == []
+        assert routes == {"halving-doubling"}, routes
+
+
+@pytest.mark.parametrize("ws", [3, 4])
+def test_allgather_and_reduce_scatter_over_the_direct_exchange(world_factory, ws):
+    require_test_build()
+    for wrong, extra in world_factory(ws, env=_hosts(ws)).run(_gathers_and_scatters,
+                                                              [100_000] * ws, timeout=180):
+        assert wrong == []
+        # A header to every peer and nothing more: the direct exchange (at N=3 a ring's two
+        # headers weigh the same; N=4 tells them apart).
+        assert set(extra.values()) == {(ws - 1) * HEADER_BYTES}, extra
+
+
+def test_allgather_and_reduce_scatter_keep_the_ring_on_short_links(world_factory):
+    for wrong, extra in world_factory(4, env=_hosts(4)).run(_gathers_and_scatters, [0] * 4,
+                                                            timeout=180):
+        assert wrong == []
+        # From 64 KiB a block takes the ring: headers to its two neighbours. (Smaller blocks
+        # may take the direct exchange even on loopback: a few microseconds per trip.)
+        large = {k: v for k, v in extra.items() if k[1] >= 64 << 10}
+        assert large and set(large.values()) == {2 * HEADER_BYTES}, extra
