@@ -1,5 +1,5 @@
 """Inputs whose reductions have closed forms, for the collective tests that run with a reported
-round trip (test_ring_in_flight, test_direct_exchange), and the test-build check they share."""
+round trip (test_ring_in_flight, test_cross_host_routes), and the test-build check they share."""
 import pytest
 import torch
 
