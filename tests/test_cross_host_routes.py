@@ -18,8 +18,12 @@ speed on long links: benchmarks/wan_allreduce.py.)
 """
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
+import sys
+import time
 
 import pytest
 import torch
@@ -30,11 +34,15 @@ from harness.spawned import RINGDIST_ONLY
 
 pytestmark = [RINGDIST_ONLY]
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 # The model's constants (csrc/collectives/route_model.h, csrc/common/options.h).
 LINK_BITS_PER_S = 10e9       # kRingFillBitsPerSecond
 REDUCE_BYTES_PER_US = 1000   # kReduceBytesPerUs
 ROUTE_GAIN = 0.8             # kRouteGain
 MAX_DIRECT_RANKS = 16        # kMaxDirectRanks
+RATE_SAMPLE_BYTES = 1 << 20  # kRateSampleBytes
+RATE_AGREE_EVERY = 32        # kRateAgreeEvery
 
 SIZES = [1 << 10, 64 << 10, (64 << 10) + 4, 256 << 10, 1 << 20, 16 << 20, 256 << 20]
 
@@ -313,3 +321,89 @@ def test_allgather_and_reduce_scatter_keep_the_ring_on_short_links(world_factory
         # may take the direct exchange even on loopback: a few microseconds per trip.)
         large = {k: v for k, v in extra.items() if k[1] >= 64 << 10}
         assert large and set(large.values()) == {2 * HEADER_BYTES}, extra
+
+
+def _rate_rounds(rank, ws):
+    """2 * kRateAgreeEvery sampled allreduces (1 MiB, ring on loopback) and one below the sample
+    size; per call its time here, and the agreed rate before each round."""
+    backend = _backend()
+    rtt_us = int(backend.allreduce_route(RATE_SAMPLE_BYTES)["round_trip_us"])
+    agreed, seconds = [], []
+    small = torch.ones(RATE_SAMPLE_BYTES // 4 - 1)
+    for _ in range(2 * RATE_AGREE_EVERY):  # not sampled: they never agree
+        dist.all_reduce(small)
+    agreed.append(float(backend.allreduce_route(RATE_SAMPLE_BYTES)["link_bits_per_s"]))
+    t = torch.empty(RATE_SAMPLE_BYTES // 4)
+    wrong = 0
+    for call in range(2 * RATE_AGREE_EVERY):
+        t.fill_(rank + 1)
+        start = time.perf_counter()
+        dist.all_reduce(t)
+        seconds.append(time.perf_counter() - start)
+        wrong += int((t != ws * (ws + 1) / 2).sum())
+        agreed.append(float(backend.allreduce_route(RATE_SAMPLE_BYTES)["link_bits_per_s"]))
+    return {"rtt_us": rtt_us, "agreed": agreed, "seconds": seconds, "wrong": wrong}
+
+
+def test_the_group_agrees_on_the_rate_its_allreduces_measure(world_factory):
+    """Every kRateAgreeEvery-th sampled allreduce agrees first: the slowest rank's fastest
+    sample. Each rank's sample is the rate at which the model's ring time equals what the call
+    took inside the engine, at most what it took here, so the agreed rate is at least the
+    slowest rank's fastest rate computed from the times here."""
+    ws = 3
+    results = world_factory(ws, env=_hosts(ws)).run(_rate_rounds)
+    assert [r["wrong"] for r in results] == [0] * ws
+    agreed = [r["agreed"] for r in results]
+    assert all(a == agreed[0] for a in agreed), agreed  # every rank, after every call
+    rounds = agreed[0]
+    # None before the first 32 sampled calls (the 64 smaller ones do not count); set by the
+    # 32nd's agreement, and again by the 64th's.
+    assert rounds[:RATE_AGREE_EVERY] == [0.0] * RATE_AGREE_EVERY, rounds
+    assert rounds[RATE_AGREE_EVERY] > 0 and rounds[2 * RATE_AGREE_EVERY] > 0, rounds
+    wire_bits = 2 * (ws - 1) / ws * RATE_SAMPLE_BYTES * 8
+
+    def rate(seconds, rtt_us):  # the ring's model time solved for the rate, bits/s
+        return wire_bits / (seconds - 2 * (ws - 1) * rtt_us / 2 / 1e6)
+
+    rtt = max(r["rtt_us"] for r in results)
+    first = min(max(rate(s, rtt) for s in r["seconds"][:RATE_AGREE_EVERY - 1]) for r in results)
+    assert rounds[RATE_AGREE_EVERY] >= first, (rounds[RATE_AGREE_EVERY], first)
+
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/dev/net/tun")
+    or not all(shutil.which(t) for t in ("ip", "unshare", "chrt", "cc")),
+    reason="needs root, /dev/net/tun, ip, unshare, chrt and cc (network namespaces, TUN)")
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@needs_root
+def test_the_agreed_rate_is_the_emulated_links():
+    """Three emulated hosts on 100 Mbit/s links with a 10 ms round trip: after a round of
+    samples the group agrees on about the links' rate (what a 1 MiB ring allreduce delivers
+    end to end: 75-110% of it, the ring overlapping some of the trips the model adds), and 1 MiB,
+    which took the direct exchange while the model took the links as 10 Gbit/s, keeps the ring
+    from then on (its two trips fewer save under 20% at 100 Mbit/s)."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks", "wan"))
+    import emulator
+
+    rate = 100e6
+    with emulator.Wan(3, emulator.HostLink(0.005, rate), timeout=180) as wan:
+        port = 29600 + os.getpid() % 1000
+        argv = [sys.executable, os.path.join(REPO, "tests", "scenarios", "wan_link_rate.py"),
+                str(port)]
+        logs = [os.path.join(wan.workdir, f"rate{i}.log") for i in range(3)]
+        codes = wan.run(argv, logs=logs, timeout=150)
+        out = [open(p).read() for p in logs]
+    assert codes == [0, 0, 0], out
+    got = [json.loads(o.strip().splitlines()[-1]) for o in out]
+    assert all(g["wrong"] == 0 for g in got), got
+    agreed = got[0]["agreed"]
+    assert all(g["agreed"] == agreed for g in got), got
+    assert agreed[0] == 0, agreed
+    assert 0.75 * rate <= agreed[1] <= 1.1 * rate and 0.75 * rate <= agreed[2] <= 1.1 * rate, agreed
+    assert all(g["routes"] == ["direct", "ring", "ring"] for g in got), got
+    rtt_us = got[0]["round_trip_us"]
+    assert _best(_model(3, 1 << 20, rtt_us)) == "direct", rtt_us
+    assert _best(_model(3, 1 << 20, rtt_us, agreed[1])) == "ring", (rtt_us, agreed)

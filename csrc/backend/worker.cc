@@ -425,6 +425,7 @@ std::map<std::string, std::string> Worker::allreduceRoute(size_t bytes) const {
   std::map<std::string, std::string> out = {
       {"route", ringdist::allreduceRoute(*comm_, bytes)},
       {"round_trip_us", std::to_string(comm_->linkRoundTripUs())},
+      {"link_bits_per_s", std::to_string(comm_->linkBitsPerSecond())},
       {"hosts", std::to_string(comm_->hostCount())}};
   for (const auto& [route, us] :
        comm_->routeModel().timesUs(ModelledOp::kAllreduce, comm_->size(), bytes)) {

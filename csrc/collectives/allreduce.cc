@@ -13,6 +13,8 @@
 // two-level variant of the ring (hierarchicalAllreduce); groups of one rank per host whose
 // links are long exchange directly with every peer (directAllreduce, by the route model).
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -440,11 +442,36 @@ bool onBoard(const Communicator& comm, size_t bytes) {
   return comm.hasBoard() && comm.size() > 1 && bytes > 0 && bytes <= kBoardDataBytes;
 }
 
+// The route model's route for a variant that has one.
+bool modelledRoute(uint8_t variant, Route* route) {
+  switch (variant) {
+    case kRingAllreduce: *route = Route::kRing; return true;
+    case kDirectAllreduce: *route = Route::kDirect; return true;
+    case kHalvingDoublingAllreduce: *route = Route::kHalvingDoubling; return true;
+    default: return false;
+  }
+}
+
+void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
+                   StageGate* gate);
+
+// The group agrees on its link rate (route_model.h): the slowest rank's best sample since the
+// last agreement, by an 8-byte allreduce (MIN; a rank without a sample gives +inf, and all
+// +inf keeps the rate agreed before).
+void agreeOnLinkRate(Communicator& comm) {
+  double rate = comm.takeRateSample();
+  linkAllreduce(comm, &rate, 1, DataType::kFloat64, ReduceOp::kMin, nullptr);
+  if (std::isfinite(rate)) comm.setLinkBitsPerSecond(rate);
+}
+
 // Through the links: the one-round, single-copy, direct or ring paths by size.
 void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
                    StageGate* gate) {
   const int n = comm.size();
   const size_t bytes = count * elementSize(dtype);
+  const bool sampled = comm.samplesRate(bytes);
+  if (sampled && comm.rateAgreementDue()) agreeOnLinkRate(comm);
+  const auto start = std::chrono::steady_clock::now();
   const bool small = comm.options().oneRoundAllreduce(bytes, n);
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
   header.variant = linkVariant(comm, bytes);
@@ -476,6 +503,11 @@ void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
     }
   }
   if (wholeGate != nullptr) wholeGate->produced(0, bytes);
+  Route route;
+  if (sampled && modelledRoute(header.variant, &route)) {
+    const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
+    comm.sampleRate(route, ModelledOp::kAllreduce, bytes, took.count());
+  }
 }
 
 }  // namespace

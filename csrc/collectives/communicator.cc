@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include "csrc/common/error.h"
@@ -46,6 +48,17 @@ Route Communicator::route(ModelledOp op, size_t bytes) const {
     default: break;
   }
   return RouteModel::allowed(forced, op, size_) ? forced : Route::kRing;
+}
+
+void Communicator::sampleRate(Route route, ModelledOp op, size_t bytes, double us) {
+  const double rate = routeModel().rateFromSample(route, op, size_, bytes, us);
+  if (std::isfinite(rate)) bestRateSample_ = std::max(bestRateSample_, rate);
+}
+
+double Communicator::takeRateSample() {
+  const double best = bestRateSample_ > 0 ? bestRateSample_ : std::numeric_limits<double>::infinity();
+  bestRateSample_ = 0;
+  return best;
 }
 
 void Communicator::setUpHierarchy() {

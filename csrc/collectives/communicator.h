@@ -88,8 +88,26 @@ class Communicator {
   // data they keep in flight by it (ringInFlightBytes in ring.h).
   uint32_t linkRoundTripUs() const { return linkRoundTripUs_; }
   void setLinkRoundTrip(uint32_t roundTripUs) { linkRoundTripUs_ = roundTripUs; }
-  // The model the collectives pick their route by across hosts, from that round trip.
-  RouteModel routeModel() const { return RouteModel::forRoundTrip(linkRoundTripUs_); }
+  // The model the collectives pick their route by across hosts, from that round trip and the
+  // agreed link rate (route_model.h).
+  RouteModel routeModel() const {
+    return linkBitsPerSecond_ > 0 ? RouteModel::forLink(linkRoundTripUs_, linkBitsPerSecond_)
+                                  : RouteModel::forRoundTrip(linkRoundTripUs_);
+  }
+  // The group's link rate, bits/s, agreed from measured allreduces (0: none agreed yet).
+  double linkBitsPerSecond() const { return linkBitsPerSecond_; }
+  // Whether an allreduce of `bytes` gives a rate sample: the model serves this group (one rank
+  // per host, 3 or more) and bytes >= kRateSampleBytes. The same answer on every rank.
+  bool samplesRate(size_t bytes) const {
+    return hostCount_ == size_ && size_ >= 3 && bytes >= kRateSampleBytes;
+  }
+  // Counts a sampled allreduce; true before every kRateAgreeEvery-th.
+  bool rateAgreementDue() { return ++sampledCalls_ % kRateAgreeEvery == 0; }
+  // Keeps the best (fastest) rate sample since the last agreement: `route` took `us`.
+  void sampleRate(Route route, ModelledOp op, size_t bytes, double us);
+  // This rank's best sample since the last agreement (+inf: none), and forgets it.
+  double takeRateSample();
+  void setLinkBitsPerSecond(double bitsPerSecond) { linkBitsPerSecond_ = bitsPerSecond; }
   // The route `op` of `bytes` (route_model.h) takes: with one rank per host, the model's (or
   // the setting's, RINGDIST_ROUTE, where allowed); else the ring. The same answer on every
   // rank: the model's inputs are agreed, the setting must be.
@@ -236,6 +254,9 @@ class Communicator {
   std::vector<int> hostOf_;
   CollectiveOptions options_;
   uint32_t linkRoundTripUs_ = 0;
+  double linkBitsPerSecond_ = 0;
+  double bestRateSample_ = 0;  // 0: none since the last agreement
+  uint64_t sampledCalls_ = 0;
   bool hierarchical_ = false;
   SubRing hostRing_;
   int hostCount_ = 1;

@@ -1,5 +1,7 @@
 #include "csrc/collectives/route_model.h"
 
+#include <limits>
+
 #include "csrc/common/options.h"
 
 namespace ringdist {
@@ -82,6 +84,17 @@ Route RouteModel::best(ModelledOp op, int n, size_t bytes) const {
     }
   }
   return chosen;
+}
+
+double RouteModel::rateFromSample(Route route, ModelledOp op, int n, size_t bytes,
+                                  double us) const {
+  RouteModel fixed = *this;  // the terms that do not depend on the rate
+  fixed.betaUsPerByte = 0;
+  const double rest = fixed.timeUs(route, op, n, bytes);
+  fixed.betaUsPerByte = 1;
+  const double perBeta = fixed.timeUs(route, op, n, bytes) - rest;  // bytes on the link
+  if (us <= rest || perBeta <= 0) return std::numeric_limits<double>::infinity();
+  return 8e6 / ((us - rest) / perBeta);
 }
 
 std::map<std::string, double> RouteModel::timesUs(ModelledOp op, int n, size_t bytes) const {

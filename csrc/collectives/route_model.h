@@ -5,9 +5,8 @@
 // every rank (the group's agreed round trip and constants), so every rank picks the same route.
 //
 //   alpha  one-way latency of the group's longest link: half the round trip agreed at connect
-//   beta   time per byte of a host's link: kRingFillBitsPerSecond (the fastest link the rings
-//          fill) unless told the link's rate; a slower link adds the same bandwidth term to the
-//          ring and the direct exchange
+//   beta   time per byte of a host's link: the group's measured rate (below), and until one is
+//          agreed kRingFillBitsPerSecond (the fastest link the rings fill)
 //   rho    time per byte of reducing on one core (kReduceBytesPerUs)
 //
 // With N ranks, one per host, S the allreduce's buffer (b = one rank's block for allgather and
@@ -23,6 +22,14 @@
 // (the ring and halving-doubling overlap their reductions with the transfers; the direct
 // exchange reduces once every share arrived). A route other than the ring is taken where it is
 // predicted at most kRouteGain of the ring's time, the fastest such.
+//
+// The rate is measured, not configured: every allreduce of at least kRateSampleBytes on a
+// group the model serves (one rank per host, 3 or more) times itself, and the rate at which the
+// model would have predicted that time (rateFromSample) is a sample; every kRateAgreeEvery such
+// calls the group agrees on the slowest rank's best sample since the last agreement (an 8-byte
+// allreduce before the call), so every rank keeps the same model and a link that slows down is
+// seen within two rounds of samples. The rate so measured is the route's rate end to end
+// (links, sealing, reductions), what the model's beta stands for.
 
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +43,10 @@ namespace ringdist {
 constexpr double kReduceBytesPerUs = 1000;
 // A route other than the ring: its predicted time at most this fraction of the ring's.
 constexpr double kRouteGain = 0.8;
+// Allreduces of at least this many bytes give rate samples (the bandwidth term dominates).
+constexpr size_t kRateSampleBytes = 1 << 20;
+// The group agrees on its rate before every this many sampled allreduces.
+constexpr uint64_t kRateAgreeEvery = 32;
 // The direct exchange up to this many ranks: beyond, each peer's share is small and N-1 flows
 // share each host's link at once; halving-doubling is the route that scales.
 constexpr int kMaxDirectRanks = 16;
@@ -60,6 +71,9 @@ struct RouteModel {
   // The route for it: the fastest allowed one predicted at most kRouteGain of the ring's time,
   // else the ring.
   Route best(ModelledOp op, int n, size_t bytes) const;
+  // The link rate (bits/s) at which `route` would take `us` for `op`; +inf where the latency
+  // and reduction terms alone account for it (no bandwidth to measure).
+  double rateFromSample(Route route, ModelledOp op, int n, size_t bytes, double us) const;
   // Every allowed route's predicted time (us), by routeName.
   std::map<std::string, double> timesUs(ModelledOp op, int n, size_t bytes) const;
 };

@@ -1,0 +1,34 @@
+"""One rank of a group of one rank per emulated WAN host (tests/test_cross_host_routes.py):
+rank = WAN_HOST, store on host 0 (port argv[1]). It runs 2 * kRateAgreeEvery allreduces of
+1 MiB, checking each against its closed form, and prints one JSON line: the link rate the group
+agreed after each round of samples and the route 1 MiB then takes."""
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import torch_ringdist  # noqa: F401  (registers the backend)
+
+AGREE_EVERY = 32  # kRateAgreeEvery
+COUNT = 1 << 18   # 1 MiB of float32
+
+rank, world = int(os.environ["WAN_HOST"]), int(os.environ["WAN_HOSTS"])
+os.environ.update(MASTER_ADDR=os.environ["WAN_ADDRS"].split(",")[0], MASTER_PORT=sys.argv[1])
+dist.init_process_group("ringdist", rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=120))
+backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+agreed, routes, wrong = [], [], 0
+for call in range(2 * AGREE_EVERY + 1):
+    if call % AGREE_EVERY == 0:  # before the call that agrees
+        route = backend.allreduce_route(COUNT * 4)
+        agreed.append(float(route["link_bits_per_s"]))
+        routes.append(route["route"])
+    t = torch.full((COUNT,), float(rank + 1))
+    dist.all_reduce(t)
+    wrong += int((t != world * (world + 1) / 2).sum())
+print(json.dumps({"rank": rank, "agreed": agreed, "routes": routes, "wrong": wrong,
+                  "round_trip_us": int(route["round_trip_us"])}), flush=True)
+dist.destroy_process_group()
