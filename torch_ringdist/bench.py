@@ -122,19 +122,39 @@ def _run(backend: str, world: int, sizes: list[int]) -> list[tuple[float, int, s
     return rows
 
 
+# After a rank reports an error, how long to look for a peer that died: a death makes its peers
+# fail within milliseconds, sometimes before this process has seen the dead one exit.
+DEATH_GRACE_S = 0.5
+
+
+def _dead(procs, killed_only=False):
+    """The first rank whose process ended in failure (killed_only: by a signal), and how, or
+    None."""
+    for r, p in enumerate(procs):
+        if p.exitcode not in (None, 0) and (p.exitcode < 0 or not killed_only):
+            how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
+            return f"rank {r} died ({how})"
+    return None
+
+
 def _wait_for_rows(backend, procs, queue, deadline):
     while time.monotonic() < deadline:
         # A rank's error is in the queue before its process ends (exiting, it flushes the queue).
-        dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        dead = _dead(procs)
         try:
             kind, rank, payload = queue.get(timeout=0.1)
         except Empty:
             if dead:
-                raise SystemExit(f"torch_ringdist.bench: {backend} rank {dead[0]} died "
-                                 f"(exit code {procs[dead[0]].exitcode})")
+                raise SystemExit(f"torch_ringdist.bench: {backend} {dead}")
             continue
         if kind == "error":
-            raise SystemExit(f"torch_ringdist.bench: {backend} rank {rank} failed: {payload}")
+            # The cause first: a peer killed by a signal (the error here is then its consequence;
+            # a rank that failed by itself reports its own error, as this one did).
+            give_up = time.monotonic() + DEATH_GRACE_S
+            while (dead := _dead(procs, True)) is None and time.monotonic() < give_up:
+                time.sleep(0.05)
+            cause = f"{dead}; then " if dead else ""
+            raise SystemExit(f"torch_ringdist.bench: {backend} {cause}rank {rank} failed: {payload}")
         return payload
     raise SystemExit(f"torch_ringdist.bench: {backend} gave no result within 300 s")
 
