@@ -55,14 +55,18 @@ def write_json(path, obj):
     os.replace(tmp, path)
 
 
-def time_batches(calls, rounds, batch, barrier, slowest):
+def time_batches(calls, rounds, batch, barrier, slowest, lead=0):
     """Per label of `calls` ({label: call()}), `rounds` batches of `batch` calls, the labels
     alternating (A B C A B C ...), each batch after `barrier()`: {label: [us per call]}, each the
-    slowest rank's (`slowest(seconds)` gives the maximum over the ranks)."""
+    slowest rank's (`slowest(seconds)` gives the maximum over the ranks). `lead` calls before
+    each batch are not timed: on long links the ranks leave a barrier up to several one-way
+    trips apart, and the first call after it takes that spread on top of its own time."""
     times = {label: [] for label in calls}
     for _ in range(rounds):
         for label, call in calls.items():
             barrier()
+            for _ in range(lead):
+                call()
             start = time.perf_counter()
             for _ in range(batch):
                 call()

@@ -10,8 +10,10 @@ Per configuration (hosts x round trip x loss) the emulator brings the hosts up a
 process per rank (--procs-per-host) joins a gloo world whose store is on host 0; it makes a
 ringdist group and a gloo group of every rank. Per size: one correctness call per backend
 (integer-valued fp32, exact sums), then --rounds rounds of a batch of back-to-back calls per
-backend, the backends alternating (ringdist gloo ringdist gloo ...), each batch after a barrier;
-a batch's time per call is the slowest rank's. Reported: the median over the rounds, and that as
+backend, the backends alternating (ringdist gloo ringdist gloo ...), each batch after a barrier
+and one untimed call (the ranks leave a barrier up to several one-way trips apart, and the first
+call after it would take that spread on top of its own time); a batch's time per call is the
+slowest rank's. Reported: the median over the rounds, and that as
 a fraction of the ideal
 
     ideal = 2(H-1)/H * 8S/R + 2d
@@ -114,7 +116,7 @@ def worker(args):
         zeros = torch.zeros(count)  # stays zero however often it is summed
         calls = {b: (lambda g=groups[b]: dist.all_reduce(zeros, group=g)) for b in backends}
         batch = batch_for(nbytes)
-        times = time_batches(calls, args.rounds, batch, dist.barrier, slowest)
+        times = time_batches(calls, args.rounds, batch, dist.barrier, slowest, lead=1)
         route = {b: groups[b]._get_backend(torch.device("cpu")).allreduce_route(count * 4)
                  for b in backends if b.startswith("ringdist")}
         row = {"bytes": nbytes, "count": count, "batch": batch, "wrong": wrong, "route": route,
