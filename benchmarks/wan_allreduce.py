@@ -49,11 +49,13 @@ import emulator  # noqa: E402
 BACKENDS = ("ringdist", "gloo")  # the default --backends
 # --backends variants of a backend: ringdist:plain is ringdist with RINGDIST_TCP_ENCRYPT=0 (what
 # sealing the records costs), ringdist:ring, ringdist:direct and ringdist:halving with that
-# RINGDIST_ROUTE (a route where the route model would take another); measured alternating in the
-# same processes.
+# RINGDIST_ROUTE (a route where the route model would take another), ringdist:cubic with
+# RINGDIST_TCP_CONGESTION=cubic; variants combine with + (ringdist:direct+cubic); measured
+# alternating in the same processes.
 VARIANT_ENV = {"plain": {"RINGDIST_TCP_ENCRYPT": "0"}, "ring": {"RINGDIST_ROUTE": "ring"},
                "direct": {"RINGDIST_ROUTE": "direct"},
-               "halving": {"RINGDIST_ROUTE": "halving-doubling"}}
+               "halving": {"RINGDIST_ROUTE": "halving-doubling"},
+               "cubic": {"RINGDIST_TCP_CONGESTION": "cubic"}}
 PORT = 29700  # inside host 0's namespace: no other process on the machine can hold it
 FORMULA = ("ideal = 2(H-1)/H * 8S/R + 2d  (H: hosts, R: link rate, d: one-way delay; "
            "ring ideal: 2(H-1)d)")
@@ -88,8 +90,9 @@ def worker(args):
     timeout = datetime.timedelta(seconds=args.op_timeout)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
     def make_group(name):
-        backend, _, variant = name.partition(":")
-        env = VARIANT_ENV.get(variant, {})
+        backend, _, variants = name.partition(":")
+        env = {k: v for variant in filter(None, variants.split("+"))
+               for k, v in VARIANT_ENV[variant].items()}
         os.environ.update(env)  # read when the group is made
         try:
             return dist.new_group(backend=backend, timeout=timeout)
@@ -249,7 +252,8 @@ def main():
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS),
                     help="measured alternating, in this order: ringdist, gloo, ringdist:plain "
                          "(RINGDIST_TCP_ENCRYPT=0), ringdist:ring, ringdist:direct or "
-                         "ringdist:halving (RINGDIST_ROUTE=ring, direct, halving-doubling)")
+                         "ringdist:halving (RINGDIST_ROUTE=ring, direct, halving-doubling), "
+                         "ringdist:cubic (RINGDIST_TCP_CONGESTION=cubic); combined with +")
     ap.add_argument("--loss-max-bytes", default="16MiB",
                     help="largest size measured with loss (a cubic stream at 0.1%% loss and "
                          "100 ms moves ~1 MB/s)")
