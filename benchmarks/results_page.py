@@ -339,6 +339,37 @@ def ab(ours, ref, ref_name):
     return lambda data: sweep(data, ours, ref, ref_name)
 
 
+def wan_routes(data):
+    """wan_allreduce.py with ringdist's routes forced (ringdist:direct, :halving, :ring, each
+    possibly +cubic): per configuration, size and route, the median time against the route
+    model's prediction for that route at the link's rate (its bandwidth given, as a group learns
+    it from its allreduces); small messages, which every route sends in one round, left out."""
+    from wan_allreduce import line_health
+
+    rows = []
+    for cfg in data["configs"]:
+        health = line_health(cfg)
+        short = health["late_over_10ms"] or health["late_over_1ms"] > 0.01 * health["writes"]
+        where = (f"N={cfg['world']}, RTT {cfg['rtt_s'] * 1e3:g} ms"
+                 + (" (delay line short of CPU: times are upper bounds)" if short else ""))
+        for r in cfg["rows"]:
+            if r["bytes"] < (64 << 10):
+                continue
+            for b, seconds in r["median_s"].items():
+                route = r.get("route", {}).get(b, {}).get("route")
+                predicted = r.get("model_us", {}).get(f"{route}_us") if route else None
+                if predicted is None:
+                    continue
+                cc = " (cubic)" if b.endswith("+cubic") else ""
+                wrong = " (WRONG)" if r["wrong"].get(b) else ""
+                rows.append(Row(f"{where}: {size(r['bytes'])}, {route}{cc}{wrong}",
+                                f"{us_range([seconds * 1e6])} "
+                                f"({100 * r['fraction_of_ideal'][b]:.0f}% of ideal)",
+                                f"model {us_range([float(predicted)])}",
+                                ratio_range([float(predicted) / (seconds * 1e6)])))
+    return rows
+
+
 def labels(ours, ref, ref_name, what="allreduce"):
     return lambda data: per_size(data, ours, ref, ref_name, what)
 
@@ -395,6 +426,10 @@ SCENARIOS = {
     "wan_allreduce_direct.json": (WAN, "fp32 allreduce, N=4: the direct exchange (route model) "
                                        "against the rings, same build", wan),
     "wan_allreduce_direct_rerun.json": (WAN, "the same, a second run (RTT 100 ms)", wan),
+    "wan_routes.json": (WAN, "fp32 allreduce, N=4 and 8: each route forced, against the route "
+                             "model's prediction for it (ratio: model / measured)", wan_routes),
+    "wan_routes_cubic.json": (WAN, "the same, N=4, each route with bbr and with cubic "
+                                   "(`RINGDIST_TCP_CONGESTION=cubic`)", wan_routes),
     "deepspeed_peer_n2.json": (DIRECT, "ringdist's op against DeepSpeed's, N=2",
                                labels("direct-op", "deepspeed", "DeepSpeed's op")),
     "deepspeed_peer_n2_small.json": (DIRECT, "the same, small sizes",
