@@ -118,7 +118,7 @@ def worker(args):
             wrong[b] = int((t != world * (world + 1) / 2).sum())
         zeros = torch.zeros(count)  # stays zero however often it is summed
         calls = {b: (lambda g=groups[b]: dist.all_reduce(zeros, group=g)) for b in backends}
-        batch = batch_for(nbytes)
+        batch = args.batch or batch_for(nbytes)
         times = time_batches(calls, args.rounds, batch, dist.barrier, slowest, lead=1)
         route = {b: groups[b]._get_backend(torch.device("cpu")).allreduce_route(count * 4)
                  for b in backends if b.startswith("ringdist")}
@@ -167,6 +167,7 @@ def run_config(args, hosts, rtt_s, loss):
         argv = [sys.executable, os.path.abspath(__file__), "--worker", "--result", result,
                 "--procs-per-host", str(args.procs_per_host), "--rounds", str(args.rounds),
                 "--op-timeout", str(args.op_timeout), "--backends", *args.backends,
+                *(["--batch", str(args.batch)] if args.batch else []),
                 "--sizes", *map(str, sizes)]
         command = argv if args.procs_per_host == 1 else argv + ["--host-launcher"]
         logs = [os.path.join(tmp, f"h{i}.log") for i in range(hosts)]
@@ -258,6 +259,8 @@ def main():
                     help="largest size measured with loss (a cubic stream at 0.1%% loss and "
                          "100 ms moves ~1 MB/s)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int,
+                    help="timed calls per batch (default: 10 below 64 KiB, 3 below 4 MiB, else 1)")
     ap.add_argument("--procs-per-host", type=int, default=1)
     ap.add_argument("--op-timeout", type=float, default=600)
     ap.add_argument("--config-timeout", type=float, default=1800)
