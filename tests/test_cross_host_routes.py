@@ -370,6 +370,51 @@ def test_the_group_agrees_on_the_rate_its_allreduces_measure(world_factory):
     assert rounds[RATE_AGREE_EVERY] >= first, (rounds[RATE_AGREE_EVERY], first)
 
 
+def _broadcasts(rank, ws, report_us):
+    """Broadcasts of every dtype x count from every root against the root's values; returns
+    the mismatches and the roots and counts whose bytes sent differ from the direct broadcast's
+    closed form: the header to every peer; the root sends each rank its block and then its own
+    block to every rank, a rank its block to every rank but the root and one byte to the
+    root."""
+    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
+    group = dist.new_group(backend="ringdist")
+    wrong, unlike = [], []
+    for dtype in DTYPES:
+        for count in COUNTS:
+            blocks = [(count // ws + (r < count % ws)) * dtype.itemsize for r in range(ws)]
+            for root in range(ws):
+                t = values(root, count, dtype) if rank == root else torch.zeros(count, dtype=dtype)
+                before = _sent(group, "broadcast")
+                dist.broadcast(t, src=root, group=group)
+                sent = _sent(group, "broadcast") - before
+                want = (ws - 1) * HEADER_BYTES + (
+                    sum(blocks) + (ws - 2) * blocks[root] if rank == root
+                    else (ws - 2) * blocks[rank] + 1)
+                if sent != want:
+                    unlike.append((str(dtype), count, root, sent, want, count * dtype.itemsize))
+                if not torch.equal(t, values(root, count, dtype)):
+                    wrong.append((str(dtype), count, root))
+    dist.destroy_process_group(group)
+    return wrong, unlike
+
+
+@pytest.mark.parametrize("ws", [3, 4])
+def test_broadcast_over_the_direct_exchange(world_factory, ws):
+    require_test_build()
+    for wrong, unlike in world_factory(ws, env=_hosts(ws)).run(_broadcasts, [100_000] * ws,
+                                                               timeout=180):
+        assert wrong == [] and unlike == [], (wrong, unlike[:5])
+
+
+def test_broadcast_keeps_the_chain_on_short_links(world_factory):
+    for wrong, unlike in world_factory(4, env=_hosts(4)).run(_broadcasts, [0] * 4, timeout=180):
+        assert wrong == []
+        # Loopback: from 64 KiB the chain (headers to two neighbours), not the direct
+        # broadcast's bytes. (Smaller ones may take the direct broadcast even on loopback.)
+        large = sum(4 for d in DTYPES for c in COUNTS if c * d.itemsize >= 64 << 10)
+        assert large and len([u for u in unlike if u[5] >= 64 << 10]) == large, unlike[:5]
+
+
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists("/dev/net/tun")
     or not all(shutil.which(t) for t in ("ip", "unshare", "chrt", "cc")),

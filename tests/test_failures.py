@@ -118,20 +118,22 @@ def kill_mid_allreduce(rank, ws, store, dist, torch):
 # reads every other's);
 # "auto-pair": two ranks, whose allreduce copies straight between their buffers.
 # "direct": 4 emulated hosts of one rank each, the allreduce as a direct exchange (every rank
-# sends to and receives from every peer at once); "halving-doubling": 5 such hosts, the
+# sends to and receives from every peer at once), "direct-broadcast" the same world looping
+# broadcasts from the victim as scatter and allgather; "halving-doubling": 5 such hosts, the
 # allreduce by recursive halving-doubling. Its victim, rank 1, holds the folded pair (0, 1):
 # rank 0 waits on it alone, the others meet it in their rounds.
 @pytest.mark.parametrize("transport", TRANSPORTS + ["hosts", "hosts-int8", "auto-broadcast",
                                                     "auto-allgather", "auto-reduce_scatter",
-                                                    "auto-pair", "direct", "halving-doubling"])
+                                                    "auto-pair", "direct", "direct-broadcast",
+                                                    "halving-doubling"])
 def test_sigkill_mid_allreduce_fails_survivors_fast(tmp_path, record_property, transport):
     ws, victim = ((4, 1) if transport.startswith(("hosts", "direct")) else
                   (5, 1) if transport == "halving-doubling" else
                   (2, 1) if transport.endswith("-pair") else (3, 1))
     env = ({"RINGDIST_HOST_ID": "h0,h1,h0,h1"} if transport.startswith("hosts")
            else {"RINGDIST_HOST_ID": ",".join(f"h{r}" for r in range(ws)),
-                 "RINGDIST_ROUTE": transport}
-           if transport in ("direct", "halving-doubling")
+                 "RINGDIST_ROUTE": transport.split("-broadcast")[0]}
+           if transport.startswith(("direct", "halving"))
            else {"RINGDIST_TRANSPORT": transport.split("-")[0]})
     if transport.endswith("-int8"):
         env["FT_CODEC"] = "int8"

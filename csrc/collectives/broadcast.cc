@@ -5,6 +5,9 @@
 // copy at once. The root returns once every reader is done reading, a
 // reader once the root is done writing to it.
 //
+// Groups of one rank per host on long links, where the route model says so: a scatter and an
+// allgather, every rank talking to every peer at once (broadcastDirect).
+//
 // Otherwise a pipelined chain. Terms as in ring.h: the buffer is one chunk
 // cut into segments.
 //
@@ -126,11 +129,42 @@ void broadcastSingleCopy(Communicator& comm, void* data, size_t count, DataType 
   comm.exchangeDone({root}, {root});
 }
 
+// Direct exchange (route_model.h): the buffer cut into N blocks as the ring cuts it; the root
+// sends block r to rank r, with the header to every peer from every rank (one round), then every
+// rank sends its block to every peer, but to the root a byte (the second round), so the root
+// returns only once every rank got its block. Two one-way trips where the chain takes N, and
+// 2(N-1)/N of the buffer on each link where the chain moves it all (the root's: all of it).
+void broadcastDirect(Communicator& comm, void* data, size_t count, DataType dtype, int root) {
+  OpHeader header = comm.makeHeader(OpType::kBroadcast, count, dtype, ReduceOp::kSum, root);
+  header.variant = kDirectCopy;
+  const int rank = comm.rank();
+  const size_t elem = elementSize(dtype);
+  const ChunkLayout layout(count, comm.size(), comm.segmentBytes(), elem);
+  char* base = static_cast<char*>(data);
+  auto block = [&](int r) {
+    return Communicator::Landing(base + layout.chunkOffset(static_cast<size_t>(r)) * elem,
+                                 layout.chunkLength(static_cast<size_t>(r)) * elem);
+  };
+  const Communicator::Landing none(nullptr, 0);
+  static const uint8_t kDone = 1;
+  uint8_t done = 0;
+  comm.exchangeWithAll(
+      &header, [&](int to) { return rank == root ? block(to) : none; },
+      [&](int from) { return from == root ? block(rank) : none; });
+  comm.exchangeWithAll(
+      nullptr,
+      [&](int to) { return to == root ? Communicator::Span(&kDone, 1) : block(rank); },
+      [&](int from) { return rank == root ? Communicator::Landing(&done, 1) : block(from); });
+}
+
 }  // namespace
 
 void broadcast(Communicator& comm, void* data, size_t count, DataType dtype, int root) {
   if (comm.singleCopy(count * elementSize(dtype))) {
     broadcastSingleCopy(comm, data, count, dtype, root);
+  } else if (count > 0 &&
+             comm.route(ModelledOp::kBroadcast, count * elementSize(dtype)) == Route::kDirect) {
+    broadcastDirect(comm, data, count, dtype, root);
   } else {
     broadcastChain(comm, data, count, dtype, root);
   }

@@ -52,6 +52,10 @@ int log2Of(int p) {
 
 double RouteModel::timeUs(Route route, ModelledOp op, int n, size_t bytes) const {
   const double s = static_cast<double>(bytes);
+  if (op == ModelledOp::kBroadcast) {  // the chain (and its acknowledgement) or scatter-allgather
+    return route == Route::kDirect ? 2 * alphaUs + 2.0 * (n - 1) / n * s * betaUsPerByte
+                                   : n * alphaUs + s * betaUsPerByte;
+  }
   const bool allreduce = op == ModelledOp::kAllreduce;
   // Bytes over each rank's link each way, the same for the ring and the direct exchange.
   const double linkBytes = allreduce ? 2.0 * (n - 1) / n * s : (n - 1.0) * s;

@@ -18,6 +18,7 @@
 //                            2 alpha + 2 S beta more (the pairs that fold N onto P ranks)
 //   allgather       ring (N-1) alpha        direct alpha               (+ (N-1) b beta each)
 //   reduce-scatter  ring (N-1) alpha        direct alpha + reducing (N-1) b
+//   broadcast       chain N alpha + S beta  direct 2 alpha + 2(N-1)/N S beta (scatter, allgather)
 //
 // (the ring and halving-doubling overlap their reductions with the transfers; the direct
 // exchange reduces once every share arrived). A route other than the ring is taken where it is
@@ -51,7 +52,7 @@ constexpr uint64_t kRateAgreeEvery = 32;
 // share each host's link at once; halving-doubling is the route that scales.
 constexpr int kMaxDirectRanks = 16;
 
-enum class ModelledOp { kAllreduce, kAllgather, kReduceScatter };
+enum class ModelledOp { kAllreduce, kAllgather, kReduceScatter, kBroadcast };
 enum class Route : uint8_t { kRing, kDirect, kHalvingDoubling };
 const char* routeName(Route route);
 
