@@ -114,14 +114,22 @@ def worker(args):
         wrong = {}
         for b in backends:  # correctness, outside the timed batches (also a warm-up)
             t = torch.full((count,), float(rank + 1))
-            dist.all_reduce(t, group=groups[b])
-            wrong[b] = int((t != world * (world + 1) / 2).sum())
+            if args.op == "broadcast":
+                dist.broadcast(t, src=0, group=groups[b])
+                wrong[b] = int((t != 1).sum())
+            else:
+                dist.all_reduce(t, group=groups[b])
+                wrong[b] = int((t != world * (world + 1) / 2).sum())
         zeros = torch.zeros(count)  # stays zero however often it is summed
-        calls = {b: (lambda g=groups[b]: dist.all_reduce(zeros, group=g)) for b in backends}
+        if args.op == "broadcast":
+            calls = {b: (lambda g=groups[b]: dist.broadcast(zeros, src=0, group=g))
+                     for b in backends}
+        else:
+            calls = {b: (lambda g=groups[b]: dist.all_reduce(zeros, group=g)) for b in backends}
         batch = args.batch or batch_for(nbytes)
         times = time_batches(calls, args.rounds, batch, dist.barrier, slowest, lead=1)
         route = {b: groups[b]._get_backend(torch.device("cpu")).allreduce_route(count * 4)
-                 for b in backends if b.startswith("ringdist")}
+                 for b in backends if b.startswith("ringdist") and args.op == "allreduce"}
         row = {"bytes": nbytes, "count": count, "batch": batch, "wrong": wrong, "route": route,
                "rounds_s": {b: [us / 1e6 for us in times[b]] for b in backends},
                "median_s": {b: statistics.median(times[b]) / 1e6 for b in backends}}
@@ -167,7 +175,7 @@ def run_config(args, hosts, rtt_s, loss):
         argv = [sys.executable, os.path.abspath(__file__), "--worker", "--result", result,
                 "--procs-per-host", str(args.procs_per_host), "--rounds", str(args.rounds),
                 "--op-timeout", str(args.op_timeout), "--backends", *args.backends,
-                *(["--batch", str(args.batch)] if args.batch else []),
+                *(["--batch", str(args.batch)] if args.batch else []), "--op", args.op,
                 "--sizes", *map(str, sizes)]
         command = argv if args.procs_per_host == 1 else argv + ["--host-launcher"]
         logs = [os.path.join(tmp, f"h{i}.log") for i in range(hosts)]
@@ -185,7 +193,7 @@ def run_config(args, hosts, rtt_s, loss):
         print(open(logs[0]).read(), end="")
     from torch_ringdist import _C
     for row in rows:
-        if args.procs_per_host == 1:  # the route model's prediction for this link
+        if args.procs_per_host == 1 and args.op == "allreduce":  # the model's prediction
             row["model_us"] = _C.allreduce_route_model(hosts, row["count"] * 4, int(rtt_s * 1e6),
                                                        args.rate_bps)
         row["ideal_s"] = ideal_s(row["bytes"], hosts, args.rate_bps, rtt_s / 2)
@@ -258,6 +266,9 @@ def main():
     ap.add_argument("--loss-max-bytes", default="16MiB",
                     help="largest size measured with loss (a cubic stream at 0.1%% loss and "
                          "100 ms moves ~1 MB/s)")
+    ap.add_argument("--op", choices=["allreduce", "broadcast"], default="allreduce",
+                    help="broadcast: from rank 0, its ideal the same as allreduce's (a scatter "
+                         "and an allgather); no route or model is recorded")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int,
                     help="timed calls per batch (default: 10 below 64 KiB, 3 below 4 MiB, else 1)")
@@ -280,7 +291,8 @@ def main():
     args.rate_bps = emulator.parse_rate(args.rate)
     args.queue = emulator.parse_size(args.queue) if args.queue else None
     args.loss_max_bytes = emulator.parse_size(args.loss_max_bytes)
-    out = {"benchmark": "wan_allreduce", "formula": FORMULA, "dtype": "float32", "op": "sum",
+    out = {"benchmark": "wan_allreduce", "formula": FORMULA, "dtype": "float32",
+           "op": "sum" if args.op == "allreduce" else "broadcast",
            "rounds": args.rounds, "backends": args.backends, "tcp_congestion_start": "cubic",
            "configs": []}
     for loss in args.loss:
