@@ -302,6 +302,26 @@ def test_allreduce_by_halving_doubling(world_factory, ws):
         assert routes == {"halving-doubling"}, routes
 
 
+# Three emulated hosts of two ranks each: the two-level allreduce, whose cross stage (each
+# rank's chunk among the ranks at its position on every host) takes the route a group of one
+# rank per host would.
+@pytest.mark.parametrize("setting, reported, route", [
+    ("auto", 100_000, "two-level, direct across hosts"),
+    ("halving-doubling", 0, "two-level, halving-doubling across hosts"),
+    ("auto", 0, "two-level")])
+def test_two_level_allreduce_crosses_hosts_by_the_model(world_factory, setting, reported, route):
+    require_test_build()
+    env = dict(_hosts(6), RINGDIST_HOST_ID="h0,h0,h1,h1,h2,h2")
+    for wrong, routes in world_factory(6, env=env).run(
+            _allreduces, [reported] * 6, ["sum", "avg", "max"], setting, timeout=240):
+        assert wrong == []
+        # Counts below the hosts' chunk leave some positions' chunks empty ("two-level"); on
+        # loopback the smaller chunks may cross directly (trips of microseconds).
+        allowed = {route, "two-level"} | ({"two-level, direct across hosts"} if reported == 0
+                                          and setting == "auto" else set())
+        assert route in routes and routes <= allowed, routes
+
+
 @pytest.mark.parametrize("ws", [3, 4])
 def test_allgather_and_reduce_scatter_over_the_direct_exchange(world_factory, ws):
     require_test_build()

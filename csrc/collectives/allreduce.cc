@@ -106,29 +106,38 @@ void oneShotAllreduce(Communicator& comm, void* data, size_t count, DataType dty
 // header mismatch found afterwards leaves it untouched), reduces the N contributions in rank
 // order as the one-round path does, and sends the result to every peer, receiving theirs
 // straight into the output. So every rank ends with the same bits. Two one-way trips where
-// the ring takes 2(N-1), and the same bytes on each rank's link.
-void directAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
-                     const OpHeader& header) {
-  const int n = comm.size();
-  const int rank = comm.rank();
+// the ring takes 2(N-1), and the same bytes on each rank's link. Among the members of `group`
+// (every rank, or a two-level allreduce's cross ring), numbered by their position in it; the
+// owner of a chunk divides it by `divisor` (> 0) after reducing.
+void directAllreduce(Communicator& comm, const SubRing& group, void* data, size_t count,
+                     DataType dtype, ReduceOp op, const OpHeader& header, int divisor) {
+  const int n = group.size();
+  const int mine = group.pos;
   const size_t elem = elementSize(dtype);
   const ChunkLayout layout(count, n, comm.segmentBytes(), elem);
-  auto chunk = [&](int r) { return static_cast<char*>(data) + layout.chunkOffset(r) * elem; };
-  auto chunkBytes = [&](int r) { return layout.chunkLength(static_cast<size_t>(r)) * elem; };
-  const size_t own = chunkBytes(rank);
+  auto posOf = [&](int rank) {
+    return static_cast<int>(std::find(group.members.begin(), group.members.end(), rank) -
+                            group.members.begin());
+  };
+  auto chunk = [&](int p) { return static_cast<char*>(data) + layout.chunkOffset(p) * elem; };
+  auto chunkBytes = [&](int p) { return layout.chunkLength(static_cast<size_t>(p)) * elem; };
+  const size_t own = chunkBytes(mine);
   const ScratchSlots slot(comm, n, own);
-  // Reduce-scatter: each peer's share of our chunk, into scratch by rank.
+  // Reduce-scatter: each peer's share of our chunk, into scratch by position.
   comm.exchangeWithAll(
-      &header, [&](int to) { return Communicator::Span(chunk(to), chunkBytes(to)); },
-      [&](int from) { return Communicator::Landing(slot[from], own); });
+      &header, [&](int to) { return Communicator::Span(chunk(posOf(to)), chunkBytes(posOf(to))); },
+      [&](int from) { return Communicator::Landing(slot[posOf(from)], own); }, &group);
   if (own > 0) {
-    std::memcpy(slot[rank], chunk(rank), own);
-    reduceInRankOrder(chunk(rank), n, own / elem, dtype, op, [&](int r) { return slot[r]; });
+    std::memcpy(slot[mine], chunk(mine), own);
+    reduceInRankOrder(chunk(mine), n, own / elem, dtype, op == ReduceOp::kAvg ? ReduceOp::kSum : op,
+                      [&](int p) { return slot[p]; });
+    if (divisor > 0) divideInPlace(chunk(mine), own / elem, dtype, divisor);
   }
   // Allgather: our reduced chunk to every peer, theirs straight into the output.
   comm.exchangeWithAll(
-      nullptr, [&](int) { return Communicator::Span(chunk(rank), own); },
-      [&](int from) { return Communicator::Landing(chunk(from), chunkBytes(from)); });
+      nullptr, [&](int) { return Communicator::Span(chunk(mine), own); },
+      [&](int from) { return Communicator::Landing(chunk(posOf(from)), chunkBytes(posOf(from))); },
+      &group);
 }
 
 // Recursive halving-doubling (Rabenseifner's allreduce), for groups of one rank per host whose
@@ -142,11 +151,12 @@ void directAllreduce(Communicator& comm, void* data, size_t count, DataType dtyp
 // straight into the output, and the folded ranks get the whole result. Every block is reduced
 // once, by its owner, so every rank ends with the same bits. 2 log2(P) one-way trips (2 more
 // when R > 0) where the ring takes 2(N-1), and the same bytes on each link when R = 0. A
-// partner's header is checked before its bytes reach the output.
-void halvingDoublingAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
-                              ReduceOp op, const OpHeader& header) {
-  const int n = comm.size();
-  const int rank = comm.rank();
+// partner's header is checked before its bytes reach the output. Ranks are numbered by their
+// position in `group`, as directAllreduce's; a block's owner divides it by `divisor` (> 0).
+void halvingDoublingAllreduce(Communicator& comm, const SubRing& group, void* data, size_t count,
+                              DataType dtype, ReduceOp op, const OpHeader& header, int divisor) {
+  const int n = group.size();
+  const int rank = group.pos;
   int p = 1;
   while (p <= n / 2) p *= 2;
   const int folded = n - p;
@@ -163,14 +173,14 @@ void halvingDoublingAllreduce(Communicator& comm, void* data, size_t count, Data
   // into what `in` holds, or copied); with `headers`, each side's header first.
   auto round = [&](int peer, const char* out, size_t outBytes, char* in, size_t inBytes,
                    bool headers, bool reduce) {
-    Channel& link = comm.channel(peer);
+    Channel& link = comm.channel(group.members[static_cast<size_t>(peer)]);
     OpHeader theirs;
     if (headers) link.postSend(&header, sizeof(OpHeader));
     const uint64_t sent = link.postSend(out, outBytes);
     if (headers) {
       const uint64_t heard = link.postRecv(&theirs, sizeof(OpHeader));
       comm.waitUntil([&] { return link.recvDone(heard); });
-      comm.checkHeader(header, theirs, peer);
+      comm.checkHeader(header, theirs, group.members[static_cast<size_t>(peer)]);
     }
     const uint64_t got = reduce ? link.postRecvReduce(in, in, inBytes, elem, combine, peer < rank)
                                 : link.postRecv(in, inBytes);
@@ -195,7 +205,7 @@ void halvingDoublingAllreduce(Communicator& comm, void* data, size_t count, Data
     lo = keep;
     hi = keep + half;
   }
-  if (op == ReduceOp::kAvg) divideInPlace(at(v), blocks.chunkLength(static_cast<size_t>(v)), dtype, n);
+  if (divisor > 0) divideInPlace(at(v), blocks.chunkLength(static_cast<size_t>(v)), dtype, divisor);
   for (int d = 1; d < p; d *= 2) {  // doubling
     const int width = hi - lo;
     const int other = (v & d) == 0 ? hi : lo - width;
@@ -388,33 +398,55 @@ void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
             op == ReduceOp::kAvg ? n : 0, {gate, gate, 0});
 }
 
+// The route of a two-level allreduce's cross stage: its chunk of `bytes` among the hosts, one
+// rank of each (the route model, as a group of one rank per host would take it).
+Route crossRoute(const Communicator& comm, size_t bytes) {
+  return comm.routeAmongHosts(ModelledOp::kAllreduce, comm.crossRing().size(), bytes);
+}
+
 // Two levels, for H hosts of L ranks each: reduce-scatter inside the host
 // (local position p ends owning chunk p of L), allreduce of chunk p across
-// hosts among the ranks at position p (L such rings run side by side), then
+// hosts among the ranks at position p (L such groups run side by side: a ring,
+// or the direct exchange or halving-doubling where the route model says so), then
 // allgather inside the host. Each host's link carries 2(H-1)/H of the buffer
 // per direction instead of the flat ring's 2(N-1)/N, which is what makes
 // multi-host runs with several ranks per host faster. Every chunk is still
 // reduced in one fixed order and then copied, so results stay bitwise
 // identical on all ranks.
+
 void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
-                           ReduceOp op, StageGate* gate) {
+                           ReduceOp op, const OpHeader& header, StageGate* gate) {
   const SubRing& host = comm.hostRing();
   const SubRing& cross = comm.crossRing();
   const long l = host.size();
   const long h = cross.size();
   ReduceFn reduceFn = reduceFunction(dtype, op);
-  // A gate: the host's reduce-scatter first reads the input; the cross ring
+  // A gate: the host's reduce-scatter first reads the input; the cross stage
   // finishes this rank's chunk and the host's allgather brings the others.
   ringSteps(comm, host, data, count, dtype, reduceFn, 0, l - 1, 0, {gate, nullptr, 0});
   const size_t elem = elementSize(dtype);
   const ChunkLayout layout(count, host.size(), comm.segmentBytes(), elem);
   const size_t own = static_cast<size_t>(host.pos);
-  // The same on every rank at this position, so all of a cross ring skip alike.
-  if (layout.chunkLength(own) > 0) {
-    ringSteps(comm, cross, static_cast<char*>(data) + layout.chunkOffset(own) * elem,
-              layout.chunkLength(own), dtype, reduceFn, 0, 2 * (h - 1),
-              op == ReduceOp::kAvg ? comm.size() : 0,
-              {nullptr, gate, layout.chunkOffset(own) * elem});
+  const size_t offset = layout.chunkOffset(own) * elem;
+  const size_t length = layout.chunkLength(own);
+  const int divisor = op == ReduceOp::kAvg ? comm.size() : 0;
+  char* chunk = static_cast<char*>(data) + offset;
+  // The same on every rank at this position, so all of a cross ring skip alike and take the
+  // same route across the hosts.
+  switch (length == 0 ? Route::kRing : crossRoute(comm, length * elem)) {
+    case Route::kDirect:
+      directAllreduce(comm, cross, chunk, length, dtype, op, header, divisor);
+      if (gate != nullptr) gate->produced(offset, length * elem);
+      break;
+    case Route::kHalvingDoubling:
+      halvingDoublingAllreduce(comm, cross, chunk, length, dtype, op, header, divisor);
+      if (gate != nullptr) gate->produced(offset, length * elem);
+      break;
+    default:
+      if (length > 0) {
+        ringSteps(comm, cross, chunk, length, dtype, reduceFn, 0, 2 * (h - 1), divisor,
+                  {nullptr, gate, offset});
+      }
   }
   ringSteps(comm, host, data, count, dtype, reduceFn, l - 1, 2 * (l - 1), 0,
             {nullptr, gate, 0});
@@ -489,14 +521,16 @@ void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
   } else if (n > 2 && count > 0 && small) {
     oneShotAllreduce(comm, data, count, dtype, op, header);
   } else if (header.variant == kDirectAllreduce && count > 0) {
-    directAllreduce(comm, data, count, dtype, op, header);
+    directAllreduce(comm, comm.everyRank(), data, count, dtype, op, header,
+                    op == ReduceOp::kAvg ? n : 0);
   } else if (header.variant == kHalvingDoublingAllreduce && count > 0) {
-    halvingDoublingAllreduce(comm, data, count, dtype, op, header);
+    halvingDoublingAllreduce(comm, comm.everyRank(), data, count, dtype, op, header,
+                             op == ReduceOp::kAvg ? n : 0);
   } else {
     comm.exchangeRingHeaders(header);
     if (n > 1 && count > 0) {  // AVG over one rank divides by one
       if (header.variant == kHierarchicalAllreduce) {
-        hierarchicalAllreduce(comm, data, count, dtype, op, ringGate);
+        hierarchicalAllreduce(comm, data, count, dtype, op, header, ringGate);
       } else {
         ringAllreduce(comm, data, count, dtype, op, ringGate);
       }
@@ -517,7 +551,18 @@ const char* allreduceRoute(const Communicator& comm, size_t bytes) {
   switch (linkVariant(comm, bytes)) {
     case kSingleCopyAllreduce: return "single copy";
     case kOneShotAllreduce: return comm.size() == 2 ? "pair" : "one round";
-    case kHierarchicalAllreduce: return "two-level";
+    case kHierarchicalAllreduce: {
+      // This rank's chunk across the hosts (counted in bytes: the route's thresholds are
+      // continuous, so the element size moves them by less than one element).
+      const SubRing& host = comm.hostRing();
+      const size_t chunk = ChunkLayout(bytes, host.size(), comm.segmentBytes(), 1)
+                               .chunkLength(static_cast<size_t>(host.pos));
+      switch (chunk == 0 ? Route::kRing : crossRoute(comm, chunk)) {
+        case Route::kDirect: return "two-level, direct across hosts";
+        case Route::kHalvingDoubling: return "two-level, halving-doubling across hosts";
+        default: return "two-level";
+      }
+    }
     case kDirectAllreduce: return "direct";
     case kHalvingDoublingAllreduce: return "halving-doubling";
     default: return "ring";

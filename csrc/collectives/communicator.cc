@@ -39,15 +39,25 @@ void Communicator::setOptions(const CollectiveOptions& options) {
 }
 
 Route Communicator::route(ModelledOp op, size_t bytes) const {
-  if (hostCount_ != size_) return Route::kRing;
+  return hostCount_ == size_ ? routeAmongHosts(op, size_, bytes) : Route::kRing;
+}
+
+Route Communicator::routeAmongHosts(ModelledOp op, int n, size_t bytes) const {
   Route forced = Route::kRing;
   switch (options_.route) {
-    case RouteMode::kAuto: return routeModel().best(op, size_, bytes);
+    case RouteMode::kAuto: return routeModel().best(op, n, bytes);
     case RouteMode::kDirect: forced = Route::kDirect; break;
     case RouteMode::kHalvingDoubling: forced = Route::kHalvingDoubling; break;
     default: break;
   }
-  return RouteModel::allowed(forced, op, size_) ? forced : Route::kRing;
+  return RouteModel::allowed(forced, op, n) ? forced : Route::kRing;
+}
+
+SubRing Communicator::everyRank() const {
+  SubRing all;
+  for (int r = 0; r < size_; ++r) all.members.push_back(r);
+  all.pos = rank_;
+  return all;
 }
 
 void Communicator::sampleRate(Route route, ModelledOp op, size_t bytes, double us) {
@@ -182,24 +192,29 @@ void Communicator::checkHeaders(const OpHeader& mine, const std::vector<int>& re
 }
 
 void Communicator::exchangeWithAll(const OpHeader* mine, const std::function<Span(int)>& sendTo,
-                                   const std::function<Landing(int)>& recvFrom) {
-  std::vector<OpHeader> theirs(mine != nullptr ? static_cast<size_t>(size_) : 0);
+                                   const std::function<Landing(int)>& recvFrom,
+                                   const SubRing* among) {
+  const int n = among != nullptr ? among->size() : size_;
+  const int pos = among != nullptr ? among->pos : rank_;
+  auto rankAt = [&](int p) { return among != nullptr ? among->members[static_cast<size_t>(p)] : p; };
+  std::vector<OpHeader> theirs(mine != nullptr ? static_cast<size_t>(n) : 0);  // by position
   Transfers sends, recvs;
-  for (int k = 1; k < size_; ++k) {  // each rank starts with a different peer
-    const int to = (rank_ + k) % size_;
-    const int from = (rank_ - k + size_) % size_;
+  for (int k = 1; k < n; ++k) {  // each rank starts with a different peer
+    const int to = rankAt((pos + k) % n);
+    const int fromPos = (pos - k + n) % n;
+    const int from = rankAt(fromPos);
     Channel& out = channel(to);
     if (mine != nullptr) out.postSend(mine, sizeof(OpHeader));
     const Span span = sendTo(to);
     sends.emplace_back(&out, out.postSend(span.first, span.second));
     Channel& in = channel(from);
-    if (mine != nullptr) in.postRecv(&theirs[static_cast<size_t>(from)], sizeof(OpHeader));
+    if (mine != nullptr) in.postRecv(&theirs[static_cast<size_t>(fromPos)], sizeof(OpHeader));
     const Landing landing = recvFrom(from);
     recvs.emplace_back(&in, in.postRecv(landing.first, landing.second));
   }
   waitAll(sends, recvs);
-  for (int peer = 0; mine != nullptr && peer < size_; ++peer) {
-    if (peer != rank_) checkHeader(*mine, theirs[static_cast<size_t>(peer)], peer);
+  for (int p = 0; mine != nullptr && p < n; ++p) {
+    if (p != pos) checkHeader(*mine, theirs[static_cast<size_t>(p)], rankAt(p));
   }
 }
 

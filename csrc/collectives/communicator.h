@@ -112,6 +112,8 @@ class Communicator {
   // the setting's, RINGDIST_ROUTE, where allowed); else the ring. The same answer on every
   // rank: the model's inputs are agreed, the setting must be.
   Route route(ModelledOp op, size_t bytes) const;
+  // The same for `op` among n ranks on n different hosts (a two-level allreduce's cross ring).
+  Route routeAmongHosts(ModelledOp op, int n, size_t bytes) const;
 
   // Starts an operation: names it in errors and arms its deadline.
   // `now`: the caller's clock reading, when it has one (one read per op).
@@ -136,10 +138,14 @@ class Communicator {
   // One round with every peer at once (the one-round and direct-exchange paths): to each peer
   // our header (if any) and then sendTo(peer)'s bytes; from each, its header and then
   // recvFrom(peer)'s bytes. Returns once every transfer is done and every header matched ours.
+  // Peers: every rank, or the members of `among` (which holds this rank at among->pos).
   using Span = std::pair<const void*, size_t>;
   using Landing = std::pair<void*, size_t>;
   void exchangeWithAll(const OpHeader* mine, const std::function<Span(int)>& sendTo,
-                       const std::function<Landing(int)>& recvFrom);
+                       const std::function<Landing(int)>& recvFrom,
+                       const SubRing* among = nullptr);
+  // Every rank, in rank order, as a SubRing (pos: this rank).
+  SubRing everyRank() const;
   // checkHeader for each header in[i] received from recvFrom[i].
   void checkHeaders(const OpHeader& mine, const std::vector<int>& recvFrom,
                     const std::vector<OpHeader>& in, const std::vector<uint64_t>* expectCount);
