@@ -319,17 +319,19 @@ def wan(data):
             else:
                 share = {b: f"{100 * r['fraction_of_ideal'][b]:.0f}% of ideal" for b in m}
             wrong = " (WRONG)" if any(r["wrong"].values()) else ""
-            route = r.get("route", {}).get("ringdist", {}).get("route")
-            ours = f"{us_range([m['ringdist'] * 1e6])} ({share['ringdist']})"
+            # ringdist as run, or the first variant of it where every one was forced
+            key = "ringdist" if "ringdist" in m else next(b for b in m if b.startswith("ringdist"))
+            route = r.get("route", {}).get(key, {}).get("route")
+            ours = f"{us_range([m[key] * 1e6])} ({share[key]})"
             rows.append(Row(f"{where}: {size(r['bytes'])}{wrong}"
                             + (f", route {route}" if route else ""), ours,
                             f"gloo {us_range([m['gloo'] * 1e6])} ({share['gloo']})",
-                            ratio_range([m["gloo"] / m["ringdist"]])))
-            if "ringdist:ring" in m:  # the same build with the direct exchange off
+                            ratio_range([m["gloo"] / m[key]])))
+            if "ringdist:ring" in m and key != "ringdist:ring":  # the same build, rings forced
                 rows.append(Row(f"{where}: {size(r['bytes'])}, against ringdist's rings", ours,
                                 f"rings {us_range([m['ringdist:ring'] * 1e6])} "
                                 f"({share['ringdist:ring']})",
-                                ratio_range([m["ringdist:ring"] / m["ringdist"]])))
+                                ratio_range([m["ringdist:ring"] / m[key]])))
     return rows
 
 
@@ -430,6 +432,10 @@ SCENARIOS = {
                              "model's prediction for it (ratio: model / measured)", wan_routes),
     "wan_routes_cubic.json": (WAN, "the same, N=4, each route with bbr and with cubic "
                                    "(`RINGDIST_TCP_CONGESTION=cubic`)", wan_routes),
+    "wan_broadcast.json": (WAN, "fp32 broadcast from rank 0, N=4, the direct broadcast "
+                                "(`RINGDIST_ROUTE=direct`); ideal 8S/R + d", wan),
+    "wan_two_level_3x2.json": (WAN, "fp32 allreduce, 3 hosts x 2 ranks (N=6): the two-level "
+                                    "allreduce with its cross stage by the route model", wan),
     "deepspeed_peer_n2.json": (DIRECT, "ringdist's op against DeepSpeed's, N=2",
                                labels("direct-op", "deepspeed", "DeepSpeed's op")),
     "deepspeed_peer_n2_small.json": (DIRECT, "the same, small sizes",

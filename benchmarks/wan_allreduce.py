@@ -59,6 +59,7 @@ VARIANT_ENV = {"plain": {"RINGDIST_TCP_ENCRYPT": "0"}, "ring": {"RINGDIST_ROUTE"
 PORT = 29700  # inside host 0's namespace: no other process on the machine can hold it
 FORMULA = ("ideal = 2(H-1)/H * 8S/R + 2d  (H: hosts, R: link rate, d: one-way delay; "
            "ring ideal: 2(H-1)d)")
+BROADCAST_FORMULA = "ideal = 8S/R + d  (R: link rate, d: one-way delay; the root sends every byte)"
 
 
 def batch_for(nbytes):
@@ -67,9 +68,12 @@ def batch_for(nbytes):
     return 10 if nbytes < (64 << 10) else 3 if nbytes < (4 << 20) else 1
 
 
-def ideal_s(nbytes, hosts, rate_bps, one_way_s, trips=2):
+def ideal_s(nbytes, hosts, rate_bps, one_way_s, trips=2, op="allreduce"):
     """The bytes every host's link carries each way at the link's rate, plus `trips` one-way
-    trips: 2 for the best allreduce of large messages (a direct exchange), 2(H-1) for a ring."""
+    trips: 2 for the best allreduce of large messages (a direct exchange), 2(H-1) for a ring.
+    A broadcast: the root sends every byte once, and the last arrives a one-way trip later."""
+    if op == "broadcast":
+        return 8 * nbytes / rate_bps + one_way_s
     return 2 * (hosts - 1) / hosts * 8 * nbytes / rate_bps + trips * one_way_s
 
 
@@ -196,12 +200,12 @@ def run_config(args, hosts, rtt_s, loss):
         if args.procs_per_host == 1 and args.op == "allreduce":  # the model's prediction
             row["model_us"] = _C.allreduce_route_model(hosts, row["count"] * 4, int(rtt_s * 1e6),
                                                        args.rate_bps)
-        row["ideal_s"] = ideal_s(row["bytes"], hosts, args.rate_bps, rtt_s / 2)
+        row["ideal_s"] = ideal_s(row["bytes"], hosts, args.rate_bps, rtt_s / 2, op=args.op)
         row["ring_ideal_s"] = ideal_s(row["bytes"], hosts, args.rate_bps, rtt_s / 2,
                                       trips=2 * (hosts - 1))
         row["fraction_of_ideal"] = {b: row["ideal_s"] / row["median_s"][b] for b in args.backends}
         row["one_way_trips_per_call"] = {b: row["median_s"][b] / (rtt_s / 2) for b in args.backends}
-    return {"hosts": hosts, "procs_per_host": args.procs_per_host, "world": world,
+    return {"op": args.op, "hosts": hosts, "procs_per_host": args.procs_per_host, "world": world,
             "rate_bps": args.rate_bps, "rtt_s": rtt_s, "loss": loss, "link": link.describe(),
             "rows": rows, "check": wan.check, "line_after": line,
             "seconds": time.monotonic() - started,
@@ -230,7 +234,7 @@ def predicted(row, route):
 def print_table(cfg):
     print(f"N={cfg['world']} RTT {cfg['rtt_s'] * 1e3:g} ms loss {cfg['loss']:g} "
           f"(load average {cfg['loadavg_1min_before']:.1f} -> {cfg['loadavg_1min_after']:.1f}); "
-          + FORMULA)
+          + (BROADCAST_FORMULA if cfg.get("op") == "broadcast" else FORMULA))
     backends = list(cfg["rows"][0]["median_s"]) if cfg["rows"] else []
     print(f"{'size':>10} " + " ".join(f"{b:>14}" for b in backends) + f" {'ideal':>9} "
           + " ".join(f"{b + ' %':>14}" for b in backends) + f" {'trips/call':>11} {'#wrong':>7}  "
@@ -267,8 +271,8 @@ def main():
                     help="largest size measured with loss (a cubic stream at 0.1%% loss and "
                          "100 ms moves ~1 MB/s)")
     ap.add_argument("--op", choices=["allreduce", "broadcast"], default="allreduce",
-                    help="broadcast: from rank 0, its ideal the same as allreduce's (a scatter "
-                         "and an allgather); no route or model is recorded")
+                    help="broadcast: from rank 0, its ideal 8S/R + d (the root sends every byte "
+                         "once); no route or model is recorded")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int,
                     help="timed calls per batch (default: 10 below 64 KiB, 3 below 4 MiB, else 1)")
@@ -291,7 +295,8 @@ def main():
     args.rate_bps = emulator.parse_rate(args.rate)
     args.queue = emulator.parse_size(args.queue) if args.queue else None
     args.loss_max_bytes = emulator.parse_size(args.loss_max_bytes)
-    out = {"benchmark": "wan_allreduce", "formula": FORMULA, "dtype": "float32",
+    out = {"benchmark": "wan_allreduce", "dtype": "float32",
+           "formula": FORMULA if args.op == "allreduce" else BROADCAST_FORMULA,
            "op": "sum" if args.op == "allreduce" else "broadcast",
            "rounds": args.rounds, "backends": args.backends, "tcp_congestion_start": "cubic",
            "configs": []}
