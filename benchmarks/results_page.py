@@ -430,6 +430,7 @@ SCENARIOS = {
     "wan_allreduce_direct_rerun.json": (WAN, "the same, a second run (RTT 100 ms)", wan),
     "wan_routes.json": (WAN, "fp32 allreduce, N=4 and 8: each route forced, against the route "
                              "model's prediction for it (ratio: model / measured)", wan_routes),
+    "wan_routes_rerun.json": (WAN, "the same, N=4, a second run", wan_routes),
     "wan_routes_cubic.json": (WAN, "the same, N=4, each route with bbr and with cubic "
                                    "(`RINGDIST_TCP_CONGESTION=cubic`)", wan_routes),
     "wan_broadcast.json": (WAN, "fp32 broadcast from rank 0, N=4, the direct broadcast "
