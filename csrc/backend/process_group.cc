@@ -249,9 +249,7 @@ std::map<std::string, std::string> ProcessGroupRingdist::modelAllreduce(int rank
   const RouteModel model = RouteModel::forLink(roundTripUs, bitsPerSecond);
   std::map<std::string, std::string> out = {
       {"route", routeName(model.best(ModelledOp::kAllreduce, ranks, bytes))}};
-  for (const auto& [route, us] : model.timesUs(ModelledOp::kAllreduce, ranks, bytes)) {
-    out[route + "_us"] = std::to_string(us);
-  }
+  addAllreduceTimes(model, ranks, bytes, &out);
   return out;
 }
 

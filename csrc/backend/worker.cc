@@ -420,6 +420,13 @@ std::vector<std::vector<int>> Worker::allreduceRings() const {
   return {comm_->hostRing().members, comm_->crossRing().members};
 }
 
+void addAllreduceTimes(const RouteModel& model, int ranks, size_t bytes,
+                       std::map<std::string, std::string>* out) {
+  for (const auto& [route, us] : model.timesUs(ModelledOp::kAllreduce, ranks, bytes)) {
+    (*out)[route + "_us"] = std::to_string(us);
+  }
+}
+
 std::map<std::string, std::string> Worker::allreduceRoute(size_t bytes) const {
   std::lock_guard<std::mutex> lock(optionsMutex_);
   std::map<std::string, std::string> out = {
@@ -427,10 +434,7 @@ std::map<std::string, std::string> Worker::allreduceRoute(size_t bytes) const {
       {"round_trip_us", std::to_string(comm_->linkRoundTripUs())},
       {"link_bits_per_s", std::to_string(comm_->linkBitsPerSecond())},
       {"hosts", std::to_string(comm_->hostCount())}};
-  for (const auto& [route, us] :
-       comm_->routeModel().timesUs(ModelledOp::kAllreduce, comm_->size(), bytes)) {
-    out[route + "_us"] = std::to_string(us);
-  }
+  addAllreduceTimes(comm_->routeModel(), comm_->size(), bytes, &out);
   return out;
 }
 

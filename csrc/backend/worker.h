@@ -19,6 +19,11 @@
 
 namespace ringdist {
 
+// Adds "<route>_us" to `out`: the model's predicted allreduce time of `bytes` over `ranks`
+// hosts by each route it allows (as allreduce_route and the model's Python binding report).
+void addAllreduceTimes(const RouteModel& model, int ranks, size_t bytes,
+                       std::map<std::string, std::string>* out);
+
 // What the worker measured around the operations it ran, per op name
 // ("allreduce", "compressed_allreduce/int8", ...).
 struct OpStats {

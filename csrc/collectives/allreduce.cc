@@ -157,8 +157,7 @@ void halvingDoublingAllreduce(Communicator& comm, const SubRing& group, void* da
                               DataType dtype, ReduceOp op, const OpHeader& header, int divisor) {
   const int n = group.size();
   const int rank = group.pos;
-  int p = 1;
-  while (p <= n / 2) p *= 2;
+  const int p = powerOfTwoBelow(n);
   const int folded = n - p;
   const bool inPair = rank < 2 * folded;
   const int v = inPair ? rank / 2 : rank - folded;
@@ -399,9 +398,19 @@ void ringAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
 }
 
 // The route of a two-level allreduce's cross stage: its chunk of `bytes` among the hosts, one
-// rank of each (the route model, as a group of one rank per host would take it).
+// rank of each (the route model, as a group of one rank per host would take it); an empty
+// chunk, the same on every rank at this position, is left to the ring (which skips it).
 Route crossRoute(const Communicator& comm, size_t bytes) {
-  return comm.routeAmongHosts(ModelledOp::kAllreduce, comm.crossRing().size(), bytes);
+  return bytes == 0 ? Route::kRing
+                    : comm.routeAmongHosts(ModelledOp::kAllreduce, comm.crossRing().size(), bytes);
+}
+
+// The allreduce of a group of ranks on different hosts by `route`: the direct exchange or
+// halving-doubling.
+using AcrossHosts = void (*)(Communicator&, const SubRing&, void*, size_t, DataType, ReduceOp,
+                             const OpHeader&, int);
+AcrossHosts allreduceAcrossHosts(Route route) {
+  return route == Route::kDirect ? directAllreduce : halvingDoublingAllreduce;
 }
 
 // Two levels, for H hosts of L ranks each: reduce-scatter inside the host
@@ -413,7 +422,6 @@ Route crossRoute(const Communicator& comm, size_t bytes) {
 // multi-host runs with several ranks per host faster. Every chunk is still
 // reduced in one fixed order and then copied, so results stay bitwise
 // identical on all ranks.
-
 void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
                            ReduceOp op, const OpHeader& header, StageGate* gate) {
   const SubRing& host = comm.hostRing();
@@ -433,20 +441,13 @@ void hierarchicalAllreduce(Communicator& comm, void* data, size_t count, DataTyp
   char* chunk = static_cast<char*>(data) + offset;
   // The same on every rank at this position, so all of a cross ring skip alike and take the
   // same route across the hosts.
-  switch (length == 0 ? Route::kRing : crossRoute(comm, length * elem)) {
-    case Route::kDirect:
-      directAllreduce(comm, cross, chunk, length, dtype, op, header, divisor);
-      if (gate != nullptr) gate->produced(offset, length * elem);
-      break;
-    case Route::kHalvingDoubling:
-      halvingDoublingAllreduce(comm, cross, chunk, length, dtype, op, header, divisor);
-      if (gate != nullptr) gate->produced(offset, length * elem);
-      break;
-    default:
-      if (length > 0) {
-        ringSteps(comm, cross, chunk, length, dtype, reduceFn, 0, 2 * (h - 1), divisor,
-                  {nullptr, gate, offset});
-      }
+  const Route route = crossRoute(comm, length * elem);
+  if (route != Route::kRing) {
+    allreduceAcrossHosts(route)(comm, cross, chunk, length, dtype, op, header, divisor);
+    if (gate != nullptr) gate->produced(offset, length * elem);
+  } else if (length > 0) {
+    ringSteps(comm, cross, chunk, length, dtype, reduceFn, 0, 2 * (h - 1), divisor,
+              {nullptr, gate, offset});
   }
   ringSteps(comm, host, data, count, dtype, reduceFn, l - 1, 2 * (l - 1), 0,
             {nullptr, gate, 0});
@@ -503,7 +504,9 @@ void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
   const size_t bytes = count * elementSize(dtype);
   const bool sampled = comm.samplesRate(bytes);
   if (sampled && comm.rateAgreementDue()) agreeOnLinkRate(comm);
-  const auto start = std::chrono::steady_clock::now();
+  // The clock only for a sample: small calls are the latency path.
+  const auto start = sampled ? std::chrono::steady_clock::now()
+                             : std::chrono::steady_clock::time_point{};
   const bool small = comm.options().oneRoundAllreduce(bytes, n);
   OpHeader header = comm.makeHeader(OpType::kAllreduce, count, dtype, op, -1);
   header.variant = linkVariant(comm, bytes);
@@ -520,12 +523,12 @@ void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
     pairAllreduce(comm, data, count, dtype, op, header);
   } else if (n > 2 && count > 0 && small) {
     oneShotAllreduce(comm, data, count, dtype, op, header);
-  } else if (header.variant == kDirectAllreduce && count > 0) {
-    directAllreduce(comm, comm.everyRank(), data, count, dtype, op, header,
-                    op == ReduceOp::kAvg ? n : 0);
-  } else if (header.variant == kHalvingDoublingAllreduce && count > 0) {
-    halvingDoublingAllreduce(comm, comm.everyRank(), data, count, dtype, op, header,
-                             op == ReduceOp::kAvg ? n : 0);
+  } else if ((header.variant == kDirectAllreduce ||
+              header.variant == kHalvingDoublingAllreduce) && count > 0) {
+    const Route route =
+        header.variant == kDirectAllreduce ? Route::kDirect : Route::kHalvingDoubling;
+    allreduceAcrossHosts(route)(comm, comm.everyRank(), data, count, dtype, op, header,
+                                op == ReduceOp::kAvg ? n : 0);
   } else {
     comm.exchangeRingHeaders(header);
     if (n > 1 && count > 0) {  // AVG over one rank divides by one
@@ -557,7 +560,7 @@ const char* allreduceRoute(const Communicator& comm, size_t bytes) {
       const SubRing& host = comm.hostRing();
       const size_t chunk = ChunkLayout(bytes, host.size(), comm.segmentBytes(), 1)
                                .chunkLength(static_cast<size_t>(host.pos));
-      switch (chunk == 0 ? Route::kRing : crossRoute(comm, chunk)) {
+      switch (crossRoute(comm, chunk)) {
         case Route::kDirect: return "two-level, direct across hosts";
         case Route::kHalvingDoubling: return "two-level, halving-doubling across hosts";
         default: return "two-level";

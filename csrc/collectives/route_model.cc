@@ -34,13 +34,13 @@ bool RouteModel::allowed(Route route, ModelledOp op, int n) {
   }
 }
 
-namespace {
-
-int powerOfTwoBelow(int n) {  // the largest power of two <= n
+int powerOfTwoBelow(int n) {
   int p = 1;
   while (p <= n / 2) p *= 2;
   return p;
 }
+
+namespace {
 
 int log2Of(int p) {
   int k = 0;

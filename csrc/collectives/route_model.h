@@ -53,6 +53,8 @@ constexpr uint64_t kRateAgreeEvery = 32;
 constexpr int kMaxDirectRanks = 16;
 
 enum class ModelledOp { kAllreduce, kAllgather, kReduceScatter, kBroadcast };
+// The largest power of two <= n: the ranks halving-doubling folds n onto.
+int powerOfTwoBelow(int n);
 enum class Route : uint8_t { kRing, kDirect, kHalvingDoubling };
 const char* routeName(Route route);
 
