@@ -285,6 +285,15 @@ def gpu_kernels(data):
             for r in data["rows"]]
 
 
+def gpu_handoff(data):
+    """gpu_handoff.py: one hand-off between two processes' work on one GPU (microseconds, rank
+    0), against one process's add and wait with the GPU to itself."""
+    us = data["results"]["rank0_us"]
+    alone = us["sync-alone"]
+    return [Row(f"{mode}, us", f"{us[mode]:.1f}", f"alone {alone:.1f}", ratio_range([alone / us[mode]]))
+            for mode in ("sync-both", "host-pingpong", "stream-pingpong-host", "stream-pingpong-device")]
+
+
 def ceilings(data):
     """memcpy_ceiling.py: what this machine's memory and loopback deliver (no ringdist)."""
     rows = [Row(c["what"], "-", f"{c['GBps']:.1f} GB/s", "-") for c in data["ceilings"].values()]
@@ -467,6 +476,8 @@ SCENARIOS = {
     "codec_families_x86.json": (OTHER, "hook codecs, x86 kernel families", codec_families),
     "gpu_h100_allreduce_n2.json": (GPU, "allreduce of CUDA tensors, N=2", sweep),
     "gpu_h100_kernels.json": (GPU, "kernels against the device copy", gpu_kernels),
+    "gpu_h200_kernels.json": (GPU, "kernels against the device copy, H200", gpu_kernels),
+    "gpu_h200_handoff.json": (GPU, "hand-off between two processes on one H200", gpu_handoff),
     "stream_order_n2.json": (AB, "in-cache forwarding, N=2", ab("ringdist", "before", "before")),
     "stream_order_n4.json": (AB, "in-cache forwarding, N=4", ab("ringdist", "before", "before")),
     "in_flight_same_host_n2.json": (AB, "data in flight from the round trip, one host, N=2",

@@ -39,13 +39,19 @@ mkdir -p "$OUT"
   2>&1 | tee "$OUT/machine.txt"
 
 start=$(date +%s)
-export TORCH_RINGDIST_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
+# A test build: the tests stage needs the suite's hooks (_C.testing).
+export TORCH_RINGDIST_CUDA=1 TORCH_RINGDIST_TESTING=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
 if ! "$PY" -m pip install -q --no-build-isolation --no-deps --upgrade --target "$SITE" . \
     > "$OUT/build.log" 2>&1; then
   tail -30 "$OUT/build.log"; echo "build failed"; exit 1
 fi
 echo "built in $(( $(date +%s) - start )) s" | tee -a "$OUT/build.log"
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+# benchmarks/ on the path: `python -P` (no checkout on sys.path, so the built package is
+# imported) also leaves out the script's folder, where bench_common lives. torch's lib folder
+# for the C++ programs: the package sits apart from torch, so its run path does not find it.
+TORCH_LIB=$("$PY" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")
+export PYTHONPATH="$SITE:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH="$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 TORCHRUN=("$PY" -m torch.distributed.run --standalone --nproc-per-node 2)
 
 failed=()

@@ -53,6 +53,22 @@ __device__ Stats blockStats(float x, bool present) {
   return {maxAbs, finite};
 }
 
+// Encoded buffers are byte tensors that may start at any offset: the
+// element-wise kernels move the 4-byte scale and 16-bit values a byte at a time
+// (little-endian, the CPU codec's layout); a typed access there faults.
+__device__ uint32_t loadBytes(const char* p, int n) {
+  uint32_t w = 0;
+  for (int b = 0; b < n; ++b) w |= static_cast<uint32_t>(static_cast<uint8_t>(p[b])) << (8 * b);
+  return w;
+}
+
+__device__ void storeBytes(char* p, uint32_t w, int n) {
+  for (int b = 0; b < n; ++b) p[b] = static_cast<char>((w >> (8 * b)) & 0xffu);
+}
+
+__device__ float loadScale(const char* p) { return __uint_as_float(loadBytes(p, 4)); }
+__device__ void storeScale(char* p, float s) { storeBytes(p, __float_as_uint(s), 4); }
+
 constexpr int kPerLane = static_cast<int>(kCodecBlock) / 32;  // 8 values
 constexpr int kBlocksPerCta = 8;                               // codec blocks (warps) per thread block
 
@@ -159,13 +175,13 @@ __global__ void encodeBlocks(const float* in, size_t count, char* out) {
   char* payload = block + kScaleBytes;
   if (kCodec == Codec::kFp16) {
     const bm::Fp16Scales s = bm::fp16Scales(st.maxAbs, st.finite);
-    if (threadIdx.x == 0) *reinterpret_cast<float*>(block) = s.scale;
-    if (present) reinterpret_cast<uint16_t*>(payload)[threadIdx.x] = bm::fp16Encode(x, s.up);
+    if (threadIdx.x == 0) storeScale(block, s.scale);
+    if (present) storeBytes(payload + 2 * threadIdx.x, bm::fp16Encode(x, s.up), 2);
     return;
   }
   const float levels = kCodec == Codec::kInt8 ? bm::kInt8Levels : bm::kInt4Levels;
   const bm::IntScales s = bm::intScales(st.maxAbs, st.finite, levels);
-  if (threadIdx.x == 0) *reinterpret_cast<float*>(block) = s.scale;
+  if (threadIdx.x == 0) storeScale(block, s.scale);
   const int8_t q = present ? bm::intEncode(x, s.inverse, levels) : 0;
   if (kCodec == Codec::kInt8) {
     if (present) reinterpret_cast<int8_t*>(payload)[threadIdx.x] = q;
@@ -183,7 +199,7 @@ __global__ void decodeBlocks(const char* in, size_t count, float* out) {
   const size_t i = static_cast<size_t>(blockIdx.x) * kCodecBlock + threadIdx.x;
   if (i >= count) return;
   const char* block = in + blockIdx.x * fullBlockBytes(kCodec);
-  const float scale = *reinterpret_cast<const float*>(block);
+  const float scale = loadScale(block);
   const char* payload = block + kScaleBytes;
   float v;
   if (kCodec == Codec::kInt8) {
@@ -192,7 +208,7 @@ __global__ void decodeBlocks(const char* in, size_t count, float* out) {
     const uint8_t byte = reinterpret_cast<const uint8_t*>(payload)[threadIdx.x / 2];
     v = bm::intDecode(bm::int4Unpack(byte, threadIdx.x % 2 == 1), scale);
   } else {
-    v = bm::fp16Decode(reinterpret_cast<const uint16_t*>(payload)[threadIdx.x], scale);
+    v = bm::fp16Decode(static_cast<uint16_t>(loadBytes(payload + 2 * threadIdx.x, 2)), scale);
   }
   out[i] = kAdd ? out[i] + v : v;
 }
@@ -230,18 +246,18 @@ __global__ void decodeBf16x8(const uint4* in, size_t groups, float4* out) {
   }
 }
 
-__global__ void encodeBf16(const float* in, size_t count, uint16_t* out) {
+__global__ void encodeBf16(const float* in, size_t count, char* out) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-    out[i] = ew::floatToBf16(in[i]);
+    storeBytes(out + 2 * i, ew::floatToBf16(in[i]), 2);
   }
 }
 
 template <bool kAdd>
-__global__ void decodeBf16(const uint16_t* in, size_t count, float* out) {
+__global__ void decodeBf16(const char* in, size_t count, float* out) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-    const float v = ew::bf16ToFloat(in[i]);
+    const float v = ew::bf16ToFloat(static_cast<uint16_t>(loadBytes(in + 2 * i, 2)));
     out[i] = kAdd ? out[i] + v : v;
   }
 }
@@ -258,7 +274,7 @@ unsigned elementBlocks(size_t count) {
 bool aligned(const void* p, size_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
 
 // bf16: groups of 8 values 16 bytes at a time where both pointers allow, the rest one by one.
-void encodeBf16Any(const float* in, size_t count, uint16_t* out, cudaStream_t stream) {
+void encodeBf16Any(const float* in, size_t count, char* out, cudaStream_t stream) {
   const size_t groups = aligned(in, 16) && aligned(out, 16) ? count / 8 : 0;
   if (groups > 0) {
     encodeBf16x8<<<elementBlocks(groups), kThreads, 0, stream>>>(
@@ -266,12 +282,12 @@ void encodeBf16Any(const float* in, size_t count, uint16_t* out, cudaStream_t st
   }
   if (count > 8 * groups) {
     encodeBf16<<<elementBlocks(count - 8 * groups), kThreads, 0, stream>>>(
-        in + 8 * groups, count - 8 * groups, out + 8 * groups);
+        in + 8 * groups, count - 8 * groups, out + 16 * groups);
   }
 }
 
 template <bool kAdd>
-void decodeBf16Any(const uint16_t* in, size_t count, float* out, cudaStream_t stream) {
+void decodeBf16Any(const char* in, size_t count, float* out, cudaStream_t stream) {
   const size_t groups = aligned(in, 16) && aligned(out, 16) ? count / 8 : 0;
   if (groups > 0) {
     decodeBf16x8<kAdd><<<elementBlocks(groups), kThreads, 0, stream>>>(
@@ -279,7 +295,7 @@ void decodeBf16Any(const uint16_t* in, size_t count, float* out, cudaStream_t st
   }
   if (count > 8 * groups) {
     decodeBf16<kAdd><<<elementBlocks(count - 8 * groups), kThreads, 0, stream>>>(
-        in + 8 * groups, count - 8 * groups, out + 8 * groups);
+        in + 16 * groups, count - 8 * groups, out + 8 * groups);
   }
 }
 
@@ -337,7 +353,7 @@ void decodeAny(Codec codec, const void* in, size_t count, float* out, cudaStream
       decodeBlockScaled<Codec::kFp16, kAdd>(bytes, count, out, stream);
       break;
     case Codec::kBf16:
-      decodeBf16Any<kAdd>(reinterpret_cast<const uint16_t*>(bytes), count, out, stream);
+      decodeBf16Any<kAdd>(bytes, count, out, stream);
       break;
   }
   checkLaunch(kAdd ? "decode_add" : "decode", codec);
@@ -360,7 +376,7 @@ void encode(Codec codec, const float* in, size_t count, void* out, cudaStream_t 
       encodeBlockScaled<Codec::kFp16>(in, count, bytes, stream);
       break;
     case Codec::kBf16:
-      encodeBf16Any(in, count, reinterpret_cast<uint16_t*>(bytes), stream);
+      encodeBf16Any(in, count, bytes, stream);
       break;
   }
   checkLaunch("encode", codec);
