@@ -332,10 +332,14 @@ def wan(data):
             key = "ringdist" if "ringdist" in m else next(b for b in m if b.startswith("ringdist"))
             route = r.get("route", {}).get(key, {}).get("route")
             ours = f"{us_range([m[key] * 1e6])} ({share[key]})"
+            # Against gloo where it ran (not in runs with loss, where a call takes it ~30 s),
+            # else against the ideal.
+            reference, seconds = ((f"gloo {us_range([m['gloo'] * 1e6])} ({share['gloo']})", m["gloo"])
+                                  if "gloo" in m else
+                                  (f"ideal {us_range([r['ideal_s'] * 1e6])}", r["ideal_s"]))
             rows.append(Row(f"{where}: {size(r['bytes'])}{wrong}"
-                            + (f", route {route}" if route else ""), ours,
-                            f"gloo {us_range([m['gloo'] * 1e6])} ({share['gloo']})",
-                            ratio_range([m["gloo"] / m[key]])))
+                            + (f", route {route}" if route else ""), ours, reference,
+                            ratio_range([seconds / m[key]])))
             if "ringdist:ring" in m and key != "ringdist:ring":  # the same build, rings forced
                 rows.append(Row(f"{where}: {size(r['bytes'])}, against ringdist's rings", ours,
                                 f"rings {us_range([m['ringdist:ring'] * 1e6])} "
@@ -362,6 +366,7 @@ def wan_routes(data):
         health = line_health(cfg)
         short = health["late_over_10ms"] or health["late_over_1ms"] > 0.01 * health["writes"]
         where = (f"N={cfg['world']}, RTT {cfg['rtt_s'] * 1e3:g} ms"
+                 + (f", loss {cfg['loss'] * 100:g}%" if cfg["loss"] else "")
                  + (" (delay line short of CPU: times are upper bounds)" if short else ""))
         for r in cfg["rows"]:
             if r["bytes"] < (64 << 10):
@@ -434,6 +439,10 @@ SCENARIOS = {
     "wan_allreduce.json": (WAN, "fp32 allreduce", wan),
     "wan_allreduce_loss.json": (WAN, "fp32 allreduce, 0.1% random loss", wan),
     "wan_allreduce_2x2.json": (WAN, "fp32 allreduce, 2 hosts x 2 ranks (N=4)", wan),
+    "wan_loss_routes.json": (WAN, "fp32 allreduce, 0.1% random loss, N=2 and 4, routes by the "
+                             "model", wan),
+    "wan_loss_n2_direct.json": (WAN, "the same, N=2, 16 MiB: the direct exchange (allowed at N=2 "
+                                "for this run) against the ring", wan_routes),
     "wan_allreduce_direct.json": (WAN, "fp32 allreduce, N=4: the direct exchange (route model) "
                                        "against the rings, same build", wan),
     "wan_allreduce_direct_rerun.json": (WAN, "the same, a second run (RTT 100 ms)", wan),

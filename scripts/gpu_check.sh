@@ -18,8 +18,10 @@
 #   ddp1g     the same at 1 Gbit/s
 #   staged    allreduce (16-256 MiB), allgather and reduce-scatter (16-64 MiB) across 2
 #             emulated hosts at 10 Gbit/s: pipelined staging against unpipelined and gloo
-# With a short lease (15 device-minutes), one call each, in this order: `tests handoff`,
-# `compare`, `fsdp2 collectives`, `ddp`, `staged`, then the rest (`ddp1g` first).
+# With a short lease (15 device-minutes, a machine's start included), one call each, fired
+# right after the last returns (a machine goes back after 30 s idle), in this order: `tests`
+# (the build took 48 s on an H200 and the test list about 6 minutes), `fsdp2 kernels handoff`,
+# `compare`, `collectives`, `ddp`, `staged`, then the rest (`ddp1g` first).
 #   nccl      NCCL with 2 ranks on one GPU (its refusal is the record)
 #   handoff   benchmarks/gpu_handoff.py: the hand-off between two processes' streams on one
 #             GPU (host waits against stream memory operations; issue 31's H)

@@ -472,3 +472,41 @@ def test_the_agreed_rate_is_the_emulated_links():
     rtt_us = got[0]["round_trip_us"]
     assert _best(_model(3, 1 << 20, rtt_us)) == "direct", rtt_us
     assert _best(_model(3, 1 << 20, rtt_us, agreed[1])) == "ring", (rtt_us, agreed)
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@needs_root
+def test_a_link_that_slows_to_a_tenth_is_agreed_and_routed_by(tmp_path):
+    """Three emulated hosts at 200 Mbit/s and a 10 ms round trip; the delay line drops every
+    link to 20 Mbit/s just before the call that agrees on the first round of samples. That round
+    agrees on about 200 Mbit/s, the next, timed wholly on the slow links, on about 20 Mbit/s;
+    every result stays right, nothing hangs, and 1 MiB takes the model's route for each agreed
+    rate."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks", "wan"))
+    import emulator
+
+    fast, slow = 200e6, 20e6
+    with emulator.Wan(3, emulator.HostLink(0.005, fast), timeout=180) as wan:
+        port = 29600 + os.getpid() % 1000
+        argv = [sys.executable, os.path.join(REPO, "tests", "scenarios", "wan_link_rate.py"),
+                str(port), str(tmp_path)]
+        logs = [os.path.join(wan.workdir, f"rate{i}.log") for i in range(3)]
+
+        def slow_down():
+            if os.path.exists(tmp_path / "ready") and not os.path.exists(tmp_path / "go"):
+                wan.set_links(emulator.HostLink(0.005, slow))
+                (tmp_path / "go").touch()
+
+        codes = wan.run(argv, logs=logs, timeout=150, during=slow_down)
+        out = [open(p).read() for p in logs]
+    assert codes == [0, 0, 0], out
+    got = [json.loads(o.strip().splitlines()[-1]) for o in out]
+    assert all(g["wrong"] == 0 for g in got), got
+    agreed = got[0]["agreed"]
+    assert all(g["agreed"] == agreed for g in got), got
+    assert agreed[0] == 0 and 0.75 * fast <= agreed[1] <= 1.1 * fast, agreed
+    assert 0.75 * slow <= agreed[2] <= 1.1 * slow, agreed
+    rtt_us = got[0]["round_trip_us"]
+    expected = [_best(_model(3, 1 << 20, rtt_us, *([rate] if rate else []))) for rate in agreed]
+    assert all(g["routes"] == expected for g in got), (got, expected)

@@ -1,8 +1,10 @@
 """The WAN emulator (benchmarks/wan/emulator.py): four hosts behind its userspace delay line
 measure the round trip time, rate and loss they were given, a ringdist ring allreduce across two
 of them measures the link's round trip (which sizes its data in flight) and gives the float64
-reference result, and nothing the emulator made outlives it, also when the command it drives
-fails."""
+reference result, nothing the emulator made outlives it, also when the command it drives
+fails, and a host cut off mid-run (its links changed to drop everything) ends every rank's
+allreduce with an error that names the silent peers, within the group's timeout."""
+import json
 import os
 import shutil
 import subprocess
@@ -97,3 +99,36 @@ def test_nothing_is_left_when_the_command_fails():
     assert "self-check passed" in err
     assert leftovers(f"{emulator.PREFIX}-{p.pid}") == ([], [])
     assert not [c for c in map(cmdline, os.listdir("/proc")) if c.startswith("sleep 287")]
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@needs_root
+def test_a_host_cut_off_mid_run_fails_every_rank_naming_the_silent_peers(tmp_path):
+    """Three hosts at 100 Mbit/s and a 10 ms round trip. After correct allreduces the third
+    host's links start dropping every packet (no reset reaches anyone). The allreduce then fails
+    on every rank with the group's timeout (8 s): the two connected ranks name rank 2, the cut-off
+    one names ranks 0 and 1, and it does not wait past 2 s more for the store it cannot reach
+    either (kStoreOnErrorMs); before that bound it waited for as long as TCP kept trying."""
+    link = emulator.HostLink(0.005, 100e6)
+    with emulator.Wan(3, link, timeout=120) as wan:
+        port = 29600 + os.getpid() % 1000
+        argv = [sys.executable, os.path.join(REPO, "tests", "scenarios", "wan_silent_peer.py"),
+                str(port), str(tmp_path)]
+        logs = [str(tmp_path / f"rank{i}.log") for i in range(3)]
+
+        def cut_off_host_2():
+            if (tmp_path / "ready").exists() and not (tmp_path / "go").exists():
+                wan.set_links([link, link, emulator.HostLink(0.005, 100e6, loss=1.0)])
+                (tmp_path / "go").touch()
+
+        codes = wan.run(argv, logs=logs, timeout=60, during=cut_off_host_2)
+        out = [open(p).read() for p in logs]
+    assert codes == [0, 0, 0], out
+    got = [json.loads(o.strip().splitlines()[-1]) for o in out]
+    assert all(g["wrong"] == 0 for g in got), got
+    for g, silent in zip(got, ["2", "2", "0, 1"]):
+        assert g["error"] and "Timed out after 8000 ms" in g["error"], got
+        assert f"rank {g['rank']}: Timed out" in g["error"], got
+        assert f"waiting for rank(s) {silent}" in g["error"], got
+        assert 7.5 <= g["seconds"] <= 8 + 2 + 1.5, got

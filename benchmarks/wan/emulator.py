@@ -113,8 +113,8 @@ class HostLink:
     settings, its rate and queue (each direction) and the loss it adds on such a path."""
 
     def __init__(self, delay_s, rate_bps, queue_bytes=None, loss=0.0):
-        if not (0 <= loss < 1 and rate_bps > 0 and delay_s >= 0):
-            raise ValueError("need 0 <= loss < 1, rate > 0, delay >= 0")
+        if not (0 <= loss <= 1 and rate_bps > 0 and delay_s >= 0):
+            raise ValueError("need 0 <= loss <= 1 (1: the host is cut off), rate > 0, delay >= 0")
         self.delay_s, self.rate_bps, self.loss = delay_s, rate_bps, loss
         # Default queue: one bandwidth-delay product of the round trip (the usual rule for a
         # bottleneck router), at least 64 KiB.
@@ -124,8 +124,9 @@ class HostLink:
         return 1 - math.sqrt(1 - self.loss)
 
     def line_spec(self, name):
-        """The --host argument of wanline: name, then uplink and downlink (rate, queue, delay,
-        loss), each with half the delay and the loss q with (1 - q)^2 = 1 - loss."""
+        """The --host argument of wanline (and a line of its control file, with the host's
+        index for name): name, then uplink and downlink (rate, queue, delay, loss), each with
+        half the delay and the loss q with (1 - q)^2 = 1 - loss."""
         half = [f"{self.rate_bps:.0f}", str(self.queue_bytes), str(int(self.delay_s / 2 * 1e9)),
                 repr(self.direction_loss())]
         return ",".join([name] + half + half)
@@ -274,7 +275,7 @@ class Wan:
                "net.ipv6.conf.default.disable_ipv6=1")
         argv = ["ip", "netns", "exec", self.core, *REALTIME, self.tool("wanline"), "--subnet", SUBNET,
                 "--seed", str(self.seed), "--stats", os.path.join(self.workdir, "line.json"),
-                "--tick-ns", str(TICK_NS)]
+                "--tick-ns", str(TICK_NS), "--control", os.path.join(self.workdir, "changes")]
         for i, link in enumerate(self.links):
             argv += ["--host", link.line_spec(f"{IFNAME}{i}")]
         self.line = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
@@ -340,11 +341,31 @@ class Wan:
         self.children.append(p)
         return p
 
-    def run(self, argv_per_host, env=None, timeout=None, logs=None):
+    def set_links(self, links):
+        """Give the hosts new links mid-run (one HostLink for every host, or one per host):
+        packets already on a link keep their times, later ones see the new rate, delay and
+        loss. Returns once the delay line has applied them."""
+        links = links if isinstance(links, list) else [links] * self.n
+        if len(links) != self.n:
+            raise ValueError("one HostLink per host")
+        with open(os.path.join(self.workdir, "changes"), "w") as f:
+            f.writelines(link.line_spec(str(i)) + "\n" for i, link in enumerate(links))
+        before = self.line_stats()["link_changes"]
+        self.line.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 5
+        while self.line_stats()["link_changes"] == before:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the delay line did not apply the new links")
+            time.sleep(0.02)
+        self.links = links
+        log("links now: " + "; ".join(sorted({json.dumps(link.describe()) for link in links})))
+
+    def run(self, argv_per_host, env=None, timeout=None, logs=None, during=None):
         """Run one command per host at once (argv_per_host: a list with an argv or None per
         host, or one argv for every host); returns the exit codes of those run, in host order.
         The first failure ends the others; so does the timeout (TimeoutError). logs: one path
-        per host for stdout and stderr (else inherited)."""
+        per host for stdout and stderr (else inherited). during: called every 50 ms while
+        they run (to change the links mid-run, say)."""
         if argv_per_host and isinstance(argv_per_host[0], str):
             argv_per_host = [argv_per_host] * self.n
         files = [open(path, "w") for path in logs] if logs else [None] * self.n
@@ -358,6 +379,8 @@ class Wan:
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"commands in the hosts still running after {timeout or self.timeout} s")
+                if during:
+                    during()
                 time.sleep(0.05)
             for p in procs:
                 kill_group(p)

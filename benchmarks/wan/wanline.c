@@ -21,8 +21,12 @@
  *   wanline --subnet A.B.C --seed S --stats FILE \
  *           --host NAME,UP_BPS,UP_QUEUE,UP_DELAY_NS,UP_LOSS,DOWN_BPS,DOWN_QUEUE,DOWN_DELAY_NS,DOWN_LOSS
  *           [--host ...] [--tick-ns T]        (one per host; host i has address A.B.C.(i+1))
+ *           [--control CHANGES]
  * Creates one TUN per host named NAME in the current network namespace, prints "ready", then
  * forwards until SIGTERM, SIGINT or its parent's death. SIGUSR1 and exit write FILE (JSON).
+ * SIGUSR2 reads CHANGES, lines "INDEX,UP_BPS,...,DOWN_LOSS" (a --host spec with the host's
+ * index for its name), and gives those hosts' links the new settings from then on: packets
+ * already on a link keep their times. FILE counts the changes applied ("link_changes").
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -83,7 +87,9 @@ static uint64_t rng_state;
 static uint64_t bad_packets; /* not IPv4, or not addressed to another host */
 static const char *stats_path;
 static int64_t tick_ns; /* least time between two wake-ups while packets flow */
-static volatile sig_atomic_t stop, dump;
+static const char *control_path;
+static uint64_t link_changes;
+static volatile sig_atomic_t stop, dump, change;
 
 static void die(const char *what) {
     fprintf(stderr, "wanline: %s: %s\n", what, errno ? strerror(errno) : "bad argument");
@@ -122,6 +128,24 @@ static void parse_host(char *spec) {
     strcpy(h->name, fields[0]);
     parse_link(&h->up, fields + 1);
     parse_link(&h->down, fields + 5);
+}
+
+/* Applies every line of the control file (SIGUSR2). */
+static void apply_changes(void) {
+    FILE *f = control_path ? fopen(control_path, "r") : NULL;
+    if (!f) die("--control");
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char *fields[9];
+        int n = 0;
+        for (char *tok = strtok(line, ",\n"); tok && n < 9; tok = strtok(NULL, ",\n")) fields[n++] = tok;
+        int i = n == 9 ? atoi(fields[0]) : -1;
+        if (i < 0 || i >= nhosts) die("control line");
+        parse_link(&hosts[i].up, fields + 1);
+        parse_link(&hosts[i].down, fields + 5);
+    }
+    fclose(f);
+    link_changes++;
 }
 
 static int open_tun(const char *name) {
@@ -251,8 +275,9 @@ static void write_stats(void) {
     snprintf(tmp, sizeof tmp, "%s.tmp", stats_path);
     FILE *f = fopen(tmp, "w");
     if (!f) return;
-    fprintf(f, "{\"bad_packets\": %llu, \"late_bounds_ns\": [10000, 100000, 1000000, 10000000], "
-               "\"hosts\": [", (unsigned long long)bad_packets);
+    fprintf(f, "{\"bad_packets\": %llu, \"link_changes\": %llu, "
+               "\"late_bounds_ns\": [10000, 100000, 1000000, 10000000], \"hosts\": [",
+            (unsigned long long)bad_packets, (unsigned long long)link_changes);
     for (int i = 0; i < nhosts; i++) {
         const struct host *h = &hosts[i];
         fprintf(f, "%s\n {\"name\": \"%s\", ", i ? "," : "", h->name);
@@ -272,6 +297,7 @@ static void write_stats(void) {
 
 static void on_stop(int sig) { (void)sig; stop = 1; }
 static void on_dump(int sig) { (void)sig; dump = 1; }
+static void on_change(int sig) { (void)sig; change = 1; }
 
 int main(int argc, char **argv) {
     for (int a = 1; a < argc; a++) {
@@ -289,6 +315,8 @@ int main(int argc, char **argv) {
             tick_ns = atoll(argv[++a]);
         } else if (!strcmp(argv[a], "--stats")) {
             stats_path = argv[++a];
+        } else if (!strcmp(argv[a], "--control")) {
+            control_path = argv[++a];
         } else {
             die(argv[a]);
         }
@@ -304,6 +332,8 @@ int main(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sa.sa_handler = on_dump;
     sigaction(SIGUSR1, &sa, NULL);
+    sa.sa_handler = on_change;
+    sigaction(SIGUSR2, &sa, NULL);
     /* The signals stay blocked except inside ppoll, so none is missed between a check of the
      * flags and the wait. */
     sigset_t block, during_wait;
@@ -311,6 +341,7 @@ int main(int argc, char **argv) {
     sigaddset(&block, SIGTERM);
     sigaddset(&block, SIGINT);
     sigaddset(&block, SIGUSR1);
+    sigaddset(&block, SIGUSR2);
     sigprocmask(SIG_BLOCK, &block, &during_wait);
     if (getppid() == 1) return 1; /* the parent died before PDEATHSIG was set */
 
@@ -325,6 +356,10 @@ int main(int argc, char **argv) {
 
     int64_t last_wake = 0;
     while (!stop) {
+        if (change) {
+            change = 0;
+            apply_changes();
+        }
         if (dump) {
             dump = 0;
             write_stats();

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "csrc/common/error.h"
@@ -14,6 +17,36 @@ namespace ringdist {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+
+// Runs ask(rendezvous) on a thread of its own and waits for its answer up to `limit`; nullopt
+// if it did not come. On the error paths the store may be out of reach too (a host cut off from
+// the network), and a store call then blocks on its socket for as long as TCP keeps trying. A
+// call that does not return in time is left to its thread, which holds its own references, so
+// `ask` must capture by value.
+std::optional<std::string> askStoreWithin(const std::shared_ptr<Rendezvous>& rendezvous,
+                                          std::chrono::milliseconds limit,
+                                          std::function<std::string(Rendezvous&)> ask) {
+  struct Answer {
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::optional<std::string> text;
+  };
+  auto answer = std::make_shared<Answer>();
+  std::thread([rendezvous, answer, ask = std::move(ask)] {
+    std::string text;
+    try {
+      text = ask(*rendezvous);
+    } catch (const std::exception&) {
+      // The store may be gone too; the caller goes on without it.
+    }
+    std::lock_guard<std::mutex> lock(answer->mutex);
+    answer->text = std::move(text);
+    answer->ready.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(answer->mutex);
+  answer->ready.wait_for(lock, limit, [&] { return answer->text.has_value(); });
+  return answer->text;
+}
 }  // namespace
 
 Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
@@ -337,16 +370,13 @@ std::string Communicator::describeError(const std::string& what) {
     }
   }
   // A peer that aborted first may have published why; name the root cause.
-  try {
-    if (rendezvous_ && rendezvous_->check("ringdist/abort")) {
-      auto reason = rendezvous_->get("ringdist/abort", std::chrono::milliseconds(1000));
-      std::string remote(reason.begin(), reason.end());
-      if (!remote.empty() && text.find(remote) == std::string::npos) {
-        text += strCat(" [first error in the group: ", remote, "]");
-      }
-    }
-  } catch (const std::exception&) {
-    // The store may be gone too; the local error stands on its own.
+  const std::string remote = askStore([](Rendezvous& store) {
+    if (!store.check("ringdist/abort")) return std::string();
+    auto reason = store.get("ringdist/abort", std::chrono::milliseconds(1000));
+    return std::string(reason.begin(), reason.end());
+  });
+  if (!remote.empty() && text.find(remote) == std::string::npos) {
+    text += strCat(" [first error in the group: ", remote, "]");
   }
   return text;
 }
@@ -357,12 +387,12 @@ void Communicator::abort(const std::string& reason) {
   }
   aborted_ = true;
   abortReason_ = reason;
-  try {
-    if (rendezvous_ && !rendezvous_->check("ringdist/abort")) {
-      rendezvous_->set("ringdist/abort", std::vector<uint8_t>(reason.begin(), reason.end()));
+  askStore([reason](Rendezvous& store) {
+    if (!store.check("ringdist/abort")) {
+      store.set("ringdist/abort", std::vector<uint8_t>(reason.begin(), reason.end()));
     }
-  } catch (const std::exception&) {
-  }
+    return std::string();
+  });
   // Closing every connection makes each peer's pending operation fail at
   // once (EOF), which cascades the error to the whole group.
   for (auto& ch : channels_) {
@@ -370,6 +400,17 @@ void Communicator::abort(const std::string& reason) {
       ch->close();
     }
   }
+}
+
+std::string Communicator::askStore(std::function<std::string(Rendezvous&)> ask) {
+  if (!rendezvous_ || storeSilent_) return "";
+  auto answer = askStoreWithin(rendezvous_, kStoreOnErrorMs, std::move(ask));
+  if (!answer) {
+    storeSilent_ = true;  // the next error path does not wait for it again
+    logDebug(strCat("rank ", rank_, ": the store did not answer within ", kStoreOnErrorMs.count(),
+                    " ms on an error path; going on without it"));
+  }
+  return answer.value_or("");
 }
 
 std::vector<int> Communicator::deadPeers() const {

@@ -242,6 +242,9 @@ class Communicator {
   void close(std::chrono::milliseconds maxWait);
 
  private:
+  // On an error path: ask(store)'s answer if the store gives it within kStoreOnErrorMs, else
+  // "" (and from then on "" at once: the store is out of reach).
+  std::string askStore(std::function<std::string(Rendezvous&)> ask);
   // Teardown: until the rendezvous counter `key` reaches the group's size or the deadline;
   // with watchPeers, moving queued sends and throwing if a peer closed its links or died first.
   void awaitCount(const std::string& key, std::chrono::steady_clock::time_point deadline,
@@ -274,6 +277,8 @@ class Communicator {
   char* scratch_ = nullptr;
   size_t scratchBytes_ = 0;
   bool aborted_ = false;
+  // Set once the store did not answer on an error path (askStore).
+  std::atomic<bool> storeSilent_{false};
   bool closed_ = false;
   std::atomic<bool> abortRequested_{false};
   std::string abortReason_;

@@ -162,6 +162,10 @@ constexpr size_t kMinPipelinedSegmentBytes = 32 * 1024;
 // LAN the round trip is tens of microseconds and the ring keeps its cache-
 // friendly order (kForwardLag in ring.h).
 constexpr double kRingFillBitsPerSecond = 10e9;
+// How long an error path waits for the rendezvous store (the first error a peer published,
+// publishing ours): a host cut off from the network cannot reach it either, and the error must
+// not wait for TCP to give up on the store's connection.
+constexpr std::chrono::milliseconds kStoreOnErrorMs{2000};
 // Up to this size an allreduce is latency-bound: one round in which every
 // rank sends its buffer to every peer beats 2(N-1) ring hops.
 constexpr size_t kDefaultSmallAllreduceBytes = 64 * 1024;

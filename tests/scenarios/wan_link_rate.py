@@ -1,11 +1,17 @@
 """One rank of a group of one rank per emulated WAN host (tests/test_cross_host_routes.py):
 rank = WAN_HOST, store on host 0 (port argv[1]). It runs 2 * kRateAgreeEvery allreduces of
 1 MiB, checking each against its closed form, and prints one JSON line: the link rate the group
-agreed after each round of samples and the route 1 MiB then takes."""
+agreed after each round of samples and the route 1 MiB then takes.
+
+With a folder as argv[2], the links change before the call that agrees on the first round's
+samples (the kRateAgreeEvery-th sampled call agrees first, then is timed itself, for the next
+round): every rank passes a barrier, rank 0 creates `ready` there, and every rank waits for
+`go` (the test creates it once it has changed the links)."""
 import datetime
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -20,12 +26,28 @@ os.environ.update(MASTER_ADDR=os.environ["WAN_ADDRS"].split(",")[0], MASTER_PORT
 dist.init_process_group("ringdist", rank=rank, world_size=world,
                         timeout=datetime.timedelta(seconds=120))
 backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+signals = sys.argv[2] if len(sys.argv) > 2 else None
+
+
+def links_changed():
+    dist.barrier()
+    if rank == 0:
+        open(os.path.join(signals, "ready"), "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(signals, "go")):
+        if time.monotonic() > deadline:
+            sys.exit("the links were not changed within 60 s")
+        time.sleep(0.02)
+
+
 agreed, routes, wrong = [], [], 0
 for call in range(2 * AGREE_EVERY + 1):
     if call % AGREE_EVERY == 0:  # before the call that agrees
         route = backend.allreduce_route(COUNT * 4)
         agreed.append(float(route["link_bits_per_s"]))
         routes.append(route["route"])
+    if call == AGREE_EVERY - 1 and signals:
+        links_changed()
     t = torch.full((COUNT,), float(rank + 1))
     dist.all_reduce(t)
     wrong += int((t != world * (world + 1) / 2).sum())
