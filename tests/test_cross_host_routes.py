@@ -441,6 +441,23 @@ needs_root = pytest.mark.skipif(
     reason="needs root, /dev/net/tun, ip, unshare, chrt and cc (network namespaces, TUN)")
 
 
+def _agreed_rates(wan, *args, during=None):
+    """Runs tests/scenarios/wan_link_rate.py on every host (args after the store's port); each
+    rank's JSON line, after checking every rank ran and agreed the same rates without a wrong
+    result."""
+    port = 29600 + os.getpid() % 1000
+    argv = [sys.executable, os.path.join(REPO, "tests", "scenarios", "wan_link_rate.py"),
+            str(port), *map(str, args)]
+    logs = [os.path.join(wan.workdir, f"rate{i}.log") for i in range(wan.n)]
+    codes = wan.run(argv, logs=logs, timeout=150, during=during)
+    out = [open(p).read() for p in logs]
+    assert codes == [0] * wan.n, out
+    got = [json.loads(o.strip().splitlines()[-1]) for o in out]
+    assert all(g["wrong"] == 0 for g in got), got
+    assert all(g["agreed"] == got[0]["agreed"] for g in got), got
+    return got
+
+
 @pytest.mark.netns
 @pytest.mark.slow
 @needs_root
@@ -455,17 +472,8 @@ def test_the_agreed_rate_is_the_emulated_links():
 
     rate = 100e6
     with emulator.Wan(3, emulator.HostLink(0.005, rate), timeout=180) as wan:
-        port = 29600 + os.getpid() % 1000
-        argv = [sys.executable, os.path.join(REPO, "tests", "scenarios", "wan_link_rate.py"),
-                str(port)]
-        logs = [os.path.join(wan.workdir, f"rate{i}.log") for i in range(3)]
-        codes = wan.run(argv, logs=logs, timeout=150)
-        out = [open(p).read() for p in logs]
-    assert codes == [0, 0, 0], out
-    got = [json.loads(o.strip().splitlines()[-1]) for o in out]
-    assert all(g["wrong"] == 0 for g in got), got
+        got = _agreed_rates(wan)
     agreed = got[0]["agreed"]
-    assert all(g["agreed"] == agreed for g in got), got
     assert agreed[0] == 0, agreed
     assert 0.75 * rate <= agreed[1] <= 1.1 * rate and 0.75 * rate <= agreed[2] <= 1.1 * rate, agreed
     assert all(g["routes"] == ["direct", "ring", "ring"] for g in got), got
@@ -488,23 +496,14 @@ def test_a_link_that_slows_to_a_tenth_is_agreed_and_routed_by(tmp_path):
 
     fast, slow = 200e6, 20e6
     with emulator.Wan(3, emulator.HostLink(0.005, fast), timeout=180) as wan:
-        port = 29600 + os.getpid() % 1000
-        argv = [sys.executable, os.path.join(REPO, "tests", "scenarios", "wan_link_rate.py"),
-                str(port), str(tmp_path)]
-        logs = [os.path.join(wan.workdir, f"rate{i}.log") for i in range(3)]
 
         def slow_down():
             if os.path.exists(tmp_path / "ready") and not os.path.exists(tmp_path / "go"):
                 wan.set_links(emulator.HostLink(0.005, slow))
                 (tmp_path / "go").touch()
 
-        codes = wan.run(argv, logs=logs, timeout=150, during=slow_down)
-        out = [open(p).read() for p in logs]
-    assert codes == [0, 0, 0], out
-    got = [json.loads(o.strip().splitlines()[-1]) for o in out]
-    assert all(g["wrong"] == 0 for g in got), got
+        got = _agreed_rates(wan, tmp_path, during=slow_down)
     agreed = got[0]["agreed"]
-    assert all(g["agreed"] == agreed for g in got), got
     assert agreed[0] == 0 and 0.75 * fast <= agreed[1] <= 1.1 * fast, agreed
     assert 0.75 * slow <= agreed[2] <= 1.1 * slow, agreed
     rtt_us = got[0]["round_trip_us"]

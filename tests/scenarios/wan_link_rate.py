@@ -11,12 +11,12 @@ import datetime
 import json
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 import torch_ringdist  # noqa: F401  (registers the backend)
+from wan_signals import await_link_change
 
 AGREE_EVERY = 32  # kRateAgreeEvery
 COUNT = 1 << 18   # 1 MiB of float32
@@ -29,17 +29,6 @@ backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("
 signals = sys.argv[2] if len(sys.argv) > 2 else None
 
 
-def links_changed():
-    dist.barrier()
-    if rank == 0:
-        open(os.path.join(signals, "ready"), "w").close()
-    deadline = time.monotonic() + 60
-    while not os.path.exists(os.path.join(signals, "go")):
-        if time.monotonic() > deadline:
-            sys.exit("the links were not changed within 60 s")
-        time.sleep(0.02)
-
-
 agreed, routes, wrong = [], [], 0
 for call in range(2 * AGREE_EVERY + 1):
     if call % AGREE_EVERY == 0:  # before the call that agrees
@@ -47,7 +36,7 @@ for call in range(2 * AGREE_EVERY + 1):
         agreed.append(float(route["link_bits_per_s"]))
         routes.append(route["route"])
     if call == AGREE_EVERY - 1 and signals:
-        links_changed()
+        await_link_change(signals, rank)
     t = torch.full((COUNT,), float(rank + 1))
     dist.all_reduce(t)
     wrong += int((t != world * (world + 1) / 2).sum())

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import torch_ringdist  # noqa: F401  (registers the backend)
+from wan_signals import await_link_change
 
 TIMEOUT_S = 8
 COUNT = 1 << 18  # 1 MiB of float32
@@ -28,14 +29,7 @@ for _ in range(4):
     t = torch.full((COUNT,), float(rank + 1))
     dist.all_reduce(t)
     wrong += int((t != world * (world + 1) / 2).sum())
-dist.barrier()
-if rank == 0:
-    open(os.path.join(signals, "ready"), "w").close()
-deadline = time.monotonic() + 60
-while not os.path.exists(os.path.join(signals, "go")):
-    if time.monotonic() > deadline:
-        sys.exit("the links were not changed within 60 s")
-    time.sleep(0.02)
+await_link_change(signals, rank)
 start = time.monotonic()
 try:
     dist.all_reduce(torch.ones(COUNT))
