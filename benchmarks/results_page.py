@@ -303,21 +303,26 @@ def ceilings(data):
     return rows
 
 
+def wan_where(cfg):
+    """A wan_allreduce.py configuration as a row's prefix: hosts, round trip, loss, and a mark
+    when the delay line wrote over 1% of its packets more than 1 ms late, or any more than 10 ms
+    late, during it."""
+    from wan_allreduce import line_health
+
+    health = line_health(cfg)
+    short = health["late_over_10ms"] or health["late_over_1ms"] > 0.01 * health["writes"]
+    return (f"N={cfg['world']}, RTT {cfg['rtt_s'] * 1e3:g} ms"
+            + (f", loss {cfg['loss'] * 100:g}%" if cfg["loss"] else "")
+            + (" (delay line short of CPU: times are upper bounds)" if short else ""))
+
+
 def wan(data):
     """wan_allreduce.py: per configuration and size, the median time against gloo's, and each
     as a share of the ideal (the formula the file records), or for small messages in one-way
-    trips per call; a configuration during which the
-    delay line wrote over 1% of its packets more than 1 ms late, or any more than 10 ms late,
-    is marked."""
-    from wan_allreduce import line_health
-
+    trips per call; a configuration whose delay line fell behind is marked (wan_where)."""
     rows = []
     for cfg in data["configs"]:
-        health = line_health(cfg)
-        short = health["late_over_10ms"] or health["late_over_1ms"] > 0.01 * health["writes"]
-        where = (f"N={cfg['world']}, RTT {cfg['rtt_s'] * 1e3:g} ms"
-                 + (f", loss {cfg['loss'] * 100:g}%" if cfg["loss"] else "")
-                 + (" (delay line short of CPU: times are upper bounds)" if short else ""))
+        where = wan_where(cfg)
         for r in cfg["rows"]:
             m = r["median_s"]
             # Small messages run as loops of dependent calls, which overlap: one-way trips per
@@ -359,15 +364,9 @@ def wan_routes(data):
     possibly +cubic): per configuration, size and route, the median time against the route
     model's prediction for that route at the link's rate (its bandwidth given, as a group learns
     it from its allreduces); small messages, which every route sends in one round, left out."""
-    from wan_allreduce import line_health
-
     rows = []
     for cfg in data["configs"]:
-        health = line_health(cfg)
-        short = health["late_over_10ms"] or health["late_over_1ms"] > 0.01 * health["writes"]
-        where = (f"N={cfg['world']}, RTT {cfg['rtt_s'] * 1e3:g} ms"
-                 + (f", loss {cfg['loss'] * 100:g}%" if cfg["loss"] else "")
-                 + (" (delay line short of CPU: times are upper bounds)" if short else ""))
+        where = wan_where(cfg)
         for r in cfg["rows"]:
             if r["bytes"] < (64 << 10):
                 continue

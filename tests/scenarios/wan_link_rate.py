@@ -27,8 +27,6 @@ dist.init_process_group("ringdist", rank=rank, world_size=world,
                         timeout=datetime.timedelta(seconds=120))
 backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
 signals = sys.argv[2] if len(sys.argv) > 2 else None
-
-
 agreed, routes, wrong = [], [], 0
 for call in range(2 * AGREE_EVERY + 1):
     if call % AGREE_EVERY == 0:  # before the call that agrees

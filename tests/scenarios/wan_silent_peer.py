@@ -1,4 +1,4 @@
-"""One rank of a group of one rank per emulated WAN host (tests/test_cross_host_routes.py):
+"""One rank of a group of one rank per emulated WAN host (tests/test_wan_emulator.py):
 rank = WAN_HOST, store on host 0 (port argv[1]), signals in the folder argv[2]. After a few
 correct 1 MiB allreduces every rank passes a barrier, rank 0 creates `ready`, and every rank
 waits for `go` (the test then cuts the last host off: its links drop every packet, no reset
