@@ -20,8 +20,9 @@
 #             emulated hosts at 10 Gbit/s: pipelined staging against unpipelined and gloo
 # With a short lease (15 device-minutes, a machine's start included), one call each, fired
 # right after the last returns (a machine goes back after 30 s idle), in this order: `tests`
-# (the build took 48 s on an H200 and the test list about 6 minutes), `fsdp2 kernels handoff`,
-# `compare`, `collectives`, `ddp`, `staged`, then the rest (`ddp1g` first).
+# (on an H200 the build took 48-63 s, 15 s again on the same machine, and the tests 4.6
+# minutes), `fsdp2 kernels example` (2.5 minutes), `compare`, `compare4`, `collectives`, `ddp`,
+# `staged`, then the rest (`ddp1g` first).
 #   nccl      NCCL with 2 ranks on one GPU (its refusal is the record)
 #   handoff   benchmarks/gpu_handoff.py: the hand-off between two processes' streams on one
 #             GPU (host waits against stream memory operations; issue 31's H)
@@ -126,7 +127,7 @@ for s in $STAGES; do
       cp /tmp/compare_cuda_staged*.json "$OUT/" 2>/dev/null ;;
     compare4)
       # The same with 4 ranks on the GPU (the 2·P·S bound's second row), fused against IPC.
-      stage compare4 300 "$PY" -P benchmarks/compare.py --backends ringdist ipc=ringdist \
+      stage compare4 300 "$PY" -P benchmarks/compare.py --backends ringdist ipc=ringdist --baseline ipc \
         --label-env ringdist:RINGDIST_CUDA_FUSED=1 --label-env ipc:RINGDIST_CUDA_IPC_MIN_BYTES=0 \
         --rounds 2 --nproc 4 --min-bytes 4K --max-bytes 256M --sweep-arg=--device=cuda \
         --timeout 120 --out "/tmp/compare_cuda_n4.json"

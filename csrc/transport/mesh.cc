@@ -137,6 +137,13 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
     mesh.roundTripUs = std::max(mesh.roundTripUs, record.roundTripUs);
   }
   const std::vector<int> local = chooseTransports(records, rank, mesh);
+  // Without a secret, say so where someone else could have joined or reads the
+  // links: a peer kept on TCP, or a listener other hosts could reach. A
+  // one-host job on loopback is as exposed as torch's own store, no more.
+  const bool onTcp = std::count(mesh.transportOf.begin(), mesh.transportOf.end(), "tcp") > 0;
+  if (size > 1 && (onTcp || !isLoopback(options.bindIp))) {
+    tcp::warnOnceIfUnauthenticated(options.security);
+  }
   if (local.size() > 1) {
     std::shared_ptr<Board> board;
     mesh.sameHostCopy = shm::connectLocal(rendezvous, rank, local, options, mesh.channels, &board);

@@ -47,14 +47,18 @@ class SameGpuDevice final : public SameGpuPlatform {
   const int device_;
   char* pageHost_ = nullptr;    // the attached page, as the host sees it
   char* pageDevice_ = nullptr;  // and as the GPU does
+  uint32_t* abortLatch_ = nullptr;  // device memory: the page's abort word, copied per pass
   // cudaMalloc'ed scratch per slot, the latest (largest) last. Older ones stay
   // until the group ends: the leader may still have them mapped.
   std::vector<std::pair<void*, size_t>> scratch_[2];
 };
 
 // The fused pass of args (fused.h) as one kernel on stream, combining as
-// (dtype, op); args' pointers are device addresses. Throws on a launch error.
-void fusedPass(const FusedArgs& args, DataType dtype, ReduceOp op, cudaStream_t stream);
+// (dtype, op); args' pointers are device addresses, args.abort the mapped host
+// word, copied first into `latch` (device memory) for the kernel to read.
+// Throws on a launch error.
+void fusedPass(const FusedArgs& args, uint32_t* latch, DataType dtype, ReduceOp op,
+               cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace ringdist

@@ -337,18 +337,6 @@ void Acceptor::serve(size_t i, Clock::time_point deadline) {
   --missing_;
 }
 
-void warnOnceIfUnauthenticated(const TcpSecurity& security) {
-  static std::once_flag once;
-  if (!security.secret.empty()) return;
-  std::call_once(once, [&] {
-    logWarning(security.encrypt
-                   ? "ringdist: TCP links are encrypted, but peers are not authenticated: give "
-                     "every rank the same secret in RINGDIST_SECRET or RINGDIST_SECRET_FILE"
-                   : "ringdist: TCP links are neither encrypted (RINGDIST_TCP_ENCRYPT=0) nor "
-                     "authenticated (no RINGDIST_SECRET or RINGDIST_SECRET_FILE)");
-  });
-}
-
 }  // namespace
 
 std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int rank, int size,
@@ -357,9 +345,6 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
   std::vector<std::unique_ptr<Channel>> channels(static_cast<size_t>(size));
   const auto deadline = Clock::now() + options.timeout;
   const auto key = proofKey(groupSecret(rendezvous, rank, options.timeout), options.security.secret);
-  if (std::find(wanted.begin(), wanted.end(), true) != wanted.end()) {
-    warnOnceIfUnauthenticated(options.security);
-  }
 
   Socket listener = listenOn(options.bindIp, size + 16);
   const Address self = localAddress(listener.fd());
@@ -395,6 +380,18 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
   // Accept every higher rank; the listener closes when this returns.
   Acceptor(listener, key, rank, size, options, tuning, wanted, channels).run(deadline);
   return channels;
+}
+
+void warnOnceIfUnauthenticated(const TcpSecurity& security) {
+  static std::once_flag once;
+  if (!security.secret.empty()) return;
+  std::call_once(once, [&] {
+    logWarning(security.encrypt
+                   ? "ringdist: TCP links are encrypted, but peers are not authenticated: give "
+                     "every rank the same secret in RINGDIST_SECRET or RINGDIST_SECRET_FILE"
+                   : "ringdist: TCP links are neither encrypted (RINGDIST_TCP_ENCRYPT=0) nor "
+                     "authenticated (no RINGDIST_SECRET or RINGDIST_SECRET_FILE)");
+  });
 }
 
 }  // namespace tcp

@@ -43,5 +43,10 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
                                                  const MeshOptions& options,
                                                  const std::vector<bool>& wanted);
 
+// Says once per process that peers are not authenticated (no user secret), or
+// not even sealed. The mesh calls it where that matters: a peer stays on TCP,
+// or the listener was reachable from other hosts during the handshakes.
+void warnOnceIfUnauthenticated(const TcpSecurity& security);
+
 }  // namespace tcp
 }  // namespace ringdist
