@@ -19,7 +19,7 @@ from torch_ringdist import _C
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "wan"))
 from emulator import parse_rate, parse_size, parse_time  # noqa: E402
 
-ROUTES = ["ring", "direct", "halving-doubling"]
+ROUTES = ["ring", "direct", "halving-doubling", "pair"]
 
 
 def predictions(hosts, sizes, rtt_s, rate_bps):

@@ -5,7 +5,8 @@ another route faster. The direct exchange: every rank talks to every peer at onc
 reduce-scatter and an allgather of one round each (2 one-way trips where the ring takes 2(N-1)),
 allgather and reduce-scatter one round (1 trip where the ring takes N-1). Recursive
 halving-doubling (allreduce): 2 log2(P) trips, P the largest power of two <= N, and 2 more when
-N is not one. The route model (csrc/collectives/route_model.h) decides from the group's agreed
+N is not one. The pair exchange (allreduce, two hosts): each rank sends its whole buffer and
+reduces the other's as it arrives, one trip. The route model (csrc/collectives/route_model.h) decides from the group's agreed
 round trip, so every rank picks alike.
 
 Here: the model's predictions against its closed forms (float64 here, from the constants), the
@@ -58,12 +59,15 @@ def _model(n, size, rtt_us, bits_per_s=LINK_BITS_PER_S):
         p = 2 ** int(math.log2(n))
         fold = 2 * alpha + 2 * size * beta if p < n else 0
         out["halving-doubling"] = 2 * math.log2(p) * alpha + 2 * (p - 1) / p * size * beta + fold
+    if n == 2:  # each sends its buffer once and reduces the other's as it arrives
+        out["pair"] = alpha + size * max(beta, 1 / REDUCE_BYTES_PER_US)
     return out
 
 
 def _best(times):
+    """The ring unless another route gains: by ROUTE_GAIN, the pair exchange by any margin."""
     others = [(t, i, r) for i, (r, t) in enumerate(times.items())
-              if r != "ring" and t <= ROUTE_GAIN * times["ring"]]
+              if r != "ring" and (t < times["ring"] if r == "pair" else t <= ROUTE_GAIN * times["ring"])]
     return min(others)[2] if others else "ring"
 
 
@@ -132,8 +136,8 @@ def test_route_model_for_many_hosts():
                     assert got["route"] == _best(want), (n, rtt_us, bits, size, got)
                     seen.add((n > MAX_DIRECT_RANKS, got["route"]))
     # Beyond the direct exchange's limit, halving-doubling takes over from the ring where
-    # trips dominate; within it the direct exchange does.
-    assert {(True, "halving-doubling"), (False, "direct"), (True, "ring")} <= seen, seen
+    # trips dominate; within it the direct exchange does, and for two hosts the pair exchange.
+    assert {(True, "halving-doubling"), (False, "direct"), (True, "ring"), (False, "pair")} <= seen, seen
     with pytest.raises(RuntimeError, match="ranks must be >= 1"):
         _C.allreduce_route_model(0, 1, 1, 1e9)
 
@@ -155,17 +159,25 @@ def test_the_setting_overrides_the_model(world_factory):
             assert {r["route"] for r in routes.values()} == {setting}, routes
 
 
-def test_one_host_and_two_ranks_keep_the_ring(world_factory):
-    # Shared memory on one host, and two hosts (the ring is already two trips there), also
-    # when a route is forced.
-    across = {"direct", "halving-doubling"}
+def test_one_host_keeps_the_ring_and_two_hosts_pair(world_factory):
+    # Shared memory on one host keeps the ring, also when a route is forced. Two hosts: the
+    # direct exchange and halving-doubling are the ring there (two trips), never taken; the pair
+    # exchange (one trip) where the model predicts it faster: on long links up to where reducing
+    # on one core would be slower than the assumed 10 Gbit/s link, on loopback only below the
+    # pair threshold (1 MiB).
+    across = {"direct", "halving-doubling", "pair"}
     for routes in world_factory(3).run(_routes, [100_000] * 3, "halving-doubling"):
         assert not {r["route"] for r in routes.values()} & across, routes
     world = world_factory(2, env=_hosts(2))
     for setting in ["auto", "direct", "halving-doubling"]:
         for routes in world.run(_routes, [100_000] * 2, setting):
-            assert routes[256 << 20]["route"] == "ring", (setting, routes)
-            assert not {r["route"] for r in routes.values()} & across, (setting, routes)
+            want = ["pair" if size <= 1 << 20 or setting == "auto" else "ring" for size in SIZES]
+            want[-1] = "ring"  # 256 MiB: reducing at 1 GB/s is slower than the link
+            assert [routes[s]["route"] for s in SIZES] == want, (setting, routes)
+    for routes in world.run(_routes, None, "auto"):  # loopback
+        assert [routes[s]["route"] for s in SIZES] == ["pair"] * 5 + ["ring"] * 2, routes
+    for routes in world.run(_routes, None, "pair"):  # forced
+        assert {routes[s]["route"] for s in SIZES} == {"pair"}, routes
 
 
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]
@@ -212,7 +224,12 @@ def _halving_sent(rank, ws, count, itemsize):
     return sent
 
 
-SENT = {"direct": _direct_sent, "halving-doubling": _halving_sent}
+def _pair_sent(rank, ws, count, itemsize):
+    """The pair exchange: the whole buffer and a header, to the one peer."""
+    return count * itemsize + HEADER_BYTES
+
+
+SENT = {"direct": _direct_sent, "halving-doubling": _halving_sent, "pair": _pair_sent}
 
 
 def _allreduces(rank, ws, report_us, ops, setting="auto"):
@@ -290,6 +307,26 @@ def test_allreduce_over_the_direct_exchange(world_factory, ws, reporting):
                                                                timeout=180):
         assert wrong == []
         assert routes == {"direct"}, routes
+
+
+def test_allreduce_over_the_pair_exchange(world_factory):
+    """Two hosts on long links: the model's pair exchange at every size (no pair threshold)."""
+    require_test_build()
+    env = dict(_hosts(2), RINGDIST_PAIR_ALLREDUCE_BYTES="0")
+    for wrong, routes in world_factory(2, env=env).run(_allreduces, [100_000] * 2,
+                                                       ["sum", "avg", "max"], timeout=180):
+        assert wrong == []
+        assert routes == {"pair"}, routes
+
+
+def test_two_level_allreduce_pairs_two_hosts(world_factory):
+    """Two hosts of two ranks each on long links: the cross stage is a pair exchange."""
+    require_test_build()
+    env = dict(_hosts(4), RINGDIST_HOST_ID="h0,h0,h1,h1")
+    for wrong, routes in world_factory(4, env=env).run(
+            _allreduces, [100_000] * 4, ["sum", "avg", "max"], timeout=240):
+        assert wrong == []
+        assert routes == {"two-level, pair across hosts"}, routes
 
 
 # 3, 5, 6: N folds onto P = 2, 4, 4 ranks (1, 1, 2 pairs); 8: a power of two.
@@ -477,7 +514,7 @@ def test_the_agreed_rate_is_the_emulated_links():
     assert agreed[0] == 0, agreed
     assert 0.75 * rate <= agreed[1] <= 1.1 * rate and 0.75 * rate <= agreed[2] <= 1.1 * rate, agreed
     assert all(g["routes"] == ["direct", "ring", "ring"] for g in got), got
-    rtt_us = got[0]["round_trip_us"]
+    rtt_us = got[0]["round_trips_us"][0]
     assert _best(_model(3, 1 << 20, rtt_us)) == "direct", rtt_us
     assert _best(_model(3, 1 << 20, rtt_us, agreed[1])) == "ring", (rtt_us, agreed)
 
@@ -506,6 +543,38 @@ def test_a_link_that_slows_to_a_tenth_is_agreed_and_routed_by(tmp_path):
     agreed = got[0]["agreed"]
     assert agreed[0] == 0 and 0.75 * fast <= agreed[1] <= 1.1 * fast, agreed
     assert 0.75 * slow <= agreed[2] <= 1.1 * slow, agreed
-    rtt_us = got[0]["round_trip_us"]
-    expected = [_best(_model(3, 1 << 20, rtt_us, *([rate] if rate else []))) for rate in agreed]
+    expected = [_best(_model(3, 1 << 20, rtt_us, *([rate] if rate else [])))
+                for rate, rtt_us in zip(agreed, got[0]["round_trips_us"])]
+    assert all(g["routes"] == expected for g in got), (got, expected)
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@needs_root
+def test_a_round_trip_that_grows_is_agreed_and_routed_by(tmp_path):
+    """Three emulated hosts at 200 Mbit/s and a 10 ms round trip, each host's TCP min_rtt window
+    (net.ipv4.tcp_min_rtt_wlen) cut to 1 s; the delay line lengthens every link to a 100 ms
+    round trip just before the call that agrees on the first round of samples. That agreement
+    still sees about 10 ms (the window holds the short samples), the next, a few seconds later,
+    about 100 ms; every result stays right, nothing hangs, and 1 MiB takes the model's route for
+    each agreed link."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks", "wan"))
+    import emulator
+
+    rate = 200e6
+    with emulator.Wan(3, emulator.HostLink(0.005, rate), timeout=180) as wan:
+        wan.sysctl("net.ipv4.tcp_min_rtt_wlen=1")
+
+        def lengthen():
+            if os.path.exists(tmp_path / "ready") and not os.path.exists(tmp_path / "go"):
+                wan.set_links(emulator.HostLink(0.05, rate))
+                (tmp_path / "go").touch()
+
+        got = _agreed_rates(wan, tmp_path, during=lengthen)
+    trips = got[0]["round_trips_us"]
+    assert all(g["round_trips_us"] == trips for g in got), got
+    assert 9_500 <= trips[0] <= 12_000 and 9_500 <= trips[1] <= 12_000, trips
+    assert 99_000 <= trips[2] <= 110_000, trips
+    expected = [_best(_model(3, 1 << 20, rtt_us, *([r] if r else [])))
+                for r, rtt_us in zip(got[0]["agreed"], trips)]
     assert all(g["routes"] == expected for g in got), (got, expected)

@@ -328,7 +328,7 @@ def test_one_rank_group_runs_inline_in_order(world_factory):
     ("RINGDIST_CUDA_IPC_MIN_BYTES", "-1", "must be >= 0"),
     ("RINGDIST_SEGMENT_BYTES", "12Q", "is not an integer"),
     ("RINGDIST_SINGLE_COPY", "maybe", "must be auto, 1 or 0, got 'maybe'"),
-    ("RINGDIST_ROUTE", "rhd", "must be auto, ring, direct or halving-doubling, got 'rhd'"),
+    ("RINGDIST_ROUTE", "rhd", "must be auto, ring, direct, halving-doubling or pair, got 'rhd'"),
 ])
 def test_bad_setting_fails_init_naming_it(tmp_path, name, value, expected):
     script = ("import torch.distributed as dist, torch_ringdist\n"

@@ -341,6 +341,12 @@ class Wan:
         self.children.append(p)
         return p
 
+    def sysctl(self, *settings):
+        """Set kernel settings ("name=value") in every host's namespace, for the namespace only
+        (those the kernel keeps per network namespace, e.g. net.ipv4.tcp_min_rtt_wlen)."""
+        for ns in self.names:
+            sh("ip", "netns", "exec", ns, "sysctl", "-qw", *settings)
+
     def set_links(self, links):
         """Give the hosts new links mid-run (one HostLink for every host, or one per host):
         packets already on a link keep their times, later ones see the new rate, delay and

@@ -54,12 +54,14 @@ SingleCopyMode singleCopyMode(size_t singleCopyBytes) {
 
 RouteMode routeMode() {
   const std::string name = envString("RINGDIST_ROUTE", "auto");
-  RINGDIST_CHECK(name == "auto" || name == "ring" || name == "direct" || name == "halving-doubling",
-                 "ringdist: RINGDIST_ROUTE must be auto, ring, direct or halving-doubling, got '",
-                 name, "'");
+  RINGDIST_CHECK(name == "auto" || name == "ring" || name == "direct" ||
+                     name == "halving-doubling" || name == "pair",
+                 "ringdist: RINGDIST_ROUTE must be auto, ring, direct, halving-doubling or pair, "
+                 "got '", name, "'");
   return name == "ring"               ? RouteMode::kRing
          : name == "direct"           ? RouteMode::kDirect
          : name == "halving-doubling" ? RouteMode::kHalvingDoubling
+         : name == "pair"             ? RouteMode::kPair
                                       : RouteMode::kAuto;
 }
 

@@ -154,6 +154,7 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
                                                rendezvous, options.collectives,
                                                std::move(mesh.board));
     comm->setLinkRoundTrip(mesh.roundTripUs);
+    comm->setReportedRoundTrip(options.mesh.testRoundTripUs);
     worker_ = std::make_unique<Worker>(rank, std::move(comm), recorder_, [this] { dumpTrace(); });
     stages_ = makeDeviceStages(options.collectives);
     deviceAllreduce_ = stages_ != nullptr && size > 1 && oneHost &&

@@ -29,15 +29,17 @@ namespace ringdist {
 
 namespace {
 
-// Latency path for two ranks: each sends its buffer behind the op header and
-// reduces the peer's straight out of the link (Channel::postRecvReduce), the
-// lower rank's data first as in oneShotAllreduce, so both compute the same
-// bits. Two passes over the buffer (copy in, reduce out) instead of five.
-// The output is written only once the peer's header matched ours, and in
-// place only once our own send has read it (else through scratch).
-void pairAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
-                   const OpHeader& header) {
-  const int peer = 1 - comm.rank();
+// Two ranks (the latency path for two, and the pair route across two hosts: route_model.h):
+// each sends its buffer behind the op header and reduces the peer's straight out of the link
+// (Channel::postRecvReduce), the lower rank's data first as in oneShotAllreduce, so both
+// compute the same bits. Two passes over the buffer (copy in, reduce out) instead of five, one
+// one-way trip, and nothing forwarded. The output is written only once the peer's header
+// matched ours, and in place only once our own send has read it (else through scratch). `group`:
+// the two ranks (every rank, or a two-level allreduce's cross ring); the result is divided by
+// `divisor` (> 0).
+void pairAllreduce(Communicator& comm, const SubRing& group, void* data, size_t count,
+                   DataType dtype, ReduceOp op, const OpHeader& header, int divisor) {
+  const int peer = group.members[static_cast<size_t>(1 - group.pos)];
   const size_t elem = elementSize(dtype);
   const size_t bytes = count * elem;
   Channel& link = comm.channel(peer);
@@ -55,8 +57,8 @@ void pairAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
   if (!inPlace) {
     copyBytes(data, target, bytes);
   }
-  if (op == ReduceOp::kAvg) {
-    divideInPlace(data, count, dtype, 2);
+  if (divisor > 0) {
+    divideInPlace(data, count, dtype, divisor);
   }
 }
 
@@ -405,12 +407,16 @@ Route crossRoute(const Communicator& comm, size_t bytes) {
                     : comm.routeAmongHosts(ModelledOp::kAllreduce, comm.crossRing().size(), bytes);
 }
 
-// The allreduce of a group of ranks on different hosts by `route`: the direct exchange or
-// halving-doubling.
+// The allreduce of a group of ranks on different hosts by `route`: the direct exchange,
+// halving-doubling or the pair exchange.
 using AcrossHosts = void (*)(Communicator&, const SubRing&, void*, size_t, DataType, ReduceOp,
                              const OpHeader&, int);
 AcrossHosts allreduceAcrossHosts(Route route) {
-  return route == Route::kDirect ? directAllreduce : halvingDoublingAllreduce;
+  switch (route) {
+    case Route::kDirect: return directAllreduce;
+    case Route::kPair: return pairAllreduce;
+    default: return halvingDoublingAllreduce;
+  }
 }
 
 // Two levels, for H hosts of L ranks each: reduce-scatter inside the host
@@ -462,11 +468,12 @@ AllreduceVariant linkVariant(const Communicator& comm, size_t bytes) {
   }
   if (small) return kOneShotAllreduce;
   if (comm.hierarchical()) return kHierarchicalAllreduce;
-  // The route model weighs the ring's 2(N-1) trips against the direct exchange's two and
-  // halving-doubling's 2 log2(N).
+  // The route model weighs the ring's 2(N-1) trips against the direct exchange's two,
+  // halving-doubling's 2 log2(N) and, for two hosts, the pair exchange's one.
   switch (comm.route(ModelledOp::kAllreduce, bytes)) {
     case Route::kDirect: return kDirectAllreduce;
     case Route::kHalvingDoubling: return kHalvingDoublingAllreduce;
+    case Route::kPair: return kOneShotAllreduce;
     default: return kRingAllreduce;
   }
 }
@@ -475,9 +482,12 @@ bool onBoard(const Communicator& comm, size_t bytes) {
   return comm.hasBoard() && comm.size() > 1 && bytes > 0 && bytes <= kBoardDataBytes;
 }
 
-// The route model's route for a variant that has one.
-bool modelledRoute(uint8_t variant, Route* route) {
+// The route model's route for a variant that has one, among n ranks.
+bool modelledRoute(uint8_t variant, int n, Route* route) {
   switch (variant) {
+    case kOneShotAllreduce:
+      *route = Route::kPair;
+      return n == 2;
     case kRingAllreduce: *route = Route::kRing; return true;
     case kDirectAllreduce: *route = Route::kDirect; return true;
     case kHalvingDoublingAllreduce: *route = Route::kHalvingDoubling; return true;
@@ -488,13 +498,15 @@ bool modelledRoute(uint8_t variant, Route* route) {
 void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype, ReduceOp op,
                    StageGate* gate);
 
-// The group agrees on its link rate (route_model.h): the slowest rank's best sample since the
-// last agreement, by an 8-byte allreduce (MIN; a rank without a sample gives +inf, and all
-// +inf keeps the rate agreed before).
-void agreeOnLinkRate(Communicator& comm) {
-  double rate = comm.takeRateSample();
-  linkAllreduce(comm, &rate, 1, DataType::kFloat64, ReduceOp::kMin, nullptr);
-  if (std::isfinite(rate)) comm.setLinkBitsPerSecond(rate);
+// The group agrees on its link rate and round trip (route_model.h): the slowest rank's best rate
+// sample since the last agreement (a rank without one gives +inf; all +inf keeps the rate agreed
+// before) and the longest link's round trip now, by one allreduce of two values (MIN of the
+// rate and of the negated round trip).
+void agreeOnLinks(Communicator& comm) {
+  double links[2] = {comm.takeRateSample(), -static_cast<double>(comm.localRoundTripUs())};
+  linkAllreduce(comm, links, 2, DataType::kFloat64, ReduceOp::kMin, nullptr);
+  if (std::isfinite(links[0])) comm.setLinkBitsPerSecond(links[0]);
+  if (links[1] < 0) comm.setLinkRoundTrip(static_cast<uint32_t>(-links[1]));
 }
 
 // Through the links: the one-round, single-copy, direct or ring paths by size.
@@ -503,7 +515,7 @@ void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
   const int n = comm.size();
   const size_t bytes = count * elementSize(dtype);
   const bool sampled = comm.samplesRate(bytes);
-  if (sampled && comm.rateAgreementDue()) agreeOnLinkRate(comm);
+  if (sampled && comm.rateAgreementDue()) agreeOnLinks(comm);
   // The clock only for a sample: small calls are the latency path.
   const auto start = sampled ? std::chrono::steady_clock::now()
                              : std::chrono::steady_clock::time_point{};
@@ -519,8 +531,9 @@ void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
   needWhole(wholeGate, bytes);
   if (header.variant == kSingleCopyAllreduce) {
     singleCopyAllreduce(comm, data, count, dtype, op, header);
-  } else if (n == 2 && count > 0 && small) {
-    pairAllreduce(comm, data, count, dtype, op, header);
+  } else if (n == 2 && count > 0 && header.variant == kOneShotAllreduce) {
+    pairAllreduce(comm, comm.everyRank(), data, count, dtype, op, header,
+                  op == ReduceOp::kAvg ? 2 : 0);
   } else if (n > 2 && count > 0 && small) {
     oneShotAllreduce(comm, data, count, dtype, op, header);
   } else if ((header.variant == kDirectAllreduce ||
@@ -541,7 +554,7 @@ void linkAllreduce(Communicator& comm, void* data, size_t count, DataType dtype,
   }
   if (wholeGate != nullptr) wholeGate->produced(0, bytes);
   Route route;
-  if (sampled && modelledRoute(header.variant, &route)) {
+  if (sampled && modelledRoute(header.variant, n, &route)) {
     const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
     comm.sampleRate(route, ModelledOp::kAllreduce, bytes, took.count());
   }
@@ -563,6 +576,7 @@ const char* allreduceRoute(const Communicator& comm, size_t bytes) {
       switch (crossRoute(comm, chunk)) {
         case Route::kDirect: return "two-level, direct across hosts";
         case Route::kHalvingDoubling: return "two-level, halving-doubling across hosts";
+        case Route::kPair: return "two-level, pair across hosts";
         default: return "two-level";
       }
     }

@@ -81,6 +81,7 @@ Route Communicator::routeAmongHosts(ModelledOp op, int n, size_t bytes) const {
     case RouteMode::kAuto: return routeModel().best(op, n, bytes);
     case RouteMode::kDirect: forced = Route::kDirect; break;
     case RouteMode::kHalvingDoubling: forced = Route::kHalvingDoubling; break;
+    case RouteMode::kPair: forced = Route::kPair; break;
     default: break;
   }
   return RouteModel::allowed(forced, op, n) ? forced : Route::kRing;
@@ -96,6 +97,15 @@ SubRing Communicator::everyRank() const {
 void Communicator::sampleRate(Route route, ModelledOp op, size_t bytes, double us) {
   const double rate = routeModel().rateFromSample(route, op, size_, bytes, us);
   if (std::isfinite(rate)) bestRateSample_ = std::max(bestRateSample_, rate);
+}
+
+uint32_t Communicator::localRoundTripUs() const {
+  if (reportedRoundTripUs_ > 0) return reportedRoundTripUs_;
+  uint32_t longest = 0;
+  for (const auto& channel : channels_) {
+    if (channel) longest = std::max(longest, channel->roundTripUs());
+  }
+  return longest;
 }
 
 double Communicator::takeRateSample() {

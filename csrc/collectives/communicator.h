@@ -88,6 +88,11 @@ class Communicator {
   // data they keep in flight by it (ringInFlightBytes in ring.h).
   uint32_t linkRoundTripUs() const { return linkRoundTripUs_; }
   void setLinkRoundTrip(uint32_t roundTripUs) { linkRoundTripUs_ = roundTripUs; }
+  // This rank's longest link round trip now (each TCP link's windowed minimum, which follows a
+  // round trip that grows within net.ipv4.tcp_min_rtt_wlen), for the group to agree on again;
+  // or the round trip this rank reports instead (testing; 0: measured).
+  uint32_t localRoundTripUs() const;
+  void setReportedRoundTrip(uint32_t roundTripUs) { reportedRoundTripUs_ = roundTripUs; }
   // The model the collectives pick their route by across hosts, from that round trip and the
   // agreed link rate (route_model.h).
   RouteModel routeModel() const {
@@ -97,9 +102,9 @@ class Communicator {
   // The group's link rate, bits/s, agreed from measured allreduces (0: none agreed yet).
   double linkBitsPerSecond() const { return linkBitsPerSecond_; }
   // Whether an allreduce of `bytes` gives a rate sample: the model serves this group (one rank
-  // per host, 3 or more) and bytes >= kRateSampleBytes. The same answer on every rank.
+  // per host, 2 or more) and bytes >= kRateSampleBytes. The same answer on every rank.
   bool samplesRate(size_t bytes) const {
-    return hostCount_ == size_ && size_ >= 3 && bytes >= kRateSampleBytes;
+    return hostCount_ == size_ && size_ >= 2 && bytes >= kRateSampleBytes;
   }
   // Counts a sampled allreduce; true before every kRateAgreeEvery-th.
   bool rateAgreementDue() { return ++sampledCalls_ % kRateAgreeEvery == 0; }
@@ -263,6 +268,7 @@ class Communicator {
   std::vector<int> hostOf_;
   CollectiveOptions options_;
   uint32_t linkRoundTripUs_ = 0;
+  uint32_t reportedRoundTripUs_ = 0;
   double linkBitsPerSecond_ = 0;
   double bestRateSample_ = 0;  // 0: none since the last agreement
   uint64_t sampledCalls_ = 0;

@@ -1,5 +1,6 @@
 #include "csrc/collectives/route_model.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "csrc/common/options.h"
@@ -10,6 +11,7 @@ const char* routeName(Route route) {
   switch (route) {
     case Route::kDirect: return "direct";
     case Route::kHalvingDoubling: return "halving-doubling";
+    case Route::kPair: return "pair";
     default: return "ring";
   }
 }
@@ -30,6 +32,7 @@ bool RouteModel::allowed(Route route, ModelledOp op, int n) {
   switch (route) {
     case Route::kDirect: return n >= 3 && n <= kMaxDirectRanks;
     case Route::kHalvingDoubling: return n >= 3 && op == ModelledOp::kAllreduce;
+    case Route::kPair: return n == 2 && op == ModelledOp::kAllreduce;
     default: return true;
   }
 }
@@ -56,6 +59,7 @@ double RouteModel::timeUs(Route route, ModelledOp op, int n, size_t bytes) const
     return route == Route::kDirect ? 2 * alphaUs + 2.0 * (n - 1) / n * s * betaUsPerByte
                                    : n * alphaUs + s * betaUsPerByte;
   }
+  if (route == Route::kPair) return alphaUs + s * std::max(betaUsPerByte, rhoUsPerByte);
   const bool allreduce = op == ModelledOp::kAllreduce;
   // Bytes over each rank's link each way, the same for the ring and the direct exchange.
   const double linkBytes = allreduce ? 2.0 * (n - 1) / n * s : (n - 1.0) * s;
@@ -76,13 +80,14 @@ double RouteModel::timeUs(Route route, ModelledOp op, int n, size_t bytes) const
 }
 
 Route RouteModel::best(ModelledOp op, int n, size_t bytes) const {
-  const double limit = kRouteGain * timeUs(Route::kRing, op, n, bytes);
+  const double ring = timeUs(Route::kRing, op, n, bytes);
   Route chosen = Route::kRing;
   double fastest = 0;
-  for (Route route : {Route::kDirect, Route::kHalvingDoubling}) {  // ties: the earlier
+  for (Route route : {Route::kDirect, Route::kHalvingDoubling, Route::kPair}) {  // ties: the earlier
     if (!allowed(route, op, n)) continue;
     const double t = timeUs(route, op, n, bytes);
-    if (t <= limit && (chosen == Route::kRing || t < fastest)) {
+    const bool gains = route == Route::kPair ? t < ring : t <= kRouteGain * ring;
+    if (gains && (chosen == Route::kRing || t < fastest)) {
       chosen = route;
       fastest = t;
     }
@@ -92,6 +97,10 @@ Route RouteModel::best(ModelledOp op, int n, size_t bytes) const {
 
 double RouteModel::rateFromSample(Route route, ModelledOp op, int n, size_t bytes,
                                   double us) const {
+  if (route == Route::kPair) {  // the link's rate shows only where it is slower than reducing
+    const double perByte = (us - alphaUs) / static_cast<double>(bytes);
+    return perByte > rhoUsPerByte ? 8e6 / perByte : std::numeric_limits<double>::infinity();
+  }
   RouteModel fixed = *this;  // the terms that do not depend on the rate
   fixed.betaUsPerByte = 0;
   const double rest = fixed.timeUs(route, op, n, bytes);
@@ -103,7 +112,7 @@ double RouteModel::rateFromSample(Route route, ModelledOp op, int n, size_t byte
 
 std::map<std::string, double> RouteModel::timesUs(ModelledOp op, int n, size_t bytes) const {
   std::map<std::string, double> out;
-  for (Route route : {Route::kRing, Route::kDirect, Route::kHalvingDoubling}) {
+  for (Route route : {Route::kRing, Route::kDirect, Route::kHalvingDoubling, Route::kPair}) {
     if (allowed(route, op, n)) out[routeName(route)] = timeUs(route, op, n, bytes);
   }
   return out;

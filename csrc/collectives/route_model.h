@@ -1,7 +1,8 @@
 #pragma once
 
 // The alpha-beta model (glossary: route model) from which a collective across hosts picks its
-// route: the ring, the direct exchange or recursive halving-doubling. Its inputs are the same on
+// route: the ring, the direct exchange, recursive halving-doubling or, for two hosts, the pair
+// exchange. Its inputs are the same on
 // every rank (the group's agreed round trip and constants), so every rank picks the same route.
 //
 //   alpha  one-way latency of the group's longest link: half the round trip agreed at connect
@@ -16,21 +17,29 @@
 //                   direct   2 alpha      + 2(N-1)/N S beta + reducing (N-1)/N S
 //                   halving  2 log2(P) alpha + 2(P-1)/P S beta, and with R > 0
 //                            2 alpha + 2 S beta more (the pairs that fold N onto P ranks)
+//                   pair     alpha + S max(beta, rho)   (N = 2: each sends its whole buffer
+//                            and reduces the other's as it arrives)
 //   allgather       ring (N-1) alpha        direct alpha               (+ (N-1) b beta each)
 //   reduce-scatter  ring (N-1) alpha        direct alpha + reducing (N-1) b
 //   broadcast       chain N alpha + S beta  direct 2 alpha + 2(N-1)/N S beta (scatter, allgather)
 //
 // (the ring and halving-doubling overlap their reductions with the transfers; the direct
 // exchange reduces once every share arrived). A route other than the ring is taken where it is
-// predicted at most kRouteGain of the ring's time, the fastest such.
+// predicted at most kRouteGain of the ring's time, the fastest such; the pair exchange wherever
+// it is predicted faster at all: it moves the ring's bytes over the ring's one link, so the
+// margin for costs the model leaves out (incast, many flows) has nothing to cover, and it
+// forwards nothing, so a lost packet holds back only its own bytes, never the link's next sends.
 //
 // The rate is measured, not configured: every allreduce of at least kRateSampleBytes on a
-// group the model serves (one rank per host, 3 or more) times itself, and the rate at which the
+// group the model serves (one rank per host, 2 or more) times itself, and the rate at which the
 // model would have predicted that time (rateFromSample) is a sample; every kRateAgreeEvery such
-// calls the group agrees on the slowest rank's best sample since the last agreement (an 8-byte
+// calls the group agrees on the slowest rank's best sample since the last agreement (a 16-byte
 // allreduce before the call), so every rank keeps the same model and a link that slows down is
 // seen within two rounds of samples. The rate so measured is the route's rate end to end
-// (links, sealing, reductions), what the model's beta stands for.
+// (links, sealing, reductions), what the model's beta stands for. The same allreduce agrees on
+// the round trip again: each rank's longest link's TCP min_rtt now, a minimum over a window
+// (net.ipv4.tcp_min_rtt_wlen, 300 s by default), so a round trip that shrinks is seen at the
+// next agreement and one that grows once the window has passed over the shorter samples.
 
 #include <cstddef>
 #include <cstdint>
@@ -55,7 +64,7 @@ constexpr int kMaxDirectRanks = 16;
 enum class ModelledOp { kAllreduce, kAllgather, kReduceScatter, kBroadcast };
 // The largest power of two <= n: the ranks halving-doubling folds n onto.
 int powerOfTwoBelow(int n);
-enum class Route : uint8_t { kRing, kDirect, kHalvingDoubling };
+enum class Route : uint8_t { kRing, kDirect, kHalvingDoubling, kPair };
 const char* routeName(Route route);
 
 struct RouteModel {

@@ -37,7 +37,7 @@ bool singleCopyModeFromName(const std::string& name, SingleCopyMode* out);
 // The route collectives of a group with one rank per host take (RINGDIST_ROUTE; every rank
 // must agree): the route model's (collectives/route_model.h), or one forced wherever the group
 // and the operation allow it (else the ring).
-enum class RouteMode : uint8_t { kAuto, kRing, kDirect, kHalvingDoubling };
+enum class RouteMode : uint8_t { kAuto, kRing, kDirect, kHalvingDoubling, kPair };
 
 // The connect-time copy probe (kAuto): every rank of a host times a kernel
 // copy (process_vm_readv) of this many bytes from a peer's memory against
