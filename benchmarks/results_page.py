@@ -438,6 +438,12 @@ SCENARIOS = {
     "wan_allreduce.json": (WAN, "fp32 allreduce", wan),
     "wan_allreduce_loss.json": (WAN, "fp32 allreduce, 0.1% random loss", wan),
     "wan_allreduce_2x2.json": (WAN, "fp32 allreduce, 2 hosts x 2 ranks (N=4)", wan),
+    "wan_pair_n2.json": (WAN, "fp32 allreduce, N=2: the model's route (the pair exchange at RTT "
+                         "100 ms) against the ring", wan),
+    "wan_pair_loss_n2.json": (WAN, "the same, 0.1% random loss", wan),
+    "wan_pair_2x2.json": (WAN, "fp32 allreduce, 2 hosts x 2 ranks: the pair exchange across the "
+                          "hosts against the ring", wan),
+    "wan_pair_2x2_loss.json": (WAN, "the same, 0.1% random loss", wan),
     "wan_loss_routes.json": (WAN, "fp32 allreduce, 0.1% random loss, N=2 and 4, routes by the "
                              "model", wan),
     "wan_loss_n2_direct.json": (WAN, "the same, N=2, 16 MiB: the direct exchange (allowed at N=2 "

@@ -86,7 +86,7 @@ Route RouteModel::best(ModelledOp op, int n, size_t bytes) const {
   for (Route route : {Route::kDirect, Route::kHalvingDoubling, Route::kPair}) {  // ties: the earlier
     if (!allowed(route, op, n)) continue;
     const double t = timeUs(route, op, n, bytes);
-    const bool gains = route == Route::kPair ? t < ring : t <= kRouteGain * ring;
+    const bool gains = t <= (route == Route::kPair ? kPairGain : kRouteGain) * ring;
     if (gains && (chosen == Route::kRing || t < fastest)) {
       chosen = route;
       fastest = t;

@@ -25,10 +25,10 @@
 //
 // (the ring and halving-doubling overlap their reductions with the transfers; the direct
 // exchange reduces once every share arrived). A route other than the ring is taken where it is
-// predicted at most kRouteGain of the ring's time, the fastest such; the pair exchange wherever
-// it is predicted faster at all: it moves the ring's bytes over the ring's one link, so the
-// margin for costs the model leaves out (incast, many flows) has nothing to cover, and it
-// forwards nothing, so a lost packet holds back only its own bytes, never the link's next sends.
+// predicted at most kRouteGain of the ring's time, the fastest such; the pair exchange at most
+// kPairGain of it: it moves the ring's bytes over the ring's one link, so the margin for costs
+// the model leaves out (incast, many flows) has little to cover, and it forwards nothing, so a
+// lost packet holds back only its own bytes, never the link's next sends.
 //
 // The rate is measured, not configured: every allreduce of at least kRateSampleBytes on a
 // group the model serves (one rank per host, 2 or more) times itself, and the rate at which the
@@ -53,6 +53,11 @@ namespace ringdist {
 constexpr double kReduceBytesPerUs = 1000;
 // A route other than the ring: its predicted time at most this fraction of the ring's.
 constexpr double kRouteGain = 0.8;
+// The pair exchange: at most this fraction. Measured on two emulated hosts at 1 Gbit/s (docs/wan.md):
+// at RTT 100 ms it beat the ring by 2-21% at 16-64 MiB (predicted 8-21%), at RTT 10 ms it lost
+// 10-15% at 16 MiB where 3.5% was predicted; sending the whole buffer at once costs what the
+// model does not count where the ring's one trip more is a small part of its time.
+constexpr double kPairGain = 0.95;
 // Allreduces of at least this many bytes give rate samples (the bandwidth term dominates).
 constexpr size_t kRateSampleBytes = 1 << 20;
 // The group agrees on its rate before every this many sampled allreduces.
