@@ -444,6 +444,11 @@ SCENARIOS = {
     "wan_pair_2x2.json": (WAN, "fp32 allreduce, 2 hosts x 2 ranks: the pair exchange across the "
                           "hosts against the ring", wan),
     "wan_pair_2x2_loss.json": (WAN, "the same, 0.1% random loss", wan),
+    "wan_pair_n2_rerun.json": (WAN, "fp32 allreduce, N=2, the pair exchange, a second run", wan),
+    "wan_pair_loss_n2_rerun.json": (WAN, "the same, 0.1% random loss, a second run", wan),
+    "wan_pair_2x2_rerun.json": (WAN, "fp32 allreduce, 2 hosts x 2 ranks, the pair exchange across "
+                                "the hosts, a second run", wan),
+    "wan_pair_2x2_loss_rerun.json": (WAN, "the same, 0.1% random loss, a second run", wan),
     "wan_loss_routes.json": (WAN, "fp32 allreduce, 0.1% random loss, N=2 and 4, routes by the "
                              "model", wan),
     "wan_loss_n2_direct.json": (WAN, "the same, N=2, 16 MiB: the direct exchange (allowed at N=2 "

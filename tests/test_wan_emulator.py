@@ -104,6 +104,35 @@ def test_nothing_is_left_when_the_command_fails():
 @pytest.mark.netns
 @pytest.mark.slow
 @needs_root
+def test_a_host_cut_off_before_destroy_leaves_every_rank_within_the_teardown_wait(tmp_path):
+    """Three hosts at 100 Mbit/s and a 10 ms round trip. After correct allreduces the third
+    host's links start dropping every packet, and every rank destroys the group with no
+    operation between. The teardown waits at most 10 s for the other ranks (kTeardownWait), and
+    the cut-off host's calls to the store it cannot reach are bounded by that wait too: every
+    rank's destroy_process_group returns within it (plus one store bound, 2 s), none raises."""
+    link = emulator.HostLink(0.005, 100e6)
+    with emulator.Wan(3, link, timeout=120) as wan:
+        port = 29600 + os.getpid() % 1000
+        argv = [sys.executable, os.path.join(REPO, "tests", "scenarios", "wan_close_cut_off.py"),
+                str(port), str(tmp_path)]
+        logs = [str(tmp_path / f"rank{i}.log") for i in range(3)]
+
+        def cut_off_host_2():
+            if (tmp_path / "ready").exists() and not (tmp_path / "go").exists():
+                wan.set_links([link, link, emulator.HostLink(0.005, 100e6, loss=1.0)])
+                (tmp_path / "go").touch()
+
+        codes = wan.run(argv, logs=logs, timeout=60, during=cut_off_host_2)
+        out = [open(p).read() for p in logs]
+    assert codes == [0, 0, 0], out
+    got = [json.loads(o.strip().splitlines()[-1]) for o in out]
+    assert all(g["wrong"] == 0 and g["error"] is None for g in got), got
+    assert all(g["seconds"] <= 10 + 2 + 1.5 for g in got), got
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@needs_root
 def test_a_host_cut_off_mid_run_fails_every_rank_naming_the_silent_peers(tmp_path):
     """Three hosts at 100 Mbit/s and a 10 ms round trip. After correct allreduces the third
     host's links start dropping every packet (no reset reaches anyone). The allreduce then fails

@@ -431,6 +431,21 @@ std::vector<int> Communicator::deadPeers() const {
   return dead;
 }
 
+int64_t Communicator::addBy(const std::string& key, int64_t delta, Clock::time_point deadline) {
+  // At least kStoreOnErrorMs for the one add each rank makes at a zero-wait close.
+  const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                             kStoreOnErrorMs);
+  const auto answer = storeSilent_ ? std::nullopt
+                                   : askStoreWithin(rendezvous_, left, [key, delta](Rendezvous& store) {
+                                       return std::to_string(store.add(key, delta));
+                                     });
+  if (!answer || answer->empty()) {
+    storeSilent_ = true;
+    RINGDIST_FAIL("the store gave no answer within ", left.count(), " ms");
+  }
+  return std::stoll(*answer);
+}
+
 void Communicator::close(std::chrono::milliseconds maxWait) {
   if (closed_) {
     return;
@@ -440,12 +455,12 @@ void Communicator::close(std::chrono::milliseconds maxWait) {
     try {
       const auto deadline = Clock::now() + maxWait;
       // Every rank closing: nobody needs our last bytes any more.
-      rendezvous_->add("ringdist/closing", 1);
+      addBy("ringdist/closing", 1, deadline);
       awaitCount("ringdist/closing", deadline, /*watchPeers=*/true);
       // Rank 0 leaves last. In a plain env:// launch its process hosts the store: a peer
       // still polling it after it exited would fail (and TCPStore logs a stack trace). Peers
       // that are done close their links now, so this wait does not watch them.
-      rendezvous_->add("ringdist/closed", 1);
+      addBy("ringdist/closed", 1, deadline);
       if (rank_ == 0) {
         awaitCount("ringdist/closed", deadline, /*watchPeers=*/false);
       }
@@ -483,7 +498,7 @@ int Communicator::peerInNextOp(std::string* op) {
 void Communicator::awaitCount(const std::string& key, Clock::time_point deadline,
                               bool watchPeers) {
   auto sleep = std::chrono::milliseconds(1);
-  while (rendezvous_->add(key, 0) < size_ && Clock::now() < deadline) {
+  while (addBy(key, 0, deadline) < size_ && Clock::now() < deadline) {
     if (watchPeers) {
       try {
         // Keep moving queued sends: a peer may still need our last bytes.
@@ -506,7 +521,7 @@ void Communicator::awaitCount(const std::string& key, Clock::time_point deadline
         }
       } catch (const std::exception&) {
         // Or it closed them because the count was complete: then this wait is over too.
-        if (rendezvous_->add(key, 0) >= size_) {
+        if (addBy(key, 0, deadline) >= size_) {
           return;
         }
         throw;

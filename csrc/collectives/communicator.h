@@ -250,6 +250,10 @@ class Communicator {
   // On an error path: ask(store)'s answer if the store gives it within kStoreOnErrorMs, else
   // "" (and from then on "" at once: the store is out of reach).
   std::string askStore(std::function<std::string(Rendezvous&)> ask);
+  // Teardown: adds delta to the rendezvous counter `key` and returns it, if the store answers
+  // by `deadline` (a host cut off from the network cannot reach it, and its close must not wait
+  // for TCP to give up); else throws.
+  int64_t addBy(const std::string& key, int64_t delta, std::chrono::steady_clock::time_point deadline);
   // Teardown: until the rendezvous counter `key` reaches the group's size or the deadline;
   // with watchPeers, moving queued sends and throwing if a peer closed its links or died first.
   void awaitCount(const std::string& key, std::chrono::steady_clock::time_point deadline,

@@ -53,10 +53,10 @@ namespace ringdist {
 constexpr double kReduceBytesPerUs = 1000;
 // A route other than the ring: its predicted time at most this fraction of the ring's.
 constexpr double kRouteGain = 0.8;
-// The pair exchange: at most this fraction. Measured on two emulated hosts at 1 Gbit/s (docs/wan.md):
-// at RTT 100 ms it beat the ring by 2-21% at 16-64 MiB (predicted 8-21%), at RTT 10 ms it lost
-// 10-15% at 16 MiB where 3.5% was predicted; sending the whole buffer at once costs what the
-// model does not count where the ring's one trip more is a small part of its time.
+// The pair exchange: at most this fraction. On two emulated hosts at 1 Gbit/s (docs/wan.md) it
+// beat the ring at RTT 100 ms by up to 21% without loss and 30% with 0.1% loss; at RTT 10 ms and
+// 16 MiB, where it is predicted 3.5% faster, runs put either route ahead by 10-15%: below a 5%
+// predicted gain the emulated links cannot tell them apart, and the ring stays.
 constexpr double kPairGain = 0.95;
 // Allreduces of at least this many bytes give rate samples (the bandwidth term dominates).
 constexpr size_t kRateSampleBytes = 1 << 20;
