@@ -50,13 +50,17 @@ BACKENDS = ("ringdist", "gloo")  # the default --backends
 # --backends variants of a backend: ringdist:plain is ringdist with RINGDIST_TCP_ENCRYPT=0 (what
 # sealing the records costs), ringdist:ring, ringdist:direct, ringdist:halving and ringdist:pair
 # with that RINGDIST_ROUTE (a route where the route model would take another), ringdist:cubic with
-# RINGDIST_TCP_CONGESTION=cubic; variants combine with + (ringdist:direct+cubic); measured
+# RINGDIST_TCP_CONGESTION=cubic, ringdist:lanes1 with one TCP connection per peer
+# (RINGDIST_TCP_LANES=1), ringdist:autobuf with the kernel's autotuned socket buffers, as an
+# unprivileged process mostly gets (RINGDIST_TCP_BUFFER_BYTES=0); variants combine with +
+# (ringdist:direct+cubic); measured
 # alternating in the same processes.
 VARIANT_ENV = {"plain": {"RINGDIST_TCP_ENCRYPT": "0"}, "ring": {"RINGDIST_ROUTE": "ring"},
                "direct": {"RINGDIST_ROUTE": "direct"},
                "halving": {"RINGDIST_ROUTE": "halving-doubling"},
                "cubic": {"RINGDIST_TCP_CONGESTION": "cubic"},
-               "pair": {"RINGDIST_ROUTE": "pair"}}
+               "pair": {"RINGDIST_ROUTE": "pair"}, "lanes1": {"RINGDIST_TCP_LANES": "1"},
+               "autobuf": {"RINGDIST_TCP_BUFFER_BYTES": "0"}}
 PORT = 29700  # inside host 0's namespace: no other process on the machine can hold it
 FORMULA = ("ideal = 2(H-1)/H * 8S/R + 2d  (H: hosts, R: link rate, d: one-way delay; "
            "ring ideal: 2(H-1)d)")
@@ -267,7 +271,8 @@ def main():
                     help="measured alternating, in this order: ringdist, gloo, ringdist:plain "
                          "(RINGDIST_TCP_ENCRYPT=0), ringdist:ring, ringdist:direct, "
                          "ringdist:halving or ringdist:pair (RINGDIST_ROUTE=ring, direct, "
-                         "halving-doubling, pair), "
+                         "halving-doubling, pair), ringdist:lanes1 (RINGDIST_TCP_LANES=1), "
+                         "ringdist:autobuf (RINGDIST_TCP_BUFFER_BYTES=0), "
                          "ringdist:cubic (RINGDIST_TCP_CONGESTION=cubic); combined with +")
     ap.add_argument("--loss-max-bytes", default="16MiB",
                     help="largest size measured with loss (a cubic stream at 0.1%% loss and "

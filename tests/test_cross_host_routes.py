@@ -320,6 +320,30 @@ def test_allreduce_over_the_pair_exchange(world_factory):
         assert routes == {"pair"}, routes
 
 
+def _lanes(rank, ws, report_us, lanes):
+    """Each peer's number of TCP connections (lanes) in a new group."""
+    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
+    os.environ["RINGDIST_TCP_LANES"] = str(lanes)
+    try:
+        group = dist.new_group(backend="ringdist")
+    finally:
+        del os.environ["RINGDIST_TCP_LANES"]
+    got = [link.get("lanes") for link in _backend(group).links]
+    dist.destroy_process_group(group)
+    return got
+
+
+def test_long_links_get_lanes(world_factory):
+    """Peers on other hosts get TcpOptions::lanes connections where the group's round trip is
+    at least 1 ms (kLanesRoundTripUs), one on shorter links or when the setting says 1."""
+    world = world_factory(2, env=_hosts(2))
+    for rank, got in enumerate(world.run(_lanes, [100_000] * 2, 4)):
+        assert got[1 - rank] == "4" and got[rank] is None, got
+    for report, lanes in [([0, 0], 4), ([100_000] * 2, 1)]:
+        for rank, got in enumerate(world.run(_lanes, report, lanes)):
+            assert got[1 - rank] == "1", (report, lanes, got)
+
+
 def test_two_level_allreduce_pairs_two_hosts(world_factory):
     """Two hosts of two ranks each on long links: the cross stage is a pair exchange."""
     require_test_build()

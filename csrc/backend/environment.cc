@@ -132,6 +132,9 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
   o.mesh.tcp.bufferBytes = envBytes("RINGDIST_TCP_BUFFER_BYTES", kDefaultTcpBufferBytes, 0);
   RINGDIST_CHECK(o.mesh.tcp.bufferBytes <= (1u << 30),
                  "ringdist: RINGDIST_TCP_BUFFER_BYTES must be <= 1G, got ", o.mesh.tcp.bufferBytes);
+  o.mesh.tcp.lanes = static_cast<int>(envInt("RINGDIST_TCP_LANES", kDefaultTcpLanes));
+  RINGDIST_CHECK(o.mesh.tcp.lanes >= 1 && o.mesh.tcp.lanes <= kMaxTcpLanes,
+                 "ringdist: RINGDIST_TCP_LANES must be 1..", kMaxTcpLanes, ", got ", o.mesh.tcp.lanes);
   o.mesh.security.encrypt = envFlag("RINGDIST_TCP_ENCRYPT", true);
   o.mesh.security.secret = userSecret();
 

@@ -145,6 +145,11 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
     transports_ = mesh.transportOf;
     for (const auto& channel : mesh.channels) {
       links_.push_back(channel ? channel->details() : std::map<std::string, std::string>{});
+      if (channel) links_.back()["lanes"] = "1";
+    }
+    for (const auto& lane : mesh.lanes) {
+      auto& count = links_[static_cast<size_t>(lane->peer())]["lanes"];
+      count = std::to_string(std::stoi(count) + 1);
     }
     sameHostCopy_ = mesh.sameHostCopy;
     const bool oneHost = std::all_of(mesh.hostOf.begin(), mesh.hostOf.end(),
@@ -152,7 +157,7 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
     auto comm = std::make_unique<Communicator>(rank, size, std::move(mesh.channels),
                                                std::move(mesh.ring), std::move(mesh.hostOf),
                                                rendezvous, options.collectives,
-                                               std::move(mesh.board));
+                                               std::move(mesh.board), std::move(mesh.lanes));
     comm->setLinkRoundTrip(mesh.roundTripUs);
     comm->setReportedRoundTrip(options.mesh.testRoundTripUs);
     worker_ = std::make_unique<Worker>(rank, std::move(comm), recorder_, [this] { dumpTrace(); });

@@ -33,27 +33,54 @@ namespace {
 // each sends its buffer behind the op header and reduces the peer's straight out of the link
 // (Channel::postRecvReduce), the lower rank's data first as in oneShotAllreduce, so both
 // compute the same bits. Two passes over the buffer (copy in, reduce out) instead of five, one
-// one-way trip, and nothing forwarded. The output is written only once the peer's header
-// matched ours, and in place only once our own send has read it (else through scratch). `group`:
-// the two ranks (every rank, or a two-level allreduce's cross ring); the result is divided by
+// one-way trip, and nothing forwarded. A peer on another host over long links has several
+// connections (lanes): the buffer goes in as many even parts, one on each, so a lost packet
+// holds back only its part. The output is written only once the peer's header matched ours,
+// and in place only once our own sends have read it (else through scratch). `group`: the two
+// ranks (every rank, or a two-level allreduce's cross ring); the result is divided by
 // `divisor` (> 0).
 void pairAllreduce(Communicator& comm, const SubRing& group, void* data, size_t count,
                    DataType dtype, ReduceOp op, const OpHeader& header, int divisor) {
   const int peer = group.members[static_cast<size_t>(1 - group.pos)];
   const size_t elem = elementSize(dtype);
   const size_t bytes = count * elem;
+  const int lanes = static_cast<int>(std::min<size_t>(comm.laneCount(peer), std::max<size_t>(count, 1)));
+  auto part = [&](int k) {  // (offset, bytes) of lane k's part: even, the first ones longer
+    const size_t n = static_cast<size_t>(lanes), i = static_cast<size_t>(k);
+    const size_t begin = i * (count / n) + std::min(i, count % n);
+    return std::pair<size_t, size_t>(begin * elem, (count / n + (i < count % n ? 1 : 0)) * elem);
+  };
   Channel& link = comm.channel(peer);
   OpHeader theirs;
   link.postSend(&header, sizeof(OpHeader));
-  const uint64_t sent = link.postSend(data, bytes);
+  std::vector<uint64_t> sent(static_cast<size_t>(lanes));
+  for (int k = 0; k < lanes; ++k) {
+    sent[k] = comm.lane(peer, k).postSend(static_cast<char*>(data) + part(k).first, part(k).second);
+  }
+  auto allSent = [&] {
+    for (int k = 0; k < lanes; ++k) {
+      if (!comm.lane(peer, k).sendDone(sent[k])) return false;
+    }
+    return true;
+  };
   const uint64_t heard = link.postRecv(&theirs, sizeof(OpHeader));
   comm.waitUntil([&] { return link.recvDone(heard); });
   comm.checkHeader(header, theirs, peer);
-  const bool inPlace = link.sendDone(sent);
+  const bool inPlace = allSent();
   char* target = inPlace ? static_cast<char*>(data) : comm.scratch(bytes);
-  const uint64_t reduced = link.postRecvReduce(target, data, bytes, elem, reduceFunction(dtype, op),
-                                               /*incomingFirst=*/peer < comm.rank());
-  comm.waitUntil([&] { return link.recvDone(reduced) && link.sendDone(sent); });
+  std::vector<uint64_t> reduced(static_cast<size_t>(lanes));
+  for (int k = 0; k < lanes; ++k) {
+    const auto [offset, length] = part(k);
+    reduced[k] = comm.lane(peer, k).postRecvReduce(target + offset, static_cast<char*>(data) + offset,
+                                                   length, elem, reduceFunction(dtype, op),
+                                                   /*incomingFirst=*/peer < comm.rank());
+  }
+  comm.waitUntil([&] {
+    for (int k = 0; k < lanes; ++k) {
+      if (!comm.lane(peer, k).recvDone(reduced[k])) return false;
+    }
+    return allSent();
+  });
   if (!inPlace) {
     copyBytes(data, target, bytes);
   }

@@ -49,11 +49,23 @@ std::optional<std::string> askStoreWithin(const std::shared_ptr<Rendezvous>& ren
 }
 }  // namespace
 
+namespace {
+// The ranks' channels followed by the lanes: every loop over the links (progress, waits,
+// aborts, statistics) covers both.
+std::vector<std::unique_ptr<Channel>> withLanes(std::vector<std::unique_ptr<Channel>> channels,
+                                                std::vector<std::unique_ptr<Channel>> lanes) {
+  for (auto& lane : lanes) channels.push_back(std::move(lane));
+  return channels;
+}
+}  // namespace
+
 Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
                            std::vector<int> ring, std::vector<int> hostOf,
                            std::shared_ptr<Rendezvous> rendezvous,
-                           const CollectiveOptions& options, std::shared_ptr<Board> board)
-    : rank_(rank), size_(size), channels_(std::move(channels)), rendezvous_(std::move(rendezvous)),
+                           const CollectiveOptions& options, std::shared_ptr<Board> board,
+                           std::vector<std::unique_ptr<Channel>> lanes)
+    : rank_(rank), size_(size), channels_(withLanes(std::move(channels), std::move(lanes))),
+      lanesOf_(static_cast<size_t>(size)), rendezvous_(std::move(rendezvous)),
       ring_{std::move(ring)}, hostOf_(std::move(hostOf)), options_(options), waiter_(channels_),
       board_(*this, waiter_, std::move(board)), singleCopy_(*this, channels_) {
   RINGDIST_CHECK(ring_.size() == size_, "ringdist: ring order has ", ring_.size(),
@@ -62,6 +74,9 @@ Communicator::Communicator(int rank, int size, std::vector<std::unique_ptr<Chann
   ring_.pos = static_cast<int>(std::find(order.begin(), order.end(), rank_) - order.begin());
   RINGDIST_CHECK(static_cast<int>(hostOf_.size()) == size_, "ringdist: host map has ",
                  hostOf_.size(), " ranks, expected ", size_);
+  for (size_t i = static_cast<size_t>(size_); i < channels_.size(); ++i) {
+    lanesOf_[static_cast<size_t>(channels_[i]->peer())].push_back(channels_[i].get());
+  }
   setUpHierarchy();
 }
 
@@ -163,6 +178,10 @@ Channel& Communicator::channel(int peer) {
   RINGDIST_CHECK(peer >= 0 && peer < size_ && peer != rank_ && channels_[static_cast<size_t>(peer)],
                  "ringdist ", opName(), ": rank ", rank_, " has no channel to rank ", peer);
   return *channels_[static_cast<size_t>(peer)];
+}
+
+Channel& Communicator::lane(int peer, int k) {
+  return k == 0 ? channel(peer) : *lanesOf_[static_cast<size_t>(peer)][static_cast<size_t>(k - 1)];
 }
 
 void Communicator::beginOp(OpType type, std::chrono::milliseconds timeout,
@@ -270,10 +289,11 @@ void Communicator::exchangeRingHeaders(const OpHeader& mine) {
 
 std::string Communicator::pendingPeers() const {
   std::string peers;
-  for (const auto& ch : channels_) {
-    if (ch && (ch->hasPending() || ch->peer() == board_.waitsFor())) {
-      peers += strCat(peers.empty() ? "" : ", ", ch->peer());
-    }
+  for (int peer = 0; peer < size_; ++peer) {
+    const Channel* main = channels_[static_cast<size_t>(peer)].get();
+    bool pending = peer == board_.waitsFor() || (main && main->hasPending());
+    for (const Channel* lane : lanesOf_[static_cast<size_t>(peer)]) pending = pending || lane->hasPending();
+    if (pending) peers += strCat(peers.empty() ? "" : ", ", peer);
   }
   return peers.empty() ? "none" : peers;
 }

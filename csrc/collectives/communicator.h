@@ -47,15 +47,21 @@ class Communicator {
   // ring: ranks in ring order (a permutation of 0..size-1), the ranks of
   // each host consecutive; hostOf: host index of each rank.
   // board: every rank on this host over shared memory (Mesh::board), else null.
+  // lanes: more TCP connections to peers on other hosts (Mesh::lanes), each knowing its peer.
   Communicator(int rank, int size, std::vector<std::unique_ptr<Channel>> channels,
                std::vector<int> ring, std::vector<int> hostOf,
                std::shared_ptr<Rendezvous> rendezvous, const CollectiveOptions& options,
-               std::shared_ptr<Board> board = nullptr);
+               std::shared_ptr<Board> board = nullptr,
+               std::vector<std::unique_ptr<Channel>> lanes = {});
   ~Communicator();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   Channel& channel(int peer);
+  // The connections to `peer`: channel(peer) is lane 0; peers on other hosts over long links
+  // have more (TcpOptions::lanes), which the pair exchange sends its buffer's parts on.
+  int laneCount(int peer) const { return 1 + static_cast<int>(lanesOf_[static_cast<size_t>(peer)].size()); }
+  Channel& lane(int peer, int k);
   // Every other rank, starting with the one after us (so that when all ranks
   // post to all peers, not every rank hits rank 0 first).
   std::vector<int> others() const;
@@ -266,7 +272,9 @@ class Communicator {
 
   const int rank_;
   const int size_;
+  // By rank (null for ourselves and where there is none), then every lane beyond the first.
   std::vector<std::unique_ptr<Channel>> channels_;
+  std::vector<std::vector<Channel*>> lanesOf_;  // by rank: lanes 1.. of that peer
   std::shared_ptr<Rendezvous> rendezvous_;
   SubRing ring_;  // every rank, host by host
   std::vector<int> hostOf_;

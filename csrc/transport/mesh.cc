@@ -107,6 +107,44 @@ uint32_t longestRoundTrip(const std::vector<std::unique_ptr<Channel>>& channels,
   return options.testRoundTripUs > 0 ? options.testRoundTripUs : longest;
 }
 
+// The rendezvous under a prefix: a second connect of the same ranks (a lane) publishes its
+// addresses and group secret apart from the first's.
+class PrefixedRendezvous final : public Rendezvous {
+ public:
+  PrefixedRendezvous(Rendezvous& inner, std::string prefix)
+      : inner_(inner), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    inner_.set(prefix_ + key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return inner_.get(prefix_ + key, timeout);
+  }
+  bool check(const std::string& key) override { return inner_.check(prefix_ + key); }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_.add(prefix_ + key, delta); }
+
+ private:
+  Rendezvous& inner_;
+  const std::string prefix_;
+};
+
+// Lanes 1.. to every peer that stays on TCP, when the group's links are long: the same on
+// every rank (the round trip and the transports are agreed).
+std::vector<std::unique_ptr<Channel>> connectLanes(Rendezvous& rendezvous, int rank, int size,
+                                                   const MeshOptions& options, const Mesh& mesh) {
+  std::vector<std::unique_ptr<Channel>> lanes;
+  if (options.tcp.lanes <= 1 || mesh.roundTripUs < kLanesRoundTripUs) return lanes;
+  std::vector<bool> wanted(static_cast<size_t>(size));
+  for (size_t peer = 0; peer < wanted.size(); ++peer) wanted[peer] = mesh.transportOf[peer] == "tcp";
+  if (std::find(wanted.begin(), wanted.end(), true) == wanted.end()) return lanes;
+  for (int lane = 1; lane < options.tcp.lanes; ++lane) {
+    PrefixedRendezvous prefixed(rendezvous, strCat("lane", lane, "/"));
+    for (auto& channel : tcp::connectAll(prefixed, rank, size, options, wanted)) {
+      if (channel) lanes.push_back(std::move(channel));
+    }
+  }
+  return lanes;
+}
+
 bool isLoopback(const std::string& host) {
   if (host == "localhost") return true;
   in_addr v4{};
@@ -152,6 +190,7 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
     mesh.sameHostCopy.why = "no other rank of the group shares memory with this one";
   }
   orderRing(records, mesh);
+  mesh.lanes = connectLanes(rendezvous, rank, size, options, mesh);
   return mesh;
 }
 

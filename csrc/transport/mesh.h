@@ -23,6 +23,9 @@ struct Mesh {
   // (microseconds; the same on every rank): what the collectives size the
   // data they keep in flight by.
   uint32_t roundTripUs = 0;
+  // More TCP connections to each peer on another host, when the links are long (TcpOptions::
+  // lanes - 1 per such peer, each Channel knowing its peer); empty otherwise.
+  std::vector<std::unique_ptr<Channel>> lanes;
 };
 
 // Connects this rank to every other rank of the group through the
