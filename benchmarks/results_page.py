@@ -444,6 +444,9 @@ SCENARIOS = {
     "wan_pair_2x2.json": (WAN, "fp32 allreduce, 2 hosts x 2 ranks: the pair exchange across the "
                           "hosts against the ring", wan),
     "wan_pair_2x2_loss.json": (WAN, "the same, 0.1% random loss", wan),
+    "wan_lanes_n2.json": (WAN, "fp32 allreduce, N=2, the pair exchange on 4 TCP lanes against 1, "
+                          "set and autotuned socket buffers", wan),
+    "wan_lanes_loss_n2.json": (WAN, "the same, 0.1% random loss", wan),
     "wan_pair_n2_rerun.json": (WAN, "fp32 allreduce, N=2, the pair exchange, a second run", wan),
     "wan_pair_loss_n2_rerun.json": (WAN, "the same, 0.1% random loss, a second run", wan),
     "wan_pair_2x2_rerun.json": (WAN, "fp32 allreduce, 2 hosts x 2 ranks, the pair exchange across "
