@@ -503,6 +503,16 @@ needs_root = pytest.mark.skipif(
     reason="needs root, /dev/net/tun, ip, unshare, chrt and cc (network namespaces, TUN)")
 
 
+def _when_ready(wan, signals, links):
+    """A `during` for Wan.run: gives the hosts `links` once rank 0 created `ready` in the
+    signals folder, then creates `go` (tests/scenarios/wan_signals.py)."""
+    def change():
+        if os.path.exists(signals / "ready") and not os.path.exists(signals / "go"):
+            wan.set_links(links)
+            (signals / "go").touch()
+    return change
+
+
 def _agreed_rates(wan, *args, during=None):
     """Runs tests/scenarios/wan_link_rate.py on every host (args after the store's port); each
     rank's JSON line, after checking every rank ran and agreed the same rates without a wrong
@@ -558,13 +568,8 @@ def test_a_link_that_slows_to_a_tenth_is_agreed_and_routed_by(tmp_path):
 
     fast, slow = 200e6, 20e6
     with emulator.Wan(3, emulator.HostLink(0.005, fast), timeout=180) as wan:
-
-        def slow_down():
-            if os.path.exists(tmp_path / "ready") and not os.path.exists(tmp_path / "go"):
-                wan.set_links(emulator.HostLink(0.005, slow))
-                (tmp_path / "go").touch()
-
-        got = _agreed_rates(wan, tmp_path, during=slow_down)
+        got = _agreed_rates(wan, tmp_path, during=_when_ready(wan, tmp_path,
+                                                              emulator.HostLink(0.005, slow)))
     agreed = got[0]["agreed"]
     assert agreed[0] == 0 and 0.75 * fast <= agreed[1] <= 1.1 * fast, agreed
     assert 0.75 * slow <= agreed[2] <= 1.1 * slow, agreed
@@ -589,13 +594,8 @@ def test_a_round_trip_that_grows_is_agreed_and_routed_by(tmp_path):
     rate = 200e6
     with emulator.Wan(3, emulator.HostLink(0.005, rate), timeout=180) as wan:
         wan.sysctl("net.ipv4.tcp_min_rtt_wlen=1")
-
-        def lengthen():
-            if os.path.exists(tmp_path / "ready") and not os.path.exists(tmp_path / "go"):
-                wan.set_links(emulator.HostLink(0.05, rate))
-                (tmp_path / "go").touch()
-
-        got = _agreed_rates(wan, tmp_path, during=lengthen)
+        got = _agreed_rates(wan, tmp_path, during=_when_ready(wan, tmp_path,
+                                                              emulator.HostLink(0.05, rate)))
     trips = got[0]["round_trips_us"]
     assert all(g["round_trips_us"] == trips for g in got), got
     assert 9_500 <= trips[0] <= 12_000 and 9_500 <= trips[1] <= 12_000, trips

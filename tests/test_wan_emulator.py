@@ -101,6 +101,28 @@ def test_nothing_is_left_when_the_command_fails():
     assert not [c for c in map(cmdline, os.listdir("/proc")) if c.startswith("sleep 287")]
 
 
+def _cut_off_host_2(tmp_path, scenario):
+    """Runs tests/scenarios/<scenario> on three hosts at 100 Mbit/s and a 10 ms round trip,
+    cutting the third host off (its links drop every packet, no reset reaches anyone) once the
+    ranks wait at the scenario's barrier; each rank's JSON line, after checking all exited 0."""
+    link = emulator.HostLink(0.005, 100e6)
+    with emulator.Wan(3, link, timeout=120) as wan:
+        port = 29600 + os.getpid() % 1000
+        argv = [sys.executable, os.path.join(REPO, "tests", "scenarios", scenario), str(port),
+                str(tmp_path)]
+        logs = [str(tmp_path / f"rank{i}.log") for i in range(3)]
+
+        def cut_off():
+            if (tmp_path / "ready").exists() and not (tmp_path / "go").exists():
+                wan.set_links([link, link, emulator.HostLink(0.005, 100e6, loss=1.0)])
+                (tmp_path / "go").touch()
+
+        codes = wan.run(argv, logs=logs, timeout=60, during=cut_off)
+        out = [open(p).read() for p in logs]
+    assert codes == [0, 0, 0], out
+    return [json.loads(o.strip().splitlines()[-1]) for o in out]
+
+
 @pytest.mark.netns
 @pytest.mark.slow
 @needs_root
@@ -110,22 +132,7 @@ def test_a_host_cut_off_before_destroy_leaves_every_rank_within_the_teardown_wai
     operation between. The teardown waits at most 10 s for the other ranks (kTeardownWait), and
     the cut-off host's calls to the store it cannot reach are bounded by that wait too: every
     rank's destroy_process_group returns within it (plus one store bound, 2 s), none raises."""
-    link = emulator.HostLink(0.005, 100e6)
-    with emulator.Wan(3, link, timeout=120) as wan:
-        port = 29600 + os.getpid() % 1000
-        argv = [sys.executable, os.path.join(REPO, "tests", "scenarios", "wan_close_cut_off.py"),
-                str(port), str(tmp_path)]
-        logs = [str(tmp_path / f"rank{i}.log") for i in range(3)]
-
-        def cut_off_host_2():
-            if (tmp_path / "ready").exists() and not (tmp_path / "go").exists():
-                wan.set_links([link, link, emulator.HostLink(0.005, 100e6, loss=1.0)])
-                (tmp_path / "go").touch()
-
-        codes = wan.run(argv, logs=logs, timeout=60, during=cut_off_host_2)
-        out = [open(p).read() for p in logs]
-    assert codes == [0, 0, 0], out
-    got = [json.loads(o.strip().splitlines()[-1]) for o in out]
+    got = _cut_off_host_2(tmp_path, "wan_close_cut_off.py")
     assert all(g["wrong"] == 0 and g["error"] is None for g in got), got
     assert all(g["seconds"] <= 10 + 2 + 1.5 for g in got), got
 
@@ -139,22 +146,7 @@ def test_a_host_cut_off_mid_run_fails_every_rank_naming_the_silent_peers(tmp_pat
     on every rank with the group's timeout (8 s): the two connected ranks name rank 2, the cut-off
     one names ranks 0 and 1, and it does not wait past 2 s more for the store it cannot reach
     either (kStoreOnErrorMs); before that bound it waited for as long as TCP kept trying."""
-    link = emulator.HostLink(0.005, 100e6)
-    with emulator.Wan(3, link, timeout=120) as wan:
-        port = 29600 + os.getpid() % 1000
-        argv = [sys.executable, os.path.join(REPO, "tests", "scenarios", "wan_silent_peer.py"),
-                str(port), str(tmp_path)]
-        logs = [str(tmp_path / f"rank{i}.log") for i in range(3)]
-
-        def cut_off_host_2():
-            if (tmp_path / "ready").exists() and not (tmp_path / "go").exists():
-                wan.set_links([link, link, emulator.HostLink(0.005, 100e6, loss=1.0)])
-                (tmp_path / "go").touch()
-
-        codes = wan.run(argv, logs=logs, timeout=60, during=cut_off_host_2)
-        out = [open(p).read() for p in logs]
-    assert codes == [0, 0, 0], out
-    got = [json.loads(o.strip().splitlines()[-1]) for o in out]
+    got = _cut_off_host_2(tmp_path, "wan_silent_peer.py")
     assert all(g["wrong"] == 0 for g in got), got
     for g, silent in zip(got, ["2", "2", "0, 1"]):
         assert g["error"] and "Timed out after 8000 ms" in g["error"], got
