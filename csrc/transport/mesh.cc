@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <future>
 #include <thread>
 
 #include "csrc/common/error.h"
@@ -128,7 +130,8 @@ class PrefixedRendezvous final : public Rendezvous {
 };
 
 // Lanes 1.. to every peer that stays on TCP, when the group's links are long: the same on
-// every rank (the round trip and the transports are agreed).
+// every rank (the round trip and the transports are agreed). Each lane is a connect of its own
+// (several round trips on a long link), so they run side by side, one thread each.
 std::vector<std::unique_ptr<Channel>> connectLanes(Rendezvous& rendezvous, int rank, int size,
                                                    const MeshOptions& options, const Mesh& mesh) {
   std::vector<std::unique_ptr<Channel>> lanes;
@@ -136,12 +139,24 @@ std::vector<std::unique_ptr<Channel>> connectLanes(Rendezvous& rendezvous, int r
   std::vector<bool> wanted(static_cast<size_t>(size));
   for (size_t peer = 0; peer < wanted.size(); ++peer) wanted[peer] = mesh.transportOf[peer] == "tcp";
   if (std::find(wanted.begin(), wanted.end(), true) == wanted.end()) return lanes;
+  std::vector<std::future<std::vector<std::unique_ptr<Channel>>>> connecting;
   for (int lane = 1; lane < options.tcp.lanes; ++lane) {
-    PrefixedRendezvous prefixed(rendezvous, strCat("lane", lane, "/"));
-    for (auto& channel : tcp::connectAll(prefixed, rank, size, options, wanted)) {
-      if (channel) lanes.push_back(std::move(channel));
+    connecting.push_back(std::async(std::launch::async, [&, lane] {
+      PrefixedRendezvous prefixed(rendezvous, strCat("lane", lane, "/"));
+      return tcp::connectAll(prefixed, rank, size, options, wanted);
+    }));
+  }
+  std::exception_ptr failed;
+  for (auto& lane : connecting) {  // every thread joined before anything is thrown
+    try {
+      for (auto& channel : lane.get()) {
+        if (channel) lanes.push_back(std::move(channel));
+      }
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
     }
   }
+  if (failed) std::rethrow_exception(failed);
   return lanes;
 }
 
