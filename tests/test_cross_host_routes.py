@@ -334,14 +334,17 @@ def _lanes(rank, ws, report_us, lanes):
 
 
 def test_long_links_get_lanes(world_factory):
-    """Peers on other hosts get TcpOptions::lanes connections where the group's round trip is
-    at least 1 ms (kLanesRoundTripUs), one on shorter links or when the setting says 1."""
+    """The peer on the other host of a two-host group gets TcpOptions::lanes connections where
+    the group's round trip is at least 1 ms (kLanesRoundTripUs); one on shorter links, when the
+    setting says 1, or in a group of three hosts (only the pair exchange sends on lanes)."""
     world = world_factory(2, env=_hosts(2))
     for rank, got in enumerate(world.run(_lanes, [100_000] * 2, 4)):
         assert got[1 - rank] == "4" and got[rank] is None, got
     for report, lanes in [([0, 0], 4), ([100_000] * 2, 1)]:
         for rank, got in enumerate(world.run(_lanes, report, lanes)):
             assert got[1 - rank] == "1", (report, lanes, got)
+    for rank, got in enumerate(world_factory(3, env=_hosts(3)).run(_lanes, [100_000] * 3, 4)):
+        assert [g for r, g in enumerate(got) if r != rank] == ["1", "1"], got
 
 
 def test_two_level_allreduce_pairs_two_hosts(world_factory):

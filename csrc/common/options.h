@@ -94,10 +94,10 @@ constexpr const char* kDefaultTcpCongestion = "auto";
 // MiB (the kernel doubles it for its bookkeeping) covers a 1 Gbit/s x 100 ms
 // bandwidth-delay product with room for loss recovery. 0: never set.
 constexpr size_t kDefaultTcpBufferBytes = 32 << 20;
-// TCP connections to each peer on another host when the group's links are long (its round trip
-// at least kLanesRoundTripUs): the pair exchange sends a part of its buffer on each, so a link
-// carries several windows (one stream's is capped by its buffer) and a lost packet holds back
-// only its own connection's bytes. One connection on shorter links.
+// TCP connections to each peer on the other host of a group that spans two hosts, when its links
+// are long (its round trip at least kLanesRoundTripUs): the pair exchange sends a part of its
+// buffer on each, so a link carries several windows (one stream's is capped by its buffer) and a
+// lost packet holds back only its own connection's bytes. One connection otherwise.
 constexpr int kDefaultTcpLanes = 4;
 constexpr int kMaxTcpLanes = 16;
 constexpr uint32_t kLanesRoundTripUs = 1000;

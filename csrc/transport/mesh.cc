@@ -129,13 +129,15 @@ class PrefixedRendezvous final : public Rendezvous {
   const std::string prefix_;
 };
 
-// Lanes 1.. to every peer that stays on TCP, when the group's links are long: the same on
-// every rank (the round trip and the transports are agreed). Each lane is a connect of its own
-// (several round trips on a long link), so they run side by side, one thread each.
+// Lanes 1.. to every peer that stays on TCP, when the group spans two hosts (the pair exchange,
+// the one route that sends on lanes) and its links are long: the same on every rank (the round
+// trip, hosts and transports are agreed). Each lane is a connect of its own (several round trips
+// on a long link), so they run side by side, one thread each.
 std::vector<std::unique_ptr<Channel>> connectLanes(Rendezvous& rendezvous, int rank, int size,
                                                    const MeshOptions& options, const Mesh& mesh) {
   std::vector<std::unique_ptr<Channel>> lanes;
-  if (options.tcp.lanes <= 1 || mesh.roundTripUs < kLanesRoundTripUs) return lanes;
+  const int hosts = 1 + *std::max_element(mesh.hostOf.begin(), mesh.hostOf.end());
+  if (options.tcp.lanes <= 1 || hosts != 2 || mesh.roundTripUs < kLanesRoundTripUs) return lanes;
   std::vector<bool> wanted(static_cast<size_t>(size));
   for (size_t peer = 0; peer < wanted.size(); ++peer) wanted[peer] = mesh.transportOf[peer] == "tcp";
   if (std::find(wanted.begin(), wanted.end(), true) == wanted.end()) return lanes;
