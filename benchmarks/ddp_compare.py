@@ -15,6 +15,10 @@ Configs are LABEL=BACKEND:HOOK[:KEY=VAL,KEY=VAL]; the default set is gloo (plain
 ringdist without a hook, and the bf16, int8 and top-k 1% (error feedback) hooks. Ends by
 checking that no network namespace of the run is left (`ip netns list`).
 
+--rtt (and --loss): the hosts are joined by the WAN emulator (benchmarks/wan/emulator.py: per
+host link one-way delay rtt/2, --rate and random loss, every socket starting on cubic) instead of
+netns_hosts.sh's rate-only links; its self-check replaces the link check.
+
 --algo diloco: the default set becomes gloo, the int8 hook, DiLoCo with int8 pseudo-gradients
 every --period steps, and `nocomm` (DiLoCo whose first round lies beyond the run: the step with
 no communication, L); the statistic becomes the mean step (the amortised cost of a round every
@@ -35,6 +39,9 @@ import time
 
 from bench_common import write_json
 from compare import run_bounded  # same folder: one bounded, process-group-killing runner
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "wan"))
+import emulator  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -85,15 +92,51 @@ def verify_link(args, env):
 
 
 def step_cmd(args, cfg, json_path):
-    cmd = ["bash", NETNS, "run", "--hosts", str(args.hosts), "--rate", args.rate,
-           "--procs-per-host", str(args.nproc), "--verify-seconds", "1",
-           "--timeout", str(max(30, int(args.timeout - 30))), "--",
-           STEP, "--backend", cfg["backend"], "--hook", cfg["hook"], "--label", cfg["label"],
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--ifname", "eth0",
+    return ["bash", NETNS, "run", "--hosts", str(args.hosts), "--rate", args.rate,
+            "--procs-per-host", str(args.nproc), "--verify-seconds", "1",
+            "--timeout", str(max(30, int(args.timeout - 30))), "--",
+            STEP] + step_args(args, cfg, json_path, "eth0")
+
+
+def step_args(args, cfg, json_path, ifname):
+    """ddp_step.py's arguments for one config."""
+    out = ["--backend", cfg["backend"], "--hook", cfg["hook"], "--label", cfg["label"],
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--ifname", ifname,
            "--json", json_path]
     for opt in cfg["options"]:
-        cmd += ["--hook-option", opt]
-    return cmd + args.step_arg
+        out += ["--hook-option", opt]
+    return out + args.step_arg
+
+
+def wan_link(args):
+    return emulator.HostLink(emulator.parse_time(args.rtt) / 2, emulator.parse_rate(args.rate),
+                             loss=args.loss)
+
+
+def wan_check(wan):
+    """The emulator's self-check as netns_hosts.sh verify's (Gbit/s, lines)."""
+    rates = [r["measured"] for r in wan.check["rate"]]
+    lines = [f"wan self-check: {json.dumps({k: wan.check[k] for k in ('rtt', 'rate', 'loss')})}"]
+    return min(rates) / 1e9, lines
+
+
+def run_on_wan(wan, args, cfg, json_path, log_path, env):
+    """One run of ddp_step.py: a torchrun per emulated host (node rank = host), rank 0's host
+    writing json_path; returns the worst exit code (124 on timeout). Each host's log goes to
+    log_path.h<i>, host 0's also to log_path."""
+    port = 29500 + os.getpid() % 1000
+    argvs = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.hosts),
+              "--node-rank", str(i), "--nproc-per-node", str(args.nproc),
+              "--master-addr", wan.addrs[0], "--master-port", str(port), STEP]
+             + step_args(args, cfg, json_path, emulator.IFNAME) for i in range(args.hosts)]
+    logs = [f"{log_path}.h{i}" for i in range(args.hosts)]
+    try:
+        codes = wan.run(argvs, env=env, timeout=args.timeout, logs=logs)
+    except TimeoutError:
+        codes = [124]
+    with open(logs[0]) as src, open(log_path, "w") as dst:
+        dst.write(src.read())
+    return max(codes)
 
 
 def summarise(configs, runs, baseline, stat):
@@ -146,6 +189,9 @@ def main():
     p.add_argument("--hosts", type=int, default=2, help="emulated hosts (network namespaces)")
     p.add_argument("--nproc", type=int, default=1, help="ranks per emulated host")
     p.add_argument("--rate", default="1gbit", help="link rate per host and direction (tc tbf)")
+    p.add_argument("--rtt", help="join the hosts by the WAN emulator with this round trip "
+                                 "(e.g. 100ms) instead of netns_hosts.sh")
+    p.add_argument("--loss", type=float, default=0.0, help="with --rtt: random loss per link")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=15, help="measured steps per run")
     p.add_argument("--warmup", type=int, default=8, help="warm-up steps per run")
@@ -186,7 +232,15 @@ def main():
     workdir = os.path.splitext(os.path.abspath(args.out))[0] + ".runs"
     os.makedirs(workdir, exist_ok=True)
 
-    gbits, verify_lines = verify_link(args, env)
+    wan = emulator.Wan(args.hosts, wan_link(args), timeout=args.timeout + 60) if args.rtt else None
+    if wan:
+        wan.__enter__()
+        gbits, verify_lines = wan_check(wan)
+        env["RDBENCH_VERIFIED_GBITPS"] = f"{gbits:.3f}"
+    else:
+        gbits, verify_lines = verify_link(args, env)
+    for line in verify_lines if wan else []:
+        print(line)
     runs = {lbl: [] for lbl in labels}
     try:
         for rnd in range(1, args.rounds + 1):
@@ -198,7 +252,10 @@ def main():
                     os.remove(json_path)  # never merge a stale result
                 load = os.getloadavg()[0]
                 t0 = time.monotonic()
-                rc = run_bounded(step_cmd(args, cfg, json_path), env, args.timeout, log_path)
+                if wan:
+                    rc = run_on_wan(wan, args, cfg, json_path, log_path, env)
+                else:
+                    rc = run_bounded(step_cmd(args, cfg, json_path), env, args.timeout, log_path)
                 took = time.monotonic() - t0
                 if rc != 0 or not os.path.exists(json_path):
                     with open(log_path) as f:
@@ -218,6 +275,8 @@ def main():
                       f"{res['final_loss']:.4f}  link {res['env'].get('RDBENCH_VERIFIED_GBITPS')}"
                       f" Gbit/s  (load avg {load:.2f})", flush=True)
     finally:
+        if wan:
+            wan.close()
         left = our_namespaces()
         if left:  # a killed run may leave some: the script's clean removes only its own
             print(f"leftover namespaces {left}: running netns_hosts.sh clean")
@@ -233,6 +292,7 @@ def main():
         "world_size": first["world_size"], "rate": args.rate, "rounds": args.rounds,
         "steps": args.steps, "warmup": args.warmup, "model": first["model"],
         "link_verified_gbitps": gbits, "verify": verify_lines, "thp_mem_alloc": args.thp,
+        "rtt": args.rtt, "loss": args.loss if args.rtt else None,
         "torch_ringdist": getattr(importlib.util.find_spec("torch_ringdist"), "origin", None),
         "command": sys.argv, "statistic": stat_name,
         "wall_s": time.monotonic() - t_start, "baseline": args.baseline,
@@ -243,7 +303,8 @@ def main():
         with open(args.md, "w") as f:
             f.write(md + "\n")
     print(f"\n== DDP step, {first['model']['params'] / 1e6:.1f}M params fp32, N="
-          f"{first['world_size']} ({args.hosts} emulated hosts x {args.nproc}), {args.rate}, "
+          f"{first['world_size']} ({args.hosts} emulated hosts x {args.nproc}), {args.rate}"
+          f"{f', RTT {args.rtt}, loss {args.loss}' if args.rtt else ''}, "
           f"{args.rounds} rounds x {args.steps} steps (+{args.warmup} warm-up); {stat_name} of all "
           f"measured steps (slowest rank); per-round {stat_name}s in parentheses; "
           f"THP_MEM_ALLOC_ENABLE={args.thp}")
