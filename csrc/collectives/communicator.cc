@@ -47,9 +47,7 @@ std::optional<std::string> askStoreWithin(const std::shared_ptr<Rendezvous>& ren
   answer->ready.wait_for(lock, limit, [&] { return answer->text.has_value(); });
   return answer->text;
 }
-}  // namespace
 
-namespace {
 // The ranks' channels followed by the lanes: every loop over the links (progress, waits,
 // aborts, statistics) covers both.
 std::vector<std::unique_ptr<Channel>> withLanes(std::vector<std::unique_ptr<Channel>> channels,

@@ -55,7 +55,7 @@ constexpr double kReduceBytesPerUs = 1000;
 constexpr double kRouteGain = 0.8;
 // The pair exchange: at most this fraction. On two emulated hosts at 1 Gbit/s (docs/wan.md) it
 // beat the ring at RTT 100 ms by up to 21% without loss and 30% with 0.1% loss; at RTT 10 ms and
-// 16 MiB, where it is predicted 3.5% faster, runs put either route ahead by 10-15%: below a 5%
+// 16 MiB, where it is predicted 3.5% faster, runs put either route ahead by 8-14%: below a 5%
 // predicted gain the emulated links cannot tell them apart, and the ring stays.
 constexpr double kPairGain = 0.95;
 // Allreduces of at least this many bytes give rate samples (the bandwidth term dominates).
