@@ -493,6 +493,7 @@ SCENARIOS = {
                            "against no communication", ddp_steps),
     "diloco_wan_loss_n2.json": (DILOCO, "the same, 0.1% random loss", ddp_steps),
     "diloco_wan_loss_n4.json": (DILOCO, "the same, N=4 (one rank per host)", ddp_steps),
+    "diloco_wan_loss_n4_rerun.json": (DILOCO, "the same, N=4, a second run", ddp_steps),
     "diloco_convergence_n2.json": (DILOCO, "convergence, N=2", convergence),
     "diloco_convergence_n4.json": (DILOCO, "convergence, N=4", convergence),
     "sparse_allreduce_n2.json": (OTHER, "sparse allreduce, N=2", sparse),
