@@ -81,14 +81,27 @@ def _backend(group=None):
     return pg._get_backend(torch.device("cpu"))
 
 
+def _new_group(round_trip_us, **settings):
+    """A ringdist group made with this rank reporting `round_trip_us` for its links (0: the
+    measured one) and the given RINGDIST_* settings, which are read when a group is made; the
+    environment is restored after."""
+    env = {"RINGDIST_TEST_ROUND_TRIP_US": str(round_trip_us),
+           **{f"RINGDIST_{k.upper()}": str(v) for k, v in settings.items()}}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return dist.new_group(backend="ringdist")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
 def _routes(rank, ws, report_us, setting="auto"):
     # 0: the round trip measured (loopback), not a reported one.
-    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank] if report_us else 0)
-    os.environ["RINGDIST_ROUTE"] = setting  # read when the group is made
-    try:
-        group = dist.new_group(backend="ringdist")
-    finally:
-        os.environ["RINGDIST_ROUTE"] = "auto"
+    group = _new_group(report_us[rank] if report_us else 0, route=setting)
     out = {size: _backend(group).allreduce_route(size) for size in SIZES}
     dist.destroy_process_group(group)
     return out
@@ -236,12 +249,7 @@ SENT = {"direct": _direct_sent, "halving-doubling": _halving_sent, "pair": _pair
 def _allreduces(rank, ws, report_us, ops, setting="auto"):
     """Every dtype x count x op; returns the mismatches and the routes taken (and "sent
     unlike <route>" where the bytes sent did not match it)."""
-    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
-    os.environ["RINGDIST_ROUTE"] = setting
-    try:
-        group = dist.new_group(backend="ringdist")
-    finally:
-        os.environ["RINGDIST_ROUTE"] = "auto"
+    group = _new_group(report_us[rank], route=setting)
     backend = _backend(group)
     wrong, routes = [], set()
     for dtype in DTYPES:
@@ -269,8 +277,7 @@ def _gathers_and_scatters(rank, ws, report_us):
     """all_gather_into_tensor and reduce_scatter_tensor of every dtype x count against closed
     forms; returns the mismatches and, by (op, block bytes), what each call sent beyond its
     payload (headers)."""
-    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
-    group = dist.new_group(backend="ringdist")
+    group = _new_group(report_us[rank])
     wrong, extra = [], {}
     for dtype in DTYPES:
         for count in COUNTS:
@@ -322,12 +329,7 @@ def test_allreduce_over_the_pair_exchange(world_factory):
 
 def _lanes(rank, ws, report_us, lanes):
     """Each peer's number of TCP connections (lanes) in a new group."""
-    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
-    os.environ["RINGDIST_TCP_LANES"] = str(lanes)
-    try:
-        group = dist.new_group(backend="ringdist")
-    finally:
-        del os.environ["RINGDIST_TCP_LANES"]
+    group = _new_group(report_us[rank], tcp_lanes=lanes)
     got = [link.get("lanes") for link in _backend(group).links]
     dist.destroy_process_group(group)
     return got
@@ -461,8 +463,7 @@ def _broadcasts(rank, ws, report_us):
     closed form: the header to every peer; the root sends each rank its block and then its own
     block to every rank, a rank its block to every rank but the root and one byte to the
     root."""
-    os.environ["RINGDIST_TEST_ROUND_TRIP_US"] = str(report_us[rank])
-    group = dist.new_group(backend="ringdist")
+    group = _new_group(report_us[rank])
     wrong, unlike = [], []
     for dtype in DTYPES:
         for count in COUNTS:

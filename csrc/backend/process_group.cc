@@ -143,13 +143,12 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
     setDebugEnabled(options.debug);
     Mesh mesh = connectMesh(*rendezvous, rank, size, options.mesh);
     transports_ = mesh.transportOf;
-    for (const auto& channel : mesh.channels) {
+    std::vector<int> lanes(mesh.channels.size(), 1);  // each peer's connections
+    for (const auto& lane : mesh.lanes) ++lanes[static_cast<size_t>(lane->peer())];
+    for (size_t peer = 0; peer < mesh.channels.size(); ++peer) {
+      const auto& channel = mesh.channels[peer];
       links_.push_back(channel ? channel->details() : std::map<std::string, std::string>{});
-      if (channel) links_.back()["lanes"] = "1";
-    }
-    for (const auto& lane : mesh.lanes) {
-      auto& count = links_[static_cast<size_t>(lane->peer())]["lanes"];
-      count = std::to_string(std::stoi(count) + 1);
+      if (channel) links_.back()["lanes"] = std::to_string(lanes[peer]);
     }
     sameHostCopy_ = mesh.sameHostCopy;
     const bool oneHost = std::all_of(mesh.hostOf.begin(), mesh.hostOf.end(),

@@ -45,10 +45,10 @@ void pairAllreduce(Communicator& comm, const SubRing& group, void* data, size_t 
   const size_t elem = elementSize(dtype);
   const size_t bytes = count * elem;
   const int lanes = static_cast<int>(std::min<size_t>(comm.laneCount(peer), std::max<size_t>(count, 1)));
-  auto part = [&](int k) {  // (offset, bytes) of lane k's part: even, the first ones longer
-    const size_t n = static_cast<size_t>(lanes), i = static_cast<size_t>(k);
-    const size_t begin = i * (count / n) + std::min(i, count % n);
-    return std::pair<size_t, size_t>(begin * elem, (count / n + (i < count % n ? 1 : 0)) * elem);
+  const ChunkLayout parts(count, lanes, comm.segmentBytes(), elem);  // lane k's part: chunk k
+  auto part = [&](int k) {  // (offset, bytes)
+    const size_t i = static_cast<size_t>(k);
+    return std::pair<size_t, size_t>(parts.chunkOffset(i) * elem, parts.chunkLength(i) * elem);
   };
   Channel& link = comm.channel(peer);
   OpHeader theirs;
@@ -68,11 +68,12 @@ void pairAllreduce(Communicator& comm, const SubRing& group, void* data, size_t 
   comm.checkHeader(header, theirs, peer);
   const bool inPlace = allSent();
   char* target = inPlace ? static_cast<char*>(data) : comm.scratch(bytes);
+  const ReduceFn reduceFn = reduceFunction(dtype, op);
   std::vector<uint64_t> reduced(static_cast<size_t>(lanes));
   for (int k = 0; k < lanes; ++k) {
     const auto [offset, length] = part(k);
     reduced[k] = comm.lane(peer, k).postRecvReduce(target + offset, static_cast<char*>(data) + offset,
-                                                   length, elem, reduceFunction(dtype, op),
+                                                   length, elem, reduceFn,
                                                    /*incomingFirst=*/peer < comm.rank());
   }
   comm.waitUntil([&] {

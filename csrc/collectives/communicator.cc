@@ -112,15 +112,6 @@ void Communicator::sampleRate(Route route, ModelledOp op, size_t bytes, double u
   if (std::isfinite(rate)) bestRateSample_ = std::max(bestRateSample_, rate);
 }
 
-uint32_t Communicator::localRoundTripUs() const {
-  if (reportedRoundTripUs_ > 0) return reportedRoundTripUs_;
-  uint32_t longest = 0;
-  for (const auto& channel : channels_) {
-    if (channel) longest = std::max(longest, channel->roundTripUs());
-  }
-  return longest;
-}
-
 double Communicator::takeRateSample() {
   const double best = bestRateSample_ > 0 ? bestRateSample_ : std::numeric_limits<double>::infinity();
   bestRateSample_ = 0;
@@ -402,7 +393,7 @@ std::string Communicator::describeError(const std::string& what) {
     if (!store.check("ringdist/abort")) return std::string();
     auto reason = store.get("ringdist/abort", std::chrono::milliseconds(1000));
     return std::string(reason.begin(), reason.end());
-  });
+  }).value_or("");
   if (!remote.empty() && text.find(remote) == std::string::npos) {
     text += strCat(" [first error in the group: ", remote, "]");
   }
@@ -430,15 +421,16 @@ void Communicator::abort(const std::string& reason) {
   }
 }
 
-std::string Communicator::askStore(std::function<std::string(Rendezvous&)> ask) {
-  if (!rendezvous_ || storeSilent_) return "";
-  auto answer = askStoreWithin(rendezvous_, kStoreOnErrorMs, std::move(ask));
+std::optional<std::string> Communicator::askStore(std::function<std::string(Rendezvous&)> ask,
+                                                  std::chrono::milliseconds limit) {
+  if (!rendezvous_ || storeSilent_) return std::nullopt;
+  auto answer = askStoreWithin(rendezvous_, limit, std::move(ask));
   if (!answer) {
-    storeSilent_ = true;  // the next error path does not wait for it again
-    logDebug(strCat("rank ", rank_, ": the store did not answer within ", kStoreOnErrorMs.count(),
-                    " ms on an error path; going on without it"));
+    storeSilent_ = true;  // the next error path or teardown does not wait for it again
+    logDebug(strCat("rank ", rank_, ": the store did not answer within ", limit.count(),
+                    " ms; going on without it"));
   }
-  return answer.value_or("");
+  return answer;
 }
 
 std::vector<int> Communicator::deadPeers() const {
@@ -453,10 +445,9 @@ int64_t Communicator::addBy(const std::string& key, int64_t delta, Clock::time_p
   // At least kStoreOnErrorMs for the one add each rank makes at a zero-wait close.
   const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
                              kStoreOnErrorMs);
-  const auto answer = storeSilent_ ? std::nullopt
-                                   : askStoreWithin(rendezvous_, left, [key, delta](Rendezvous& store) {
-                                       return std::to_string(store.add(key, delta));
-                                     });
+  const auto answer = askStore([key, delta](Rendezvous& store) {
+    return std::to_string(store.add(key, delta));
+  }, left);
   if (!answer || answer->empty()) {
     storeSilent_ = true;
     RINGDIST_FAIL("the store gave no answer within ", left.count(), " ms");

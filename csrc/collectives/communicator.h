@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -97,7 +98,7 @@ class Communicator {
   // This rank's longest link round trip now (each TCP link's windowed minimum, which follows a
   // round trip that grows within net.ipv4.tcp_min_rtt_wlen), for the group to agree on again;
   // or the round trip this rank reports instead (testing; 0: measured).
-  uint32_t localRoundTripUs() const;
+  uint32_t localRoundTripUs() const { return longestRoundTripUs(channels_, reportedRoundTripUs_); }
   void setReportedRoundTrip(uint32_t roundTripUs) { reportedRoundTripUs_ = roundTripUs; }
   // The model the collectives pick their route by across hosts, from that round trip and the
   // agreed link rate (route_model.h).
@@ -253,9 +254,11 @@ class Communicator {
   void close(std::chrono::milliseconds maxWait);
 
  private:
-  // On an error path: ask(store)'s answer if the store gives it within kStoreOnErrorMs, else
-  // "" (and from then on "" at once: the store is out of reach).
-  std::string askStore(std::function<std::string(Rendezvous&)> ask);
+  // On an error path or at teardown: ask(store)'s answer if the store gives it within `limit`,
+  // else nullopt (and from then on nullopt at once: the store is out of reach). An `ask` that
+  // throws answers "".
+  std::optional<std::string> askStore(std::function<std::string(Rendezvous&)> ask,
+                                      std::chrono::milliseconds limit = kStoreOnErrorMs);
   // Teardown: adds delta to the rendezvous counter `key` and returns it, if the store answers
   // by `deadline` (a host cut off from the network cannot reach it, and its close must not wait
   // for TCP to give up); else throws.

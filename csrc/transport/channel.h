@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "csrc/common/error.h"
 
@@ -162,5 +164,18 @@ class Channel {
   uint64_t bytesSent_ = 0;
   uint64_t bytesReceived_ = 0;
 };
+
+// The longest round trip (Channel::roundTripUs) of these links, null ones skipped; 0 where
+// none is measured. `reportedUs` > 0 stands for it instead (tests: a rank that reports a long
+// link on one machine).
+inline uint32_t longestRoundTripUs(const std::vector<std::unique_ptr<Channel>>& channels,
+                                   uint32_t reportedUs = 0) {
+  if (reportedUs > 0) return reportedUs;
+  uint32_t longest = 0;
+  for (const auto& channel : channels) {
+    if (channel && channel->roundTripUs() > longest) longest = channel->roundTripUs();
+  }
+  return longest;
+}
 
 }  // namespace ringdist

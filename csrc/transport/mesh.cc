@@ -99,16 +99,6 @@ void orderRing(const std::vector<PeerRecord>& records, Mesh& mesh) {
   }
 }
 
-// The longest round trip of this rank's links, as measured (or as a test says).
-uint32_t longestRoundTrip(const std::vector<std::unique_ptr<Channel>>& channels,
-                          const MeshOptions& options) {
-  uint32_t longest = 0;
-  for (const auto& channel : channels) {
-    if (channel) longest = std::max(longest, channel->roundTripUs());
-  }
-  return options.testRoundTripUs > 0 ? options.testRoundTripUs : longest;
-}
-
 // The rendezvous under a prefix: a second connect of the same ranks (a lane) publishes its
 // addresses and group secret apart from the first's.
 class PrefixedRendezvous final : public Rendezvous {
@@ -187,7 +177,8 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
   // 2. Everyone's host and policy; 3. same-host pairs move to shared memory
   //    (replacing their TCP link, on which nothing was sent after the handshake).
   const std::vector<PeerRecord> records =
-      exchangeRecords(rendezvous, rank, size, options, longestRoundTrip(mesh.channels, options));
+      exchangeRecords(rendezvous, rank, size, options,
+                      longestRoundTripUs(mesh.channels, options.testRoundTripUs));
   for (const auto& record : records) {
     mesh.roundTripUs = std::max(mesh.roundTripUs, record.roundTripUs);
   }
