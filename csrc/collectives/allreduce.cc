@@ -13,6 +13,7 @@
 // two-level variant of the ring (hierarchicalAllreduce); groups of one rank per host whose
 // links are long exchange directly with every peer (directAllreduce, by the route model).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -53,7 +54,7 @@ void pairAllreduce(Communicator& comm, const SubRing& group, void* data, size_t 
   Channel& link = comm.channel(peer);
   OpHeader theirs;
   link.postSend(&header, sizeof(OpHeader));
-  std::vector<uint64_t> sent(static_cast<size_t>(lanes));
+  std::array<uint64_t, kMaxTcpLanes> sent{};  // no allocation on the two-rank latency path
   for (int k = 0; k < lanes; ++k) {
     sent[k] = comm.lane(peer, k).postSend(static_cast<char*>(data) + part(k).first, part(k).second);
   }
@@ -69,7 +70,7 @@ void pairAllreduce(Communicator& comm, const SubRing& group, void* data, size_t 
   const bool inPlace = allSent();
   char* target = inPlace ? static_cast<char*>(data) : comm.scratch(bytes);
   const ReduceFn reduceFn = reduceFunction(dtype, op);
-  std::vector<uint64_t> reduced(static_cast<size_t>(lanes));
+  std::array<uint64_t, kMaxTcpLanes> reduced{};
   for (int k = 0; k < lanes; ++k) {
     const auto [offset, length] = part(k);
     reduced[k] = comm.lane(peer, k).postRecvReduce(target + offset, static_cast<char*>(data) + offset,
