@@ -12,6 +12,8 @@ optimizer, and ends with the held-out loss in nats per byte of the model every r
 (steps a multiple of --period: the last step ends with a round), averaged over the ranks.
 Algorithms: `ddp` (DDP's own allreduce), `diloco` (outer Nesterov SGD, --outer-lr, momentum
 0.9), `diloco-int8` and `diloco-int4` (int8 or 4-bit pseudo-gradients with error feedback),
+`diloco-streaming` (4 int4 fragments, each exchange overlapped with 2 inner steps; replicas
+then differ by their own mix, the last fragment's round is still in flight at the end),
 `diloco-eager` (each round's exchange overlapped with the next period, eager updates),
 `local_sgd` (plain averaging every --period steps).
 """
@@ -29,7 +31,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-ALGOS = ("ddp", "diloco", "diloco-int8", "diloco-int4", "diloco-eager", "local_sgd")
+ALGOS = ("ddp", "diloco", "diloco-int8", "diloco-int4", "diloco-streaming", "diloco-eager",
+         "local_sgd")
+# Streaming DiLoCo as run across the emulated WAN (docs/wan.md): int4 fragments overlapped.
+STREAMING = {"codec": "int4", "fragments": 4, "overlap": "streaming", "tau": 2}
 
 
 def stdlib_text(megabytes):
@@ -92,7 +97,10 @@ def train(algo, args, train_text, eval_text):
     model = ByteLM(args.dim, args.layers, args.heads, args.context)
     ddp = DDP(model)
     inner = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.0)
-    if algo.startswith("diloco"):
+    if algo == "diloco-streaming":
+        hooks.register(ddp, "diloco", optimizer=inner, period=args.period, outer_lr=args.outer_lr,
+                       **STREAMING)
+    elif algo.startswith("diloco"):
         hooks.register(ddp, "diloco", optimizer=inner, period=args.period, outer_lr=args.outer_lr,
                        codec=algo[7:] if algo.startswith("diloco-int") else None,
                        overlap="eager" if algo == "diloco-eager" else "none")
