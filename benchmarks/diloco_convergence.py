@@ -12,8 +12,8 @@ optimizer, and ends with the held-out loss in nats per byte of the model every r
 (steps a multiple of --period: the last step ends with a round), averaged over the ranks.
 Algorithms: `ddp` (DDP's own allreduce), `diloco` (outer Nesterov SGD, --outer-lr, momentum
 0.9), `diloco-int8` and `diloco-int4` (int8 or 4-bit pseudo-gradients with error feedback),
-`diloco-streaming` (4 int4 fragments, each exchange overlapped with 2 inner steps; replicas
-then differ by their own mix, the last fragment's round is still in flight at the end),
+`diloco-streaming` (4 int4 fragments, each exchange overlapped with 2 inner steps; the last
+rounds in flight are completed after the last step; replicas differ by their own mix),
 `diloco-eager` (each round's exchange overlapped with the next period, eager updates),
 `local_sgd` (plain averaging every --period steps).
 """
@@ -97,8 +97,9 @@ def train(algo, args, train_text, eval_text):
     model = ByteLM(args.dim, args.layers, args.heads, args.context)
     ddp = DDP(model)
     inner = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.0)
+    state = None
     if algo == "diloco-streaming":
-        hooks.register(ddp, "diloco", optimizer=inner, period=args.period, outer_lr=args.outer_lr,
+        state = hooks.register(ddp, "diloco", optimizer=inner, period=args.period, outer_lr=args.outer_lr,
                        **STREAMING)
     elif algo.startswith("diloco"):
         hooks.register(ddp, "diloco", optimizer=inner, period=args.period, outer_lr=args.outer_lr,
@@ -116,6 +117,8 @@ def train(algo, args, train_text, eval_text):
         inner.zero_grad(set_to_none=True)
         F.cross_entropy(ddp(x).reshape(-1, 256), y.reshape(-1)).backward()
         inner.step()
+    if state is not None:  # streaming: the last rounds' exchanges complete
+        state.finish()
     loss = held_out_loss(model, eval_text, args.context)
     # Replicas agree after the last round (eager: up to the timing of their own shares).
     spread = torch.tensor([loss, -loss], dtype=torch.float64)

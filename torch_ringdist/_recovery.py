@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import json
 import time
+import weakref
 
 import torch.distributed as dist
 
-# Calls of lost_ranks per group name: every survivor counts the same, so each
-# round meets under its own store keys.
-_ROUNDS: dict[str, int] = {}
+# Calls of lost_ranks per group: every member counts the same, so each round meets under its
+# own store keys. Per group object, not per name: a re-created group reuses its name (the
+# default group is "0" after every init_process_group) and its members count from 0 again,
+# on the fresh store or prefix that init_process_group's own keys need anyway.
+_ROUNDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
@@ -38,8 +41,8 @@ def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
     store = dist.distributed_c10d._world.pg_map[pg][1]
     rank, size = pg.rank(), pg.size()
     name = dist.distributed_c10d._get_process_group_name(pg)
-    _ROUNDS[name] = _ROUNDS.get(name, 0) + 1
-    prefix = f"ringdist/lost/{name}/{_ROUNDS[name]}/"
+    _ROUNDS[pg] = _ROUNDS.get(pg, 0) + 1
+    prefix = f"ringdist/lost/{name}/{_ROUNDS[pg]}/"
     decision_key = prefix + "decision"
 
     store.set(prefix + f"here/{rank}", b"1")
@@ -69,6 +72,16 @@ def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
                            f"ranks decided that ranks {decided} are lost (more than {wait} s after "
                            "them); this rank is excluded and must leave")
     return decided
+
+
+def check_open(group=None) -> bool:
+    """Whether another rank of ``group`` has begun the next :func:`lost_ranks` (its exchange
+    timed out while this rank's completed late): this rank must then take part in it too,
+    or be counted as lost."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    store = dist.distributed_c10d._world.pg_map[pg][1]
+    name = dist.distributed_c10d._get_process_group_name(pg)
+    return store.check([f"ringdist/lost/{name}/{_ROUNDS.get(pg, 0) + 1}/count"])
 
 
 def _known_dead(pg) -> list[int]:

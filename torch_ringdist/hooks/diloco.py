@@ -15,6 +15,7 @@ import logging
 import time
 import warnings
 import weakref
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,9 @@ from torch_ringdist.hooks._registry import add_hook
 from torch_ringdist.hooks.compress import allreduce_bucket, compressed_bucket
 
 logger = logging.getLogger(__name__)
+# With exchange_timeout: how often a rank waiting for its exchange looks whether another rank
+# has begun a check of who is alive (one store round trip each time).
+_CHECK_POLL = 0.5
 
 
 def _new_flat(dtype=torch.float32) -> torch.Tensor:
@@ -89,7 +93,15 @@ class DiLoCoState(HookState):
     (:func:`torch_ringdist.lost_ranks`, ``lost_wait`` seconds), shrink the group
     (``dist.shrink_group``; the state's group becomes the new one) and redo the exchanges that
     were in flight with their own contributions of those rounds, then carry on: nothing rolls
-    back, no round runs twice. Re-split the data over ``dist.get_world_size()`` after it. Each
+    back, no round runs twice. A peer that goes silent (a hung or stopped process, a cut link)
+    fails nothing by itself: with ``exchange_timeout`` a rank whose exchange is still running
+    that many seconds after its round began waiting asks who is alive the same way. Every rank
+    waiting for that exchange answers (each looks every 0.5 s); those that do not answer within
+    ``lost_wait`` are dropped as above. When every rank answers, the exchange is only slow and
+    the round waits on: a slow link is waited for, never dropped. A rank still computing then
+    cannot answer, so ``exchange_timeout + lost_wait`` must exceed how far the ranks' compute
+    drifts apart within a period, and ``lost_wait`` 0.5 s plus a few store round trips.
+    Re-split the data over ``dist.get_world_size()`` after a shrink. Each
     rank keeps a copy of its contribution in flight for this (one more buffer per fragment).
     With DDP, DDP keeps the old group: use :class:`DiLoCoOptimizer`, or a model without
     buffers (the inner steps make no other collective).
@@ -122,6 +134,11 @@ class DiLoCoState(HookState):
         tau: with streaming, inner steps between a fragment's exchange starting and its
             outer step (1 <= tau < period // fragments: one fragment in flight at a time).
         alpha: with streaming, the weight of the replica's own parameters in the mix.
+        on_failure: ``"raise"`` or ``"shrink"`` (above).
+        lost_wait: seconds the survivors wait for each other's answer after a failure (1.0).
+        exchange_timeout: with ``"shrink"``, seconds a round waits for its exchange before it
+            checks for silent peers (None: never; a silent peer then fails the exchange only at
+            the group's timeout).
         process_group: group (None: the DDP model's group).
 
     Example::
@@ -133,26 +150,28 @@ class DiLoCoState(HookState):
 
     __slots__ = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
                  "fragments", "start_step", "overlap", "tau", "alpha", "anchor",
-                 "on_failure", "lost_wait", "momentum_buffers", "residuals", "averaged_at",
+                 "on_failure", "lost_wait", "exchange_timeout", "momentum_buffers",
+                 "residuals", "averaged_at",
                  "rounds", "in_flight", "sent", "shrinks", "admitted", "generation", "recoveries",
                  "_model", "_hook_handle", "_scratch")
     _saved = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
               "fragments", "start_step", "overlap", "tau", "alpha", "on_failure", "lost_wait",
-              "anchor", "momentum_buffers", "residuals", "averaged_at", "rounds", "in_flight",
+              "exchange_timeout", "anchor", "momentum_buffers", "residuals", "averaged_at", "rounds", "in_flight",
               "sent", "shrinks", "admitted", "generation")
     # Fields newer than the first saved states, with the values those states ran with.
-    _defaults = {"on_failure": "raise", "lost_wait": 1.0, "sent": {}, "shrinks": 0,
-                 "admitted": 0, "generation": 0}
+    _defaults = {"on_failure": "raise", "lost_wait": 1.0, "exchange_timeout": None, "sent": {},
+                 "shrinks": 0, "admitted": 0, "generation": 0}
     # The options a joining process takes from the job (DiLoCoOptimizer.join).
     _options = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
-                "fragments", "start_step", "overlap", "tau", "alpha", "on_failure", "lost_wait")
+                "fragments", "start_step", "overlap", "tau", "alpha", "on_failure", "lost_wait",
+                "exchange_timeout")
     _name = "diloco"
 
     def __init__(self, period: int = 500, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  nesterov: bool = True, codec: str | None = None, error_feedback: bool = True,
                  fragments: int = 1, start_step: int = 0, overlap: str = "none", tau: int = 1,
                  alpha: float = 0.5, on_failure: str = "raise", lost_wait: float = 1.0,
-                 process_group=None):
+                 exchange_timeout: float | None = None, process_group=None):
         super().__init__(process_group)
         what = f"torch_ringdist.hooks.{self._name}"
         if not isinstance(period, int) or period < 1:
@@ -184,6 +203,10 @@ class DiLoCoState(HookState):
             raise ValueError(f"{what}: on_failure='shrink' needs dist.shrink_group (torch >= 2.10)")
         if not lost_wait > 0:
             raise ValueError(f"{what}: lost_wait must be > 0 seconds, got {lost_wait!r}")
+        if exchange_timeout is not None and (on_failure != "shrink" or not exchange_timeout > 0):
+            raise ValueError(f"{what}: exchange_timeout must be None or > 0 seconds, with "
+                             f"on_failure='shrink'; got {exchange_timeout!r} with "
+                             f"on_failure={on_failure!r}")
         if overlap != "none" and self._plain_average_for(codec, outer_lr, outer_momentum):
             raise ValueError(f"{what}: overlap={overlap!r} needs a theta_global to step: "
                              "a codec, outer_lr != 1 or outer_momentum > 0")
@@ -200,6 +223,7 @@ class DiLoCoState(HookState):
         self.alpha = float(alpha)
         self.on_failure = on_failure
         self.lost_wait = float(lost_wait)
+        self.exchange_timeout = None if exchange_timeout is None else float(exchange_timeout)
         self.anchor = None           # fragment -> flat float32 theta_global (None: plain averaging)
         self.momentum_buffers = {}   # fragment -> float32 outer momentum
         self.residuals = {}          # fragment -> float32 error-feedback residual
@@ -297,6 +321,15 @@ class DiLoCoState(HookState):
                 entry[2].wait()
                 entry[2] = None
         return super().__getstate__()
+
+    def finish(self) -> None:
+        """Streaming: completes now the rounds still in flight (their exchanges, outer steps
+        and mixes, due ``tau`` steps later). Call it after the last step, before exporting
+        :meth:`global_model`, so the last rounds' exchanges are not lost. (Eager overlap's last
+        average stays in flight, as its checkpoints keep it.)"""
+        for fragment in sorted(self.in_flight):
+            if self.overlap == "streaming":
+                self._finish_round(fragment)
 
     def _set_anchor(self):
         if not self._plain_average():
@@ -461,48 +494,96 @@ class DiLoCoState(HookState):
             sent.resize_as_(flat).copy_(flat)
 
     def _wait(self, fragment: int, flat: torch.Tensor, work) -> None:
-        """Waits for `fragment`'s exchange into `flat`; on_failure="shrink": a failed one
-        shrinks the group and is redone there."""
+        """Waits for `fragment`'s exchange into `flat`; on_failure="shrink": a failed one, or
+        one still running after exchange_timeout while a peer is silent, shrinks the group and
+        is redone there."""
         if work is None:
             return
-        try:
-            work.wait()
-        except dist.DistBackendError:
-            if self.on_failure != "shrink":
-                raise
+        limit = self.exchange_timeout
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            try:
+                if self._wait_until(work, deadline):
+                    return
+                error = None
+            except dist.DistBackendError as exc:
+                if self.on_failure != "shrink":
+                    raise
+                error = exc
             failed_at, start = time.time(), time.monotonic()
-            lost = self._shrink_and_redo({fragment: flat})
-            self.recoveries.append({"lost": lost, "failed_at": failed_at,
-                                    "seconds": time.monotonic() - start})
+            lost, phases = self._shrink_and_redo(fragment, flat, work)
+            if lost:
+                self.recoveries.append({"lost": lost, "failed_at": failed_at,
+                                        "seconds": time.monotonic() - start, **phases})
+                return
+            if error is not None:
+                raise RuntimeError(f"torch_ringdist.hooks.{self._name}: the round's exchange "
+                                   f"failed on rank {dist.get_rank(self.process_group)} and no "
+                                   f"rank is lost: {error}") from error
+            deadline = time.monotonic() + limit  # every rank answered: slow, not silent
 
-    def _shrink_and_redo(self, failed: dict) -> list:
-        """The survivors agree on the lost ranks, shrink the group, and redo every exchange
-        in flight (the same set on every rank, whichever of them failed here) with the
-        contributions they sent."""
+    def _wait_until(self, work, deadline) -> bool:
+        """Waits for `work` (raising its error). True: it completed. False: this rank must take
+        part in a check of who is alive, because its deadline passed or another rank's did
+        (looked for every _CHECK_POLL seconds while waiting, and once more on completing
+        after that)."""
+        if deadline is None:
+            work.wait()
+            return True
+        from torch_ringdist._recovery import check_open
+
+        waited = False
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                work.wait(timedelta(seconds=min(_CHECK_POLL, max(left, 0.001))))
+                return not (waited and check_open(self.process_group))
+            except dist.DistBackendError:
+                if work.is_completed():
+                    raise
+            waited = True
+            if left <= _CHECK_POLL or check_open(self.process_group):
+                return False
+
+    def _shrink_and_redo(self, fragment: int, flat: torch.Tensor, work) -> list:
+        """The survivors agree on the lost ranks; when there are some, they shrink the group
+        (aborting the old one, so its exchanges in flight end), and redo `fragment`'s exchange
+        into `flat` (`work`: the one that failed here) and every other one in flight (the same
+        set on every rank, whichever of them failed here) with the contributions they sent.
+        Returns the lost ranks ([]: none, nothing done) and the seconds each phase took."""
         from torch_ringdist._recovery import lost_ranks
 
-        redo = dict(failed)
-        for fragment, entry in self.in_flight.items():
-            if entry[2] is not None:
-                try:  # ends with the old group, failed or not: its buffer is free after
-                    entry[2].wait()
-                except dist.DistBackendError:
-                    pass
-                entry[2] = None
-                redo[fragment] = entry[1]
+        start = time.monotonic()
         lost = lost_ranks(self.process_group, wait=self.lost_wait)
-        self.process_group = dist.shrink_group(lost, group=self.process_group)
+        if not lost:
+            return lost, {}
+        agreed = time.monotonic()
+        self.process_group = dist.shrink_group(lost, group=self.process_group,
+                                               shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+        shrunk = time.monotonic()
+        redo, ending = {fragment: flat}, [work]
+        for f, entry in self.in_flight.items():
+            if entry[2] is not None:
+                redo[f] = entry[1]
+                ending.append(entry[2])
+                entry[2] = None
+        for old in ending:
+            try:  # ends with the old group (aborted), failed or not: its buffer is free after
+                old.wait()
+            except dist.DistBackendError:
+                pass
         self.shrinks += 1
         logger.warning("%s: rank(s) %s lost; the group shrank to %s ranks, redoing %s "
                        "exchange(s)", self._name, lost, dist.get_world_size(self.process_group),
                        len(redo))
         works = []
-        for fragment in sorted(redo):
-            redo[fragment].copy_(self.sent[fragment])
-            works.append(self._allreduce(redo[fragment]))
+        for f in sorted(redo):
+            redo[f].copy_(self.sent[f])
+            works.append(self._allreduce(redo[f]))
         for work in works:
             work.wait()
-        return lost
+        return lost, {"agree_s": agreed - start, "shrink_s": shrunk - agreed,
+                      "redo_s": time.monotonic() - shrunk}
 
     def _allreduce(self, flat: torch.Tensor):
         """Starts flat <- its average over the group, in the codec; returns the Work."""

@@ -82,6 +82,8 @@ class DiLoCoOptimizer:
         self.process_group = process_group
         self.store = store
         self.join_timeout = join_timeout
+        # Each admission here: {"joiners", "world_size" after it, "seconds" it took}.
+        self.admissions = []
         if state is None:
             state = DiLoCoState(process_group=process_group, **options)
             self._broadcast_parameters()
@@ -150,8 +152,11 @@ class DiLoCoOptimizer:
                    "momentum": sorted(state.momentum_buffers)} if rank == 0 else None]
         dist.broadcast_object_list(header, src=0)
         self._share_state(header[0])
+        seconds = time.monotonic() - start
+        self.admissions.append({"joiners": newcomers, "world_size": dist.get_world_size(),
+                                "seconds": seconds})
         logger.warning("diloco: admitted %s joiner(s); the group has %s ranks (%.0f ms)",
-                       newcomers, dist.get_world_size(), (time.monotonic() - start) * 1000)
+                       newcomers, dist.get_world_size(), seconds * 1000)
 
     @torch.no_grad()
     def _share_state(self, header: dict) -> None:

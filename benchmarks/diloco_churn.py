@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""DiLoCo with peers that come and go across the emulated WAN, every replica checked at every
+round end.
+
+    sudo python benchmarks/diloco_churn.py --hosts 4 --rate 100mbit --rtt 100ms --loss 0.001 \\
+        --rounds 100 --losses 10 --out churn.json
+
+One rank per emulated host (benchmarks/wan/emulator.py), each training an MLP with
+``DiLoCoOptimizer`` (int4 pseudo-gradients, ``on_failure="shrink"``, ``exchange_timeout``, and a
+store every process reaches, so joiners are admitted). The job's store is a process of its own in
+host 0, so any rank may go. The schedule cycles through hosts 1, 2, ..., 0: a loss every --every
+rounds, alternately a SIGKILL and a SIGSTOP (a peer that goes silent; it is killed once the others
+have excluded it), and, once the survivors are training again, a fresh process on that host that
+joins (``DiLoCoOptimizer.join``). The next loss waits until that joiner is in.
+
+Every process appends, at every round end, the round number, its world size and a SHA-256 digest
+of theta_global and the outer momentum to a file of its own. The run fails unless every round
+1..R was completed, each process's rounds follow each other without a gap or a repeat (a joiner's
+first is the one after the round it joined at), and at every round all replicas hold the same
+digest.
+
+Reports per loss the time from the kill or stop to the survivors training again (and from the
+failed exchange), and per join the admission time (from the round's end to every rank holding
+the state) against 2 RTT + 1.1 x state bytes / rate + 0.5 s, with the state the joiner receives
+(theta_global and the outer momentum, float32). Needs root (network namespaces).
+"""
+import argparse
+import glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "wan"))
+
+STORE_PORT = 29710
+
+
+# ---------------------------------------------------------------- in the hosts
+
+def serve_store(args):
+    """The job's store: outlives every rank (host 0, a process of its own)."""
+    import torch.distributed as dist
+    store = dist.TCPStore(args.addr0, STORE_PORT, is_master=True, wait_for_workers=False,  # noqa: F841
+                          timeout=timedelta(seconds=args.timeout))  # serves while referenced
+    open(os.path.join(args.dir, "store.ready"), "w").close()
+    time.sleep(args.timeout)
+
+
+def digest(state) -> str:
+    h = hashlib.sha256()
+    for f in range(state.fragments):
+        h.update(state.anchor[f].numpy().tobytes())
+        h.update(state.momentum_buffers[f].numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def train(args):
+    """One rank (args.rank >= 0) or a joiner (args.rank < 0) on host args.host."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import torch_ringdist.hooks as hooks
+    from ddp_step import make_model
+
+    torch.set_num_threads(1)
+    out = open(os.path.join(args.dir, f"{os.getpid()}.jsonl"), "a", buffering=1)
+
+    def record(event, **fields):
+        out.write(json.dumps({"event": event, "pid": os.getpid(), "host": args.host,
+                              "t": time.time(), **fields}) + "\n")
+
+    store = dist.TCPStore(args.addr0, STORE_PORT, is_master=False, wait_for_workers=False,
+                          timeout=timedelta(seconds=args.timeout))
+    torch.manual_seed(0)
+    model = make_model(args.width, args.width, args.width)
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if args.rank < 0:
+        record("join_request")
+        opt = hooks.DiLoCoOptimizer.join(model, inner, store, timeout=args.timeout)
+        record("joined", rounds=opt.state.rounds, world=dist.get_world_size())
+    else:
+        dist.init_process_group("ringdist", store=store, rank=args.rank, world_size=args.world,
+                                timeout=timedelta(seconds=60))
+        opt = hooks.DiLoCoOptimizer(model, inner, store=store, period=args.period,
+                                    codec=args.codec, on_failure="shrink",
+                                    lost_wait=args.lost_wait,
+                                    exchange_timeout=args.exchange_timeout)
+    teacher = torch.randn(args.width, args.width, generator=torch.Generator().manual_seed(1))
+    state, seen = opt.state, [0, 0]
+    try:
+        while state.iteration < args.rounds * args.period:
+            g = torch.Generator().manual_seed(state.iteration * 1000 + args.host)
+            x = torch.randn(args.batch, args.width, generator=g)
+            opt.zero_grad()
+            F.mse_loss(model(x), torch.tanh(x @ teacher)).backward()
+            opt.step()
+            if state.iteration % args.period == 0:  # this step ended with a round
+                record("round", round=state.rounds, world=dist.get_world_size(),
+                       rank=dist.get_rank(), digest=digest(state),
+                       recoveries=state.recoveries[seen[0]:],
+                       admissions=opt.admissions[seen[1]:])
+                seen = [len(state.recoveries), len(opt.admissions)]
+    except RuntimeError as e:  # excluded after arriving late (lost_ranks): leaves
+        record("left", error=str(e)[:300])
+        raise
+    dist.destroy_process_group()
+    record("done")
+
+
+# ---------------------------------------------------------------- the controller
+
+class Run:
+    """The emulated hosts, one process per host, and what they wrote."""
+
+    def __init__(self, wan, args):
+        self.wan, self.args = wan, args
+        self.dir = os.path.join(wan.workdir, "churn")
+        os.makedirs(self.dir)
+        self.procs = {}           # host -> its current process
+        self.records = []
+        self._offsets = {}
+        self.gone = set()         # hosts whose process was ended on purpose, not yet replaced
+
+    def spawn(self, host, rank, role="train"):
+        log = open(os.path.join(self.dir, f"h{host}-{len(self.records)}-{time.time():.0f}.log"),
+                   "w")
+        argv = [sys.executable, os.path.abspath(__file__), "--role", role, "--host", str(host),
+                "--rank", str(rank), "--world", str(self.wan.n), "--dir", self.dir,
+                "--addr0", self.wan.addrs[0]] + self.args.pass_on
+        p = self.wan.spawn(host, argv, stdout=log, stderr=subprocess.STDOUT)
+        if role == "train":
+            self.procs[host] = p
+        return p
+
+    def poll(self):
+        """New records of every process (appended lines)."""
+        for path in glob.glob(os.path.join(self.dir, "*.jsonl")):
+            with open(path) as f:
+                f.seek(self._offsets.get(path, 0))
+                while (line := f.readline()).endswith("\n"):
+                    self.records.append(json.loads(line))
+                    self._offsets[path] = f.tell()
+        return self.records
+
+    def last_round(self):
+        return max((r["round"] for r in self.records if r["event"] == "round"), default=0)
+
+    def round_interval(self):
+        times = sorted({r["round"]: r["t"] for r in self.records if r["event"] == "round"}.items())
+        return times[-1][1] - times[-2][1] if len(times) > 1 else 1.0
+
+    def wait_for(self, predicate, what, limit):
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            self.poll()
+            found = predicate()
+            if found:
+                return found
+            if self.failed():
+                raise RuntimeError(f"a rank failed while waiting for {what}: {self.failed()}")
+            time.sleep(0.05)
+        raise TimeoutError(f"no {what} within {limit:.0f} s (last round {self.last_round()})")
+
+    def failed(self):
+        return {h: p.returncode for h, p in self.procs.items()
+                if p.poll() not in (None, 0) and h not in self.gone}
+
+
+def run_schedule(run, args):
+    """Losses and joins, one host at a time; returns the events with their times."""
+    events, hosts = [], run.wan.n
+    for k in range(args.losses):
+        at = args.first + k * args.every
+        if at >= args.rounds - 2:
+            break
+        run.wait_for(lambda: run.last_round() >= at, f"round {at}", args.timeout)
+        time.sleep(0.5 * run.round_interval())  # mid-period
+        host, how = (k + 1) % hosts, ("kill", "stop")[k % 2]
+        victim = run.procs[host]
+        run.gone.add(host)
+        t = time.time()
+        os.killpg(victim.pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        event = {"loss": k, "host": host, "how": how, "t": t, "round": run.last_round()}
+        events.append(event)
+        back = run.wait_for(lambda: [r for r in run.records if r["event"] == "round"
+                                     and r["t"] > t and r["recoveries"]],
+                            f"the survivors' recovery from loss {k}", args.timeout)[0]
+        event["recovery"] = back["recoveries"][0]
+        if how == "stop":  # silent to the end
+            os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+        run.gone.discard(host)
+        run.spawn(host, -1)
+        joined = run.wait_for(lambda: [r for r in run.records if r["event"] == "joined"
+                                       and r["host"] == host and r["t"] > t],
+                              f"the joiner on host {host}", args.timeout)[0]
+        event["joined"] = joined
+    return events
+
+
+def check_rounds(records, total):
+    """Every round 1..total completed, once per process, in order; one digest per round."""
+    by_round, problems = {}, []
+    by_pid = {}
+    for r in records:
+        by_pid.setdefault(r["pid"], []).append(r)
+    for pid, rs in by_pid.items():
+        rounds = [r["round"] for r in rs if r["event"] == "round"]
+        joined = [r["rounds"] for r in rs if r["event"] == "joined"]
+        expected = list(range(joined[0] + 1 if joined else 1, (joined[0] if joined else 0)
+                              + len(rounds) + 1))
+        if rounds != expected:
+            problems.append(f"process {pid}: rounds {rounds[:5]}... not consecutive from "
+                            f"{expected[:1]}")
+        for r in rs:
+            if r["event"] == "round":
+                by_round.setdefault(r["round"], set()).add(r["digest"])
+    missing = [n for n in range(1, total + 1) if n not in by_round]
+    split = {n: sorted(d) for n, d in by_round.items() if len(d) > 1}
+    if missing:
+        problems.append(f"rounds never completed: {missing[:10]}")
+    if split:
+        problems.append(f"rounds whose replicas differ: {dict(list(split.items())[:5])}")
+    replicas = sum(1 for r in records if r["event"] == "round")
+    return {"rounds": len(by_round), "replica_round_digests": replicas,
+            "processes": len(by_pid), "problems": problems}
+
+
+def summarize(events, records, args, params):
+    state_bytes = 2 * 4 * params  # theta_global and the outer momentum, float32
+    rate = args.rate_bps
+    bound = 2 * args.rtt_s + 1.1 * state_bytes * 8 / rate + 0.5
+    admissions = [a for r in records if r["event"] == "round" and r["rank"] == 0
+                  for a in r["admissions"]]
+    losses = []
+    for e in events:
+        rec = e["recovery"]
+        back = rec["failed_at"] + rec["seconds"]
+        losses.append({"how": e["how"], "host": e["host"],
+                       "event_to_training_s": back - e["t"],
+                       "failure_to_training_s": rec["seconds"], "lost": rec["lost"]})
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    return {
+        "losses": losses,
+        "admissions": admissions,
+        "join_bound_s": bound, "state_bytes": state_bytes,
+        "summary": {
+            "losses": len(losses), "joins": len(admissions),
+            "kill_to_training_s": [round(x["event_to_training_s"], 3) for x in losses
+                                   if x["how"] == "kill"],
+            "stop_to_training_s": [round(x["event_to_training_s"], 3) for x in losses
+                                   if x["how"] == "stop"],
+            "failure_to_training_s_median": med([x["failure_to_training_s"] for x in losses]),
+            "admission_s": [round(a["seconds"], 3) for a in admissions],
+            "admission_s_median": med([a["seconds"] for a in admissions]),
+            "joins_within_bound": sum(a["seconds"] <= bound for a in admissions),
+        }}
+
+
+def controller(args):
+    import emulator
+
+    if os.geteuid() != 0:
+        sys.exit("needs root (network namespaces)")
+    link = emulator.HostLink(args.rtt_s / 2, args.rate_bps, loss=args.loss)
+    with emulator.Wan(args.hosts, link, timeout=args.timeout + 120) as wan:
+        run = Run(wan, args)
+        try:
+            report = run_and_check(run, args)
+        finally:  # the processes' records and output, kept (the emulator removes its folder)
+            shutil.rmtree(args.logs, ignore_errors=True)
+            shutil.copytree(run.dir, args.logs)
+            print(f"logs: {args.logs}")
+    print(json.dumps(report["summary"], indent=1))
+    print(json.dumps(report["check"], indent=1))
+    if args.out:
+        from bench_common import write_json
+        write_json(args.out, report)
+    return 1 if report["check"]["problems"] else 0
+
+
+def run_and_check(run, args):
+    """The store, one rank per host, the schedule; then the checks and the report."""
+    import torch
+    from bench_common import machine_info
+    from ddp_step import make_model
+
+    run.spawn(0, 0, role="store")
+    run.wait_for(lambda: os.path.exists(os.path.join(run.dir, "store.ready")), "the store", 120)
+    for h in range(args.hosts):
+        run.spawn(h, h)
+    start = time.monotonic()
+    events = run_schedule(run, args)
+    run.wait_for(lambda: all(p.poll() is not None for p in run.procs.values()),
+                 "the end of training", args.timeout)
+    seconds = time.monotonic() - start
+    run.poll()
+    check = check_rounds(run.records, args.rounds)
+    if run.failed():
+        check["problems"].append(f"processes failed: {run.failed()}")
+    params = sum(p.numel() for p in make_model(args.width, args.width, args.width).parameters())
+    return {"machine": machine_info(), "torch": torch.__version__,
+            "args": {k: v for k, v in vars(args).items() if k != "pass_on"},
+            "wan_check": run.wan.check, "seconds": seconds, "params": params, "check": check,
+            "events": events, **summarize(events, run.records, args, params)}
+
+
+def main(argv=None):
+    import emulator
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--rate", default="100mbit")
+    p.add_argument("--rtt", default="100ms")
+    p.add_argument("--loss", type=float, default=0.001)
+    p.add_argument("--rounds", type=int, default=100)
+    p.add_argument("--losses", type=int, default=10, help="losses (and as many joins)")
+    p.add_argument("--first", type=int, default=3, help="round of the first loss")
+    p.add_argument("--every", type=int, default=9, help="rounds from one loss to the next")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--out")
+    p.add_argument("--logs", help="where the processes' records and output are kept "
+                   "(default: --out's name + .logs, else ./diloco_churn.logs)")
+    # What every process of the job runs with (passed on).
+    p.add_argument("--period", type=int, default=20)
+    p.add_argument("--width", type=int, default=1024, help="the MLP's width (3 square layers)")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--codec", default="int4")
+    p.add_argument("--lost-wait", type=float, default=1.0)
+    p.add_argument("--exchange-timeout", type=float, default=3.0)
+    # In the hosts.
+    p.add_argument("--role", default="controller", choices=("controller", "store", "train"))
+    p.add_argument("--host", type=int, default=0)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, default=0)
+    p.add_argument("--dir")
+    p.add_argument("--addr0")
+    args = p.parse_args(argv)
+    args.logs = args.logs or (args.out or "diloco_churn") + ".logs"
+    args.rate_bps = emulator.parse_rate(args.rate)
+    args.rtt_s = emulator.parse_time(args.rtt)
+    args.pass_on = ["--rounds", str(args.rounds), "--timeout", str(args.timeout),
+                    "--period", str(args.period), "--width", str(args.width),
+                    "--batch", str(args.batch), "--codec", args.codec,
+                    "--lost-wait", str(args.lost_wait),
+                    "--exchange-timeout", str(args.exchange_timeout)]
+    if args.role == "store":
+        return serve_store(args)
+    if args.role == "train":
+        return train(args)
+    return controller(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
