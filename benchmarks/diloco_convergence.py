@@ -99,8 +99,8 @@ def train(algo, args, train_text, eval_text):
     inner = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.0)
     state = None
     if algo == "diloco-streaming":
-        state = hooks.register(ddp, "diloco", optimizer=inner, period=args.period, outer_lr=args.outer_lr,
-                       **STREAMING)
+        state = hooks.register(ddp, "diloco", optimizer=inner, period=args.period,
+                               outer_lr=args.outer_lr, **{**STREAMING, **dict(args.streaming)})
     elif algo.startswith("diloco"):
         hooks.register(ddp, "diloco", optimizer=inner, period=args.period, outer_lr=args.outer_lr,
                        codec=algo[7:] if algo.startswith("diloco-int") else None,
@@ -129,6 +129,16 @@ def train(algo, args, train_text, eval_text):
             "rank_spread": spread[0].item() + spread[1].item()}
 
 
+def _option(text):
+    key, value = text.split("=", 1)
+    for parse in (int, float):
+        try:
+            return key, parse(value)
+        except ValueError:
+            pass
+    return key, value
+
+
 def add_args(p):
     p.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
     p.add_argument("--steps", type=int, default=600)
@@ -143,6 +153,9 @@ def add_args(p):
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--text-mb", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--streaming", nargs="*", default=[], type=_option, metavar="KEY=VALUE",
+                   help="diloco-streaming's options in place of " + repr(STREAMING) +
+                        " (e.g. tau=1 alpha=0.25 overlap=none)")
 
 
 def run(args):

@@ -1,6 +1,7 @@
 """DiLoCo that survives a lost rank and admits a new one, without stopping.
 
     python examples/elastic_diloco.py --nproc 4 --kill 3@35 --join 75
+    python examples/elastic_diloco.py --nproc 4 --stop 2@35 --exchange-timeout 1
     # several machines: run on each, node 0 first (it hosts the store)
     python examples/elastic_diloco.py --nnodes 2 --node-rank N --nproc 2 \
         --master-addr HOST0 --master-port 29600 --kill 3@35 --join 75
@@ -13,6 +14,9 @@ training reaches STEP (the node that runs it acts). The survivors' inner steps d
 communicate, so they notice at the next round: its exchange fails, they agree on who is gone,
 shrink the group, redo that round's exchange among themselves with the pseudo-gradients they
 had sent, and train on from where they are: nothing rolls back, no round runs twice.
+``--stop RANK@STEP`` SIGSTOPs it instead: a peer that goes silent (hung, or its host cut off)
+fails nothing, so the survivors' round waits --exchange-timeout seconds for its exchange, then
+asks who is alive and drops whoever does not answer (the stopped process is killed at the end).
 ``--join STEP`` (node 0): a process started with the others, idle until training reaches STEP
 (so its start-up is not in the figure), asks the job to be admitted
 (``DiLoCoOptimizer.join``); at the end of that period the ranks re-form the group with it, hand
@@ -46,10 +50,18 @@ def parse_args(argv=None):
     p.add_argument("--period", type=int, default=10, help="inner steps per round")
     p.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")
     p.add_argument("--codec", default="int8", help="pseudo-gradient codec ('none': exact)")
+    p.add_argument("--stop", action="append", default=[], metavar="RANK@STEP",
+                   help="SIGSTOP original rank RANK when training reaches STEP (repeatable)")
+    p.add_argument("--exchange-timeout", type=float, default=None,
+                   help="seconds a round waits for its exchange before it checks for silent "
+                        "peers (DiLoCoState's exchange_timeout)")
     p.add_argument("--join", action="append", type=int, default=[], metavar="STEP",
                    help="node 0: a new process joins when training reaches STEP (repeatable)")
     args = parse_launch_args(p, argv)
     args.join = sorted(args.join)
+    # Losses by step: ("kill" or "stop", original rank).
+    args.losses = sorted([(step, rank, "kill") for step, rank in args.kill] +
+                         [(int(s), int(r), "stop") for r, s in (k.split("@") for k in args.stop)])
     if args.join and args.node_rank != 0:
         p.error("--join is node 0's")
     return args
@@ -85,7 +97,8 @@ def worker(rank, args, port, progress):
                                 timeout=timedelta(seconds=60))
         opt = hooks.DiLoCoOptimizer(model, inner, period=args.period, store=store,
                                     codec=None if args.codec == "none" else args.codec,
-                                    on_failure="shrink", lost_wait=args.wait)
+                                    on_failure="shrink", lost_wait=args.wait,
+                                    exchange_timeout=args.exchange_timeout)
     for step in range(opt.state.iteration, args.steps):
         x, y = batch(train_ds, step, args.seed)
         opt.zero_grad()
@@ -102,11 +115,12 @@ def worker(rank, args, port, progress):
     spread = torch.tensor([loss, -loss], dtype=torch.float64)
     dist.all_reduce(spread, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
-        kills = store.add("elastic/kills", 0)
-        killed_at = [float(store.get(f"elastic/killed_at/{n}")) for n in range(kills)]
+        losses = store.add("elastic/kills", 0)
+        lost_at = [store.get(f"elastic/killed_at/{n}").decode().split() for n in range(losses)]
         for n, r in enumerate(opt.state.recoveries):
+            how, at = lost_at[n][0], float(lost_at[n][1])
             print(f"recovery {n + 1}: lost ranks {r['lost']}; the round's exchange failed "
-                  f"{(r['failed_at'] - killed_at[n]) * 1000:.0f} ms after the kill; back to "
+                  f"{(r['failed_at'] - at) * 1000:.0f} ms after the {how}; back to "
                   f"training {r['seconds'] * 1000:.0f} ms after the failure", flush=True)
         for n in range(len(args.join)):
             # An admitted joiner writes this right after joining: a short wait, never a hang.
@@ -140,15 +154,19 @@ def main(argv=None):
     procs = [ctx.Process(target=worker, args=(r, args, store.port, progress)) for r in ranks]
     for p in procs:
         p.start()
-    kills = [(step, rank - first) for step, rank in args.kill if first <= rank < first + args.nproc]
+    losses = [(step, rank - first, how) for step, rank, how in args.losses
+              if first <= rank < first + args.nproc]
     joins = list(args.join)
     killed = set()
     deadline = time.monotonic() + args.timeout
-    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
-        if kills and progress.value >= kills[0][0]:
-            local = kills.pop(0)[1]
-            store.set(f"elastic/killed_at/{store.add('elastic/kills', 1) - 1}", repr(time.time()))
-            os.kill(procs[local].pid, signal.SIGKILL)
+    # A stopped rank (killed set) is alive but out of the job: it is killed at the end.
+    running = lambda ps: [p for i, p in ps if p.is_alive() and i not in killed]  # noqa: E731
+    while running(enumerate(procs)) and time.monotonic() < deadline:
+        if losses and progress.value >= losses[0][0]:
+            _, local, how = losses.pop(0)
+            store.set(f"elastic/killed_at/{store.add('elastic/kills', 1) - 1}",
+                      f"{how} {time.time()!r}")
+            os.kill(procs[local].pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
             store.add("elastic/alive", -1)
             killed.add(local)
         if joins and progress.value >= joins[0]:
@@ -156,7 +174,7 @@ def main(argv=None):
             store.set(f"elastic/join_go/{len(args.join) - len(joins) - 1}", "1")
         if any(p.exitcode not in (None, 0) for i, p in enumerate(procs) if i not in killed):
             break
-        if all(not p.is_alive() for p in procs[:args.nproc]):
+        if not running(enumerate(procs[:args.nproc])):
             # The training is over: nobody will admit a joiner still waiting (an admitted one
             # wrote its key and is only finishing).
             waiting = [n + 1 for n, p in enumerate(procs[args.nproc:])

@@ -14,7 +14,7 @@ import torch.distributed as dist
 _ROUNDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
+def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=None) -> list[int]:
     """The ranks of ``group`` that are gone, as agreed by the ranks that call this.
 
     Call it on every surviving rank after an operation of the group failed (a
@@ -30,6 +30,10 @@ def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
     decision is counted as lost and gets a RuntimeError (it must leave).
     The store must survive the failure (torchrun's agent, or a launcher's store).
 
+    ``key`` names the check (the same on every rank; default: the group's calls counted).
+    ``settled``: a callable; once it returns True (the operation that prompted the check
+    completed after all), the caller decides that no rank is lost.
+
     Example::
 
         >>> try:
@@ -40,31 +44,33 @@ def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     store = dist.distributed_c10d._world.pg_map[pg][1]
     rank, size = pg.rank(), pg.size()
-    name = dist.distributed_c10d._get_process_group_name(pg)
-    _ROUNDS[pg] = _ROUNDS.get(pg, 0) + 1
-    prefix = f"ringdist/lost/{name}/{_ROUNDS[pg]}/"
+    if key is None:
+        _ROUNDS[pg] = _ROUNDS.get(pg, 0) + 1
+        key = str(_ROUNDS[pg])
+    prefix = _prefix(pg, key)
     decision_key = prefix + "decision"
 
     store.set(prefix + f"here/{rank}", b"1")
     arrived = store.add(prefix + "count", 1)
     deadline = time.monotonic() + wait
-    reported = set()
-    while arrived < size and time.monotonic() < deadline and not store.check([decision_key]):
+    dead = 0
+    # Each pass costs two or three store round trips (across a WAN, a round trip each).
+    while arrived + dead < size and time.monotonic() < deadline:
+        if store.check([decision_key]) or (settled is not None and settled()):
+            break
         # Ranks this one knows dead (same host) need no waiting for: once every rank has
         # checked in or is known dead, the decision is final.
-        for r in set(_known_dead(pg)) - reported:
-            store.set(prefix + f"dead/{r}", b"1")
-            reported.add(r)
-        here = [r for r in range(size) if store.check([prefix + f"here/{r}"])]
-        if all(r in here or store.check([prefix + f"dead/{r}"]) for r in range(size)):
-            break
+        for r in _known_dead(pg):
+            if not store.check([prefix + f"here/{r}"]) and store.add(prefix + f"dead/{r}", 1) == 1:
+                store.add(prefix + "dead", 1)
         time.sleep(0.002)
-        arrived = store.add(prefix + "count", 0)
-    if arrived >= size:
-        here = range(size)
+        arrived, dead = store.add(prefix + "count", 0), store.add(prefix + "dead", 0)
+    if settled is not None and settled():
+        proposal = "[]"
     else:
-        here = [r for r in range(size) if store.check([prefix + f"here/{r}"])]
-    proposal = json.dumps(sorted(set(range(size)) - set(here)))
+        here = range(size) if arrived >= size else \
+            [r for r in range(size) if store.check([prefix + f"here/{r}"])]
+        proposal = json.dumps(sorted(set(range(size)) - set(here)))
     # The first proposal stored wins; later callers get it back.
     decided = json.loads(store.compare_set(decision_key, "", proposal))
     if rank in decided:
@@ -74,14 +80,16 @@ def lost_ranks(group=None, wait: float = 1.0) -> list[int]:
     return decided
 
 
-def check_open(group=None) -> bool:
-    """Whether another rank of ``group`` has begun the next :func:`lost_ranks` (its exchange
-    timed out while this rank's completed late): this rank must then take part in it too,
-    or be counted as lost."""
+def check_open(group, key: str) -> bool:
+    """Whether another rank of ``group`` has begun the :func:`lost_ranks` check ``key`` (its
+    operation timed out): this rank must then take part in it too, or be counted as lost."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     store = dist.distributed_c10d._world.pg_map[pg][1]
-    name = dist.distributed_c10d._get_process_group_name(pg)
-    return store.check([f"ringdist/lost/{name}/{_ROUNDS.get(pg, 0) + 1}/count"])
+    return store.check([_prefix(pg, key) + "count"])
+
+
+def _prefix(pg, key: str) -> str:
+    return f"ringdist/lost/{dist.distributed_c10d._get_process_group_name(pg)}/{key}/"
 
 
 def _known_dead(pg) -> list[int]:

@@ -11,6 +11,7 @@ rounds on a module without DDP, and joining a running job: :class:`DiLoCoOptimiz
 ``hooks/diloco_optimizer.py`` (still importable from here).
 """
 
+import itertools
 import logging
 import time
 import warnings
@@ -43,6 +44,16 @@ def _pieces(flat, tensors):
     for t in tensors:
         yield flat[offset:offset + t.numel()]
         offset += t.numel()
+
+
+def _completed_ok(work) -> bool:
+    if not work.is_completed():
+        return False
+    try:
+        work.wait()
+        return True
+    except dist.DistBackendError:
+        return False
 
 
 def _gather(tensors, into):
@@ -501,9 +512,11 @@ class DiLoCoState(HookState):
             return
         limit = self.exchange_timeout
         deadline = None if limit is None else time.monotonic() + limit
-        while True:
+        for attempt in itertools.count():
+            # The check of who is alive, named alike on every rank: this round, this attempt.
+            check = f"round{self.rounds}.{attempt}"
             try:
-                if self._wait_until(work, deadline):
+                if self._wait_until(work, deadline, check):
                     return
                 error = None
             except dist.DistBackendError as exc:
@@ -511,7 +524,7 @@ class DiLoCoState(HookState):
                     raise
                 error = exc
             failed_at, start = time.time(), time.monotonic()
-            lost, phases = self._shrink_and_redo(fragment, flat, work)
+            lost, phases = self._shrink_and_redo(fragment, flat, work, check)
             if lost:
                 self.recoveries.append({"lost": lost, "failed_at": failed_at,
                                         "seconds": time.monotonic() - start, **phases})
@@ -522,11 +535,11 @@ class DiLoCoState(HookState):
                                    f"rank is lost: {error}") from error
             deadline = time.monotonic() + limit  # every rank answered: slow, not silent
 
-    def _wait_until(self, work, deadline) -> bool:
+    def _wait_until(self, work, deadline, check: str) -> bool:
         """Waits for `work` (raising its error). True: it completed. False: this rank must take
-        part in a check of who is alive, because its deadline passed or another rank's did
-        (looked for every _CHECK_POLL seconds while waiting, and once more on completing
-        after that)."""
+        part in the check of who is alive `check`, because its deadline passed or another
+        rank's did (looked for every _CHECK_POLL seconds while waiting, and once more on
+        completing after that)."""
         if deadline is None:
             work.wait()
             return True
@@ -537,24 +550,26 @@ class DiLoCoState(HookState):
             left = deadline - time.monotonic()
             try:
                 work.wait(timedelta(seconds=min(_CHECK_POLL, max(left, 0.001))))
-                return not (waited and check_open(self.process_group))
+                return not (waited and check_open(self.process_group, check))
             except dist.DistBackendError:
                 if work.is_completed():
                     raise
             waited = True
-            if left <= _CHECK_POLL or check_open(self.process_group):
+            if left <= _CHECK_POLL or check_open(self.process_group, check):
                 return False
 
-    def _shrink_and_redo(self, fragment: int, flat: torch.Tensor, work) -> list:
+    def _shrink_and_redo(self, fragment: int, flat: torch.Tensor, work, check: str) -> list:
         """The survivors agree on the lost ranks; when there are some, they shrink the group
         (aborting the old one, so its exchanges in flight end), and redo `fragment`'s exchange
         into `flat` (`work`: the one that failed here) and every other one in flight (the same
         set on every rank, whichever of them failed here) with the contributions they sent.
-        Returns the lost ranks ([]: none, nothing done) and the seconds each phase took."""
+        Returns the lost ranks ([]: none, nothing done) and the seconds each phase took. An
+        exchange that completes during the check settles it: nobody is lost."""
         from torch_ringdist._recovery import lost_ranks
 
         start = time.monotonic()
-        lost = lost_ranks(self.process_group, wait=self.lost_wait)
+        lost = lost_ranks(self.process_group, wait=self.lost_wait, key=check,
+                          settled=lambda: _completed_ok(work))
         if not lost:
             return lost, {}
         agreed = time.monotonic()
