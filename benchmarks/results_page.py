@@ -219,17 +219,19 @@ def tp_inference(data):
 
 
 def convergence(data):
-    """diloco_convergence.py: held-out loss (nats per byte) of each algorithm against DDP's,
-    median over the seeds the file holds."""
+    """diloco_convergence.py: held-out loss (nats per byte) of each algorithm against DDP's
+    (exact DiLoCo's where DDP did not run), median over the seeds the file holds."""
     seeds = runs_of(data)
     how = "1 seed" if len(seeds) == 1 else f"median of {len(seeds)} seeds"
-    ddp = statistics.median(s["results"]["ddp"]["held_out"] for s in seeds)
+    ref = "ddp" if "ddp" in seeds[0]["results"] else "diloco"
+    base = statistics.median(s["results"][ref]["held_out"] for s in seeds)
     rows = []
     for algo in seeds[0]["results"]:
-        if algo != "ddp":
+        if algo != ref:
             loss = statistics.median(s["results"][algo]["held_out"] for s in seeds)
-            rows.append(Row(f"held-out loss, {algo} ({how})", f"{loss:.4f}", f"DDP {ddp:.4f}",
-                            ratio_range([ddp / loss])))
+            rows.append(Row(f"held-out loss, {algo} ({how})", f"{loss:.4f}",
+                            f"{'DDP' if ref == 'ddp' else 'exact DiLoCo'} {base:.4f}",
+                            ratio_range([base / loss])))
     return rows
 
 
@@ -496,6 +498,8 @@ SCENARIOS = {
     "diloco_wan_loss_n4_rerun.json": (DILOCO, "the same, N=4, a second run", ddp_steps),
     "diloco_convergence_n2.json": (DILOCO, "convergence, N=2", convergence),
     "diloco_convergence_n4.json": (DILOCO, "convergence, N=4", convergence),
+    "diloco_convergence_n4_p50.json": (DILOCO, "convergence, N=4, period 50: int4 and streaming "
+                                       "int4 against exact DiLoCo", convergence),
     "sparse_allreduce_n2.json": (OTHER, "sparse allreduce, N=2", sparse),
     "one_rank_latency.json": (OTHER, "one-rank groups", one_rank),
     "soak_n4_one_host.json": (OTHER, "soak, one host", soak),

@@ -82,7 +82,8 @@ class DiLoCoOptimizer:
         self.process_group = process_group
         self.store = store
         self.join_timeout = join_timeout
-        # Each admission here: {"joiners", "world_size" after it, "seconds" it took}.
+        # Each admission here: {"joiners", "world_size" after it, "seconds" it took, and its
+        # phases: "form_s" (the new group), "header_s" (options, counters), "state_s"}.
         self.admissions = []
         if state is None:
             state = DiLoCoState(process_group=process_group, **options)
@@ -143,6 +144,7 @@ class DiLoCoOptimizer:
                 self.store.set(_JOIN + f"invite/{state.admitted + i}", json.dumps(invite))
         _form_generation(self.store, {"generation": generation, "rank": rank,
                                       "world_size": world + newcomers}, self.join_timeout)
+        formed = time.monotonic()
         state.admitted += newcomers
         state.generation = generation
         state.process_group = self.process_group = None
@@ -151,10 +153,12 @@ class DiLoCoOptimizer:
                    "anchor": state.anchor is not None,
                    "momentum": sorted(state.momentum_buffers)} if rank == 0 else None]
         dist.broadcast_object_list(header, src=0)
+        told = time.monotonic()
         self._share_state(header[0])
         seconds = time.monotonic() - start
         self.admissions.append({"joiners": newcomers, "world_size": dist.get_world_size(),
-                                "seconds": seconds})
+                                "seconds": seconds, "form_s": formed - start,
+                                "header_s": told - formed, "state_s": start + seconds - told})
         logger.warning("diloco: admitted %s joiner(s); the group has %s ranks (%.0f ms)",
                        newcomers, dist.get_world_size(), seconds * 1000)
 
