@@ -24,13 +24,26 @@ class StoreRendezvous final : public Rendezvous {
   }
 
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return getMany({key}, timeout).front();
+  }
+
+  // One wait for all the keys, then one multiGet: three round trips to the store in all
+  // (the multiGet waits again), where a get per key takes three each.
+  std::vector<std::vector<uint8_t>> getMany(const std::vector<std::string>& keys,
+                                            std::chrono::milliseconds timeout) override {
+    std::vector<std::string> prefixed;
+    prefixed.reserve(keys.size());
+    for (const auto& key : keys) prefixed.push_back(prefix_ + key);
+    if (prefixed.empty()) return {};
     try {
-      store_->wait({prefix_ + key}, timeout);
+      store_->wait(prefixed, timeout);
     } catch (const std::exception& e) {
+      std::string names;
+      for (const auto& key : keys) names += strCat(names.empty() ? "'" : ", '", key, "'");
       throw TimeoutError(strCat("Timed out after ", timeout.count(),
-                                " ms waiting for store key '", key, "': ", e.what()));
+                                " ms waiting for store key(s) ", names, ": ", e.what()));
     }
-    return store_->get(prefix_ + key);
+    return store_->multiGet(prefixed);
   }
 
   bool check(const std::string& key) override { return store_->check({prefix_ + key}); }

@@ -21,6 +21,15 @@ class Rendezvous {
   virtual bool check(const std::string& key) = 0;
   // Atomic add; returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // get() of every key, in order. A store that fetches several keys in one round trip
+  // overrides it: across a WAN each round trip to the store costs tens of milliseconds.
+  virtual std::vector<std::vector<uint8_t>> getMany(const std::vector<std::string>& keys,
+                                                    std::chrono::milliseconds timeout) {
+    std::vector<std::vector<uint8_t>> values;
+    values.reserve(keys.size());
+    for (const auto& key : keys) values.push_back(get(key, timeout));
+    return values;
+  }
 };
 
 }  // namespace ringdist

@@ -27,11 +27,15 @@ std::vector<PeerRecord> exchangeRecords(Rendezvous& rendezvous, int rank, int si
   PeerRecord mine{HostIdentity::detect(options.hostLabel), options.transport,
                   options.link.checksums, roundTripUs};
   rendezvous.set(strCat("ringdist/host/", rank), mine.encode());
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) keys.push_back(strCat("ringdist/host/", r));
+  }
+  const auto raw = rendezvous.getMany(keys, options.timeout);  // all at once
   std::vector<PeerRecord> records(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
-    records[static_cast<size_t>(r)] = r == rank
-        ? mine
-        : PeerRecord::decode(rendezvous.get(strCat("ringdist/host/", r), options.timeout), r);
+    records[static_cast<size_t>(r)] =
+        r == rank ? mine : PeerRecord::decode(raw[static_cast<size_t>(r < rank ? r : r - 1)], r);
   }
   // Checksummed links carry a trailer per transfer: both ends must agree.
   for (int r = 0; r < size; ++r) {
@@ -110,6 +114,12 @@ class PrefixedRendezvous final : public Rendezvous {
   }
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
     return inner_.get(prefix_ + key, timeout);
+  }
+  std::vector<std::vector<uint8_t>> getMany(const std::vector<std::string>& keys,
+                                            std::chrono::milliseconds timeout) override {
+    std::vector<std::string> prefixed;
+    for (const auto& key : keys) prefixed.push_back(prefix_ + key);
+    return inner_.getMany(prefixed, timeout);
   }
   bool check(const std::string& key) override { return inner_.check(prefix_ + key); }
   int64_t add(const std::string& key, int64_t delta) override { return inner_.add(prefix_ + key, delta); }

@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <atomic>
+#include <future>
 #include <mutex>
 #include <string>
 
@@ -171,6 +173,8 @@ class Acceptor {
         tuning_(tuning), wanted_(wanted), channels_(channels) {}
 
   void run(Clock::time_point deadline);
+  // From another thread: run() returns at its next poll (a dial of this connect failed).
+  void cancel() { cancelled_ = true; }
 
  private:
   // A connection accepted but not yet authenticated.
@@ -204,13 +208,14 @@ class Acceptor {
   std::vector<std::unique_ptr<Pending>> pending_;
   int missing_ = 0;
   std::string refused_;  // ranks claimed by hellos whose proof failed
+  std::atomic<bool> cancelled_{false};
 };
 
 void Acceptor::run(Clock::time_point deadline) {
   for (int peer = rank_ + 1; peer < size_; ++peer) {
     missing_ += wanted_[static_cast<size_t>(peer)] ? 1 : 0;
   }
-  while (missing_ > 0) {
+  while (missing_ > 0 && !cancelled_) {
     auto now = Clock::now();
     if (now >= deadline) {
       std::string waiting;  // the higher ranks connect to this one: those that never did
@@ -337,6 +342,40 @@ void Acceptor::serve(size_t i, Clock::time_point deadline) {
   --missing_;
 }
 
+// Connects to each rank of `lower` (their published addresses, in order) at once, one thread
+// each; every thread joined before the first error is thrown.
+void dialLower(const std::vector<std::vector<uint8_t>>& addresses, const std::vector<int>& lower,
+               int rank, int size, const std::vector<uint8_t>& key, const MeshOptions& options,
+               const SocketTuning& tuning, Clock::time_point deadline,
+               std::vector<std::unique_ptr<Channel>>& channels) {
+  std::vector<std::future<void>> dials;
+  for (size_t i = 0; i < lower.size(); ++i) {
+    dials.push_back(std::async(std::launch::async, [&, i] {
+      const int peer = lower[i];
+      auto address = Address::parse(std::string(addresses[i].begin(), addresses[i].end()));
+      Socket sock = connectTo(address, deadline, tuning);
+      std::unique_ptr<SessionKeys> keys;
+      try {
+        keys = authenticateToAcceptor(sock.fd(), key, options.security, rank, size, peer, deadline);
+      } catch (const Error& e) {
+        RINGDIST_FAIL("ringdist: rank ", rank, " connecting to rank ", peer, " at ",
+                      address.toString(), ": ", e.what());
+      }
+      channels[static_cast<size_t>(peer)] =
+          std::make_unique<TcpChannel>(peer, std::move(sock), options.link, tuning, keys.get());
+    }));
+  }
+  std::exception_ptr failed;
+  for (auto& dial : dials) {
+    try {
+      dial.get();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+}
+
 }  // namespace
 
 std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int rank, int size,
@@ -357,28 +396,40 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
                  std::vector<uint8_t>(published.begin(), published.end()));
   logDebug(strCat("rank ", rank, " listening on ", published));
 
-  // Dial every lower rank. Their listeners queue our connection in the
-  // kernel even before they reach accept(), so the order cannot deadlock.
+  // Dial every lower rank, all at once, while this thread accepts the higher ones: a peer
+  // answers a dial only once it accepts, so dialing first and accepting after would chain the
+  // ranks' connects one after another (several round trips each on a long link).
+  std::vector<int> lower;
+  std::vector<std::string> keys;
   for (int peer = 0; peer < rank; ++peer) {
-    if (!wanted[static_cast<size_t>(peer)]) {
-      continue;
-    }
-    auto raw = rendezvous.get(strCat("ringdist/addr/", peer), options.timeout);
-    auto address = Address::parse(std::string(raw.begin(), raw.end()));
-    Socket sock = connectTo(address, deadline, tuning);
-    std::unique_ptr<SessionKeys> keys;
-    try {
-      keys = authenticateToAcceptor(sock.fd(), key, options.security, rank, size, peer, deadline);
-    } catch (const Error& e) {
-      RINGDIST_FAIL("ringdist: rank ", rank, " connecting to rank ", peer, " at ",
-                    address.toString(), ": ", e.what());
-    }
-    channels[static_cast<size_t>(peer)] =
-        std::make_unique<TcpChannel>(peer, std::move(sock), options.link, tuning, keys.get());
+    if (!wanted[static_cast<size_t>(peer)]) continue;
+    lower.push_back(peer);
+    keys.push_back(strCat("ringdist/addr/", peer));
   }
-
-  // Accept every higher rank; the listener closes when this returns.
-  Acceptor(listener, key, rank, size, options, tuning, wanted, channels).run(deadline);
+  Acceptor acceptor(listener, key, rank, size, options, tuning, wanted, channels);
+  std::exception_ptr failed;
+  {
+    auto dialing = std::async(std::launch::async, [&] {
+      try {
+        dialLower(rendezvous.getMany(keys, options.timeout), lower, rank, size, key, options,
+                  tuning, deadline, channels);
+      } catch (...) {
+        acceptor.cancel();
+        throw;
+      }
+    });
+    try {
+      acceptor.run(deadline);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    try {
+      dialing.get();  // its error first: a failed dial cancels the accepting
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
   return channels;
 }
 
