@@ -4,7 +4,8 @@
         build the hosts, measure round trip time, rate and loss, print them, remove everything.
     python benchmarks/wan/emulator.py run --hosts 2 --delay 50ms --rate 1gbit -- CMD [ARGS...]
         the same, then CMD in every host at once (see "Commands in the hosts"); exits with the
-        first non-zero status (the other hosts' commands are then ended).
+        first non-zero status (the other hosts' commands are then ended). In CMD, {host}
+        becomes the host's index and {addr0} host 0's address.
     python benchmarks/wan/emulator.py clean
         remove what runs that died without cleaning up left behind.
 
@@ -595,7 +596,9 @@ def main(argv=None):
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
             ap.error("run needs -- CMD [ARGS...]")
-        codes = wan.run(command)
+        # Per host: {host} becomes its index, {addr0} host 0's address.
+        codes = wan.run([[a.replace("{host}", str(i)).replace("{addr0}", wan.addrs[0])
+                          for a in command] for i in range(wan.n)])
         # The command's own failure, not the signal with which the others were then ended.
         bad = [c for c in codes if c > 0] or [128 - c for c in codes if c < 0]
         return bad[0] if bad else 0

@@ -129,9 +129,13 @@ class DiLoCoOptimizer:
         """At the end of a period: when join requests wait, re-forms the default group with
         the joiners as its last ranks and shares the state with them."""
         state = self.state
-        pending = torch.tensor([self.store.add(_JOIN + "requests", 0)], dtype=torch.int64)
-        dist.all_reduce(pending, op=dist.ReduceOp.MAX)  # one answer for every rank
-        newcomers = int(pending.item()) - state.admitted
+        # One answer for every rank, through the store (the first rank's count), not a
+        # collective: a peer that went silent after the round must not hang the others here;
+        # the next round's exchange drops it (exchange_timeout).
+        seen = str(self.store.add(_JOIN + "requests", 0))
+        agreed = self.store.compare_set(f"{_JOIN}count/{state.generation}/{state.iteration}", "",
+                                        seen)
+        newcomers = int(agreed) - state.admitted
         if newcomers <= 0:
             return
         start = time.monotonic()
