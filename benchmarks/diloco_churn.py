@@ -19,6 +19,9 @@ of theta_global and the outer momentum to a file of its own. The run fails unles
 first is the one after the round it joined at), and at every round all replicas hold the same
 digest.
 
+Then host 1's link runs at a tenth of its rate for --slow-rounds rounds: a slow peer is waited
+for (never dropped), and the report gives the round time before, during and after.
+
 Reports per loss the time from the kill or stop to the survivors training again (and from the
 failed exchange), and per join the admission time (from the round's end to every rank holding
 the state) against 2 RTT + 1.1 x state bytes / rate + 0.5 s, with the state the joiner receives
@@ -208,6 +211,44 @@ def run_schedule(run, args):
     return events
 
 
+def round_starts(records):
+    """Round number -> the earliest time any replica recorded its end."""
+    ends = {}
+    for r in records:
+        if r["event"] == "round":
+            ends[r["round"]] = min(ends.get(r["round"], r["t"]), r["t"])
+    return ends
+
+
+def slow_link(run, args, link):
+    """Host 1's link at a tenth of its rate for --slow-rounds rounds (slow peers are waited
+    for): the median round time before, during and after."""
+    import emulator
+
+    begin = run.last_round()
+    if not args.slow_rounds or begin + 2 * 3 + args.slow_rounds >= args.rounds:
+        return None
+    run.wait_for(lambda: run.last_round() >= begin + 3, "rounds before the slow link",
+                 args.timeout)
+    slow_from = run.last_round()
+    slow = emulator.HostLink(link.delay_s, link.rate_bps / 10, loss=link.loss)
+    run.wan.set_links([slow if i == 1 else link for i in range(run.wan.n)])
+    run.wait_for(lambda: run.last_round() >= slow_from + args.slow_rounds, "the slow rounds",
+                 args.timeout)
+    slow_to = run.last_round()
+    run.wan.set_links(link)
+    run.wait_for(lambda: run.last_round() >= slow_to + 3, "rounds after the slow link",
+                 args.timeout)
+    ends = round_starts(run.records)
+
+    def median_round(first, last):  # rounds first+1 .. last
+        return statistics.median(ends[n] - ends[n - 1] for n in range(first + 1, last + 1))
+    return {"host": 1, "rate_bps": slow.rate_bps, "rounds": [slow_from + 1, slow_to],
+            "before_s": median_round(slow_from - 3, slow_from),
+            "slow_s": median_round(slow_from + 1, slow_to),
+            "after_s": median_round(slow_to + 1, slow_to + 3)}
+
+
 def check_rounds(records, total):
     """Every round 1..total completed, once per process, in order; one digest per round."""
     by_round, problems = {}, []
@@ -281,7 +322,7 @@ def controller(args):
             shutil.rmtree(args.logs, ignore_errors=True)
             shutil.copytree(run.dir, args.logs)
             print(f"logs: {args.logs}")
-    print(json.dumps(report["summary"], indent=1))
+    print(json.dumps({**report["summary"], "slow_link": report["slow_link"]}, indent=1))
     print(json.dumps(report["check"], indent=1))
     if args.out:
         from bench_common import write_json
@@ -301,6 +342,7 @@ def run_and_check(run, args):
         run.spawn(h, h)
     start = time.monotonic()
     events = run_schedule(run, args)
+    slowed = slow_link(run, args, run.wan.links[0])
     run.wait_for(lambda: all(p.poll() is not None for p in run.procs.values()),
                  "the end of training", args.timeout)
     seconds = time.monotonic() - start
@@ -312,7 +354,8 @@ def run_and_check(run, args):
     return {"machine": machine_info(), "torch": torch.__version__,
             "args": {k: v for k, v in vars(args).items() if k != "pass_on"},
             "wan_check": run.wan.check, "seconds": seconds, "params": params, "check": check,
-            "events": events, **summarize(events, run.records, args, params)}
+            "events": events, "slow_link": slowed,
+            **summarize(events, run.records, args, params)}
 
 
 def main(argv=None):
@@ -326,7 +369,9 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--losses", type=int, default=10, help="losses (and as many joins)")
     p.add_argument("--first", type=int, default=3, help="round of the first loss")
-    p.add_argument("--every", type=int, default=9, help="rounds from one loss to the next")
+    p.add_argument("--every", type=int, default=8, help="rounds from one loss to the next")
+    p.add_argument("--slow-rounds", type=int, default=4,
+                   help="then host 1's link at a tenth of its rate for this many rounds")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--out")
     p.add_argument("--logs", help="where the processes' records and output are kept "

@@ -267,6 +267,23 @@ def soak(data):
                 f"MiB, fds +{fds}", "-", "-")]
 
 
+def churn(data):
+    """diloco_churn.py: the digest check over the churned rounds, the exclusion and admission
+    times (ranges) against the issue's bounds."""
+    c, sm = data["check"], data["summary"]
+    span = lambda xs: f"{min(xs):.1f}-{max(xs):.1f} s" if xs else "-"  # noqa: E731
+    verdict = "every replica equal, every round once" if not c["problems"] else \
+        "; ".join(c["problems"])
+    return [Row(f"{c['rounds']} rounds, {sm['losses']} losses, {sm['joins']} joins, "
+                f"{c['processes']} processes", verdict, "-", "-"),
+            Row("killed host excluded, kill to training", span(sm["kill_to_training_s"]),
+                "2 s", "-"),
+            Row("silent host excluded, SIGSTOP to training", span(sm["stop_to_training_s"]),
+                "2 s", "-"),
+            Row(f"join admitted ({data['state_bytes'] / 1e6:.1f} MB of state)",
+                span(sm["admission_s"]), f"{data['join_bound_s']:.1f} s", "-")]
+
+
 def codec_families(data):
     """codec_speed.py --family: the vector kernels against the generic ones on 100 MB, one core
     (GB/s of float32 input)."""
