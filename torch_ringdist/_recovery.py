@@ -14,7 +14,8 @@ import torch.distributed as dist
 _ROUNDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=None) -> list[int]:
+def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=None,
+               done: str | None = None) -> list[int]:
     """The ranks of ``group`` that are gone, as agreed by the ranks that call this.
 
     Call it on every surviving rank after an operation of the group failed (a
@@ -32,7 +33,9 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
 
     ``key`` names the check (the same on every rank; default: the group's calls counted).
     ``settled``: a callable; once it returns True (the operation that prompted the check
-    completed after all), the caller decides that no rank is lost.
+    completed after all), the caller decides that no rank is lost. ``done``: ranks that
+    marked the operation ``done`` (:func:`mark_done`) completed it, so they are alive: they
+    count as checked in.
 
     Example::
 
@@ -68,8 +71,10 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
     if settled is not None and settled():
         proposal = "[]"
     else:
+        marked = "" if done is None else _prefix(pg, done) + "done/"
         here = range(size) if arrived >= size else \
-            [r for r in range(size) if store.check([prefix + f"here/{r}"])]
+            [r for r in range(size) if store.check([prefix + f"here/{r}"]) or
+             (marked and store.check([marked + str(r)]))]
         proposal = json.dumps(sorted(set(range(size)) - set(here)))
     # The first proposal stored wins; later callers get it back.
     decided = json.loads(store.compare_set(decision_key, "", proposal))
@@ -86,6 +91,14 @@ def check_open(group, key: str) -> bool:
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     store = dist.distributed_c10d._world.pg_map[pg][1]
     return store.check([_prefix(pg, key) + "count"])
+
+
+def mark_done(group, key: str) -> None:
+    """Records in ``group``'s store that this rank completed the operation ``key``: a
+    :func:`lost_ranks` check with ``done=key`` counts it as alive without its answer."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    store = dist.distributed_c10d._world.pg_map[pg][1]
+    store.set(_prefix(pg, key) + f"done/{pg.rank()}", b"1")
 
 
 def _prefix(pg, key: str) -> str:

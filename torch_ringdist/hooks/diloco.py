@@ -13,6 +13,7 @@ rounds on a module without DDP, and joining a running job: :class:`DiLoCoOptimiz
 
 import itertools
 import logging
+import threading
 import time
 import warnings
 import weakref
@@ -517,6 +518,7 @@ class DiLoCoState(HookState):
             check = f"round{self.rounds}.{attempt}"
             try:
                 if self._wait_until(work, deadline, check):
+                    self._mark_done()
                     return
                 error = None
             except dist.DistBackendError as exc:
@@ -534,6 +536,19 @@ class DiLoCoState(HookState):
                                    f"failed on rank {dist.get_rank(self.process_group)} and no "
                                    f"rank is lost: {error}") from error
             deadline = time.monotonic() + limit  # every rank answered: slow, not silent
+
+    def _mark_done(self) -> None:
+        """With exchange_timeout: records (off the training thread, one store round trip) that
+        this round's exchange completed here. A rank whose exchange is still running (a
+        retransmission can hold one link back for seconds) may check who is alive after this
+        rank has moved on; the mark counts this rank as alive there, so it is not dropped."""
+        if self.exchange_timeout is None:
+            return
+        from torch_ringdist._recovery import mark_done
+
+        # A daemon thread: a store gone at exit cannot hold the process.
+        threading.Thread(target=mark_done, args=(self.process_group, f"round{self.rounds}"),
+                         name="ringdist-diloco-done", daemon=True).start()
 
     def _wait_until(self, work, deadline, check: str) -> bool:
         """Waits for `work` (raising its error). True: it completed. False: this rank must take
@@ -569,7 +584,7 @@ class DiLoCoState(HookState):
 
         start = time.monotonic()
         lost = lost_ranks(self.process_group, wait=self.lost_wait, key=check,
-                          settled=lambda: _completed_ok(work))
+                          settled=lambda: _completed_ok(work), done=f"round{self.rounds}")
         if not lost:
             return lost, {}
         agreed = time.monotonic()
