@@ -165,12 +165,15 @@ class Run:
     def wait_for(self, predicate, what, limit):
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
-            self.poll()
+            ended = all(p.poll() is not None for p in self.procs.values())
+            self.poll()  # after: an ended process's last records are read
             found = predicate()
             if found:
                 return found
             if self.failed():
                 raise RuntimeError(f"a rank failed while waiting for {what}: {self.failed()}")
+            if ended:
+                raise RuntimeError(f"the training ended before {what}")
             time.sleep(0.05)
         raise TimeoutError(f"no {what} within {limit:.0f} s (last round {self.last_round()})")
 
