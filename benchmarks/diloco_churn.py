@@ -165,7 +165,7 @@ class Run:
     def wait_for(self, predicate, what, limit):
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
-            ended = all(p.poll() is not None for p in self.procs.values())
+            ended = bool(self.procs) and all(p.poll() is not None for p in self.procs.values())
             self.poll()  # after: an ended process's last records are read
             found = predicate()
             if found:
