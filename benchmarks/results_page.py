@@ -515,6 +515,10 @@ SCENARIOS = {
     "diloco_wan_loss_n4_rerun.json": (DILOCO, "the same, N=4, a second run", ddp_steps),
     "diloco_convergence_n2.json": (DILOCO, "convergence, N=2", convergence),
     "diloco_convergence_n4.json": (DILOCO, "convergence, N=4", convergence),
+    "diloco_churn_wan_n4.json": (DILOCO, "churn on 4 emulated hosts, 100 Mbit/s, RTT 100 ms, "
+                                 "0.1% loss: 10 losses, 10 joins", churn),
+    "diloco_churn_wan_n4_rerun.json": (DILOCO, "the same, a second run", churn),
+    "diloco_churn_wan_n4_rerun2.json": (DILOCO, "the same, a third run", churn),
     "diloco_convergence_n4_p50.json": (DILOCO, "convergence, N=4, period 50: int4 and streaming "
                                        "int4 against exact DiLoCo", convergence),
     "sparse_allreduce_n2.json": (OTHER, "sparse allreduce, N=2", sparse),
