@@ -56,14 +56,13 @@ def parse_args(argv=None):
                    help="seconds a round waits for its exchange before it checks for silent "
                         "peers (DiLoCoState's exchange_timeout)")
     p.add_argument("--join", action="append", type=int, default=[], metavar="STEP",
-                   help="node 0: a new process joins when training reaches STEP (repeatable)")
+                   help="a new process joins on node 0 when training reaches STEP (repeatable; "
+                        "other nodes ignore it, so every node may get the same command)")
     args = parse_launch_args(p, argv)
-    args.join = sorted(args.join)
+    args.join = sorted(args.join) if args.node_rank == 0 else []
     # Losses by step: ("kill" or "stop", original rank).
     args.losses = sorted([(step, rank, "kill") for step, rank in args.kill] +
                          [(int(s), int(r), "stop") for r, s in (k.split("@") for k in args.stop)])
-    if args.join and args.node_rank != 0:
-        p.error("--join is node 0's")
     return args
 
 
