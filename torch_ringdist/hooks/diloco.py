@@ -150,7 +150,8 @@ class DiLoCoState(HookState):
         lost_wait: seconds the survivors wait for each other's answer after a failure (1.0).
         exchange_timeout: with ``"shrink"``, seconds a round waits for its exchange before it
             checks for silent peers (None: never; a silent peer then fails the exchange only at
-            the group's timeout).
+            the group's timeout). Tested on ringdist groups, whose exchange keeps running when
+            a wait for it times out.
         process_group: group (None: the DDP model's group).
 
     Example::
