@@ -159,7 +159,7 @@ class Run:
         return max((r["round"] for r in self.records if r["event"] == "round"), default=0)
 
     def round_interval(self):
-        times = sorted({r["round"]: r["t"] for r in self.records if r["event"] == "round"}.items())
+        times = sorted(round_starts(self.records).items())
         return times[-1][1] - times[-2][1] if len(times) > 1 else 1.0
 
     def wait_for(self, predicate, what, limit):

@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from elastic_shrink import connect, launch_parser, parse_launch_args, reap
+from elastic_shrink import connect, launch_parser, parse_launch_args, rank_steps, reap
 from train_ddp import make_data, make_model
 
 GLOBAL_BATCH = 64
@@ -62,7 +62,7 @@ def parse_args(argv=None):
     args.join = sorted(args.join) if args.node_rank == 0 else []
     # Losses by step: ("kill" or "stop", original rank).
     args.losses = sorted([(step, rank, "kill") for step, rank in args.kill] +
-                         [(int(s), int(r), "stop") for r, s in (k.split("@") for k in args.stop)])
+                         [(step, rank, "stop") for step, rank in rank_steps(args.stop)])
     return args
 
 

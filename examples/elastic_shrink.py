@@ -51,9 +51,14 @@ def launch_parser(doc, wait):
     return p
 
 
+def rank_steps(texts):
+    """RANK@STEP options as sorted (step, rank) pairs."""
+    return sorted((int(s), int(r)) for r, s in (t.split("@") for t in texts))
+
+
 def parse_launch_args(p, argv=None):
     args = p.parse_args(argv)
-    args.kill = sorted((int(s), int(r)) for r, s in (k.split("@") for k in args.kill))
+    args.kill = rank_steps(args.kill)
     args.world = args.nnodes * args.nproc
     if args.nnodes > 1 and not args.master_port:
         p.error("--master-port is needed with --nnodes > 1")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import weakref
 
@@ -44,8 +45,7 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
         ... except dist.DistBackendError:
         ...     dist.shrink_group(torch_ringdist.lost_ranks(wait=0.5))
     """
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    store = dist.distributed_c10d._world.pg_map[pg][1]
+    pg, store = _group_store(group)
     rank, size = pg.rank(), pg.size()
     if key is None:
         _ROUNDS[pg] = _ROUNDS.get(pg, 0) + 1
@@ -88,17 +88,24 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
 def check_open(group, key: str) -> bool:
     """Whether another rank of ``group`` has begun the :func:`lost_ranks` check ``key`` (its
     operation timed out): this rank must then take part in it too, or be counted as lost."""
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    store = dist.distributed_c10d._world.pg_map[pg][1]
+    pg, store = _group_store(group)
     return store.check([_prefix(pg, key) + "count"])
 
 
 def mark_done(group, key: str) -> None:
     """Records in ``group``'s store that this rank completed the operation ``key``: a
-    :func:`lost_ranks` check with ``done=key`` counts it as alive without its answer."""
+    :func:`lost_ranks` check with ``done=key`` counts it as alive without its answer. The
+    group is resolved here; the store round trip runs on a daemon thread (off the caller's
+    path, and a store gone at exit cannot hold the process)."""
+    pg, store = _group_store(group)
+    threading.Thread(target=store.set, args=(_prefix(pg, key) + f"done/{pg.rank()}", b"1"),
+                     name="ringdist-mark-done", daemon=True).start()
+
+
+def _group_store(group):
+    """The group (None: the default one) and the store it was created with."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    store = dist.distributed_c10d._world.pg_map[pg][1]
-    store.set(_prefix(pg, key) + f"done/{pg.rank()}", b"1")
+    return pg, dist.distributed_c10d._world.pg_map[pg][1]
 
 
 def _prefix(pg, key: str) -> str:

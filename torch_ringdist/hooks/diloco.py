@@ -13,7 +13,6 @@ rounds on a module without DDP, and joining a running job: :class:`DiLoCoOptimiz
 
 import itertools
 import logging
-import threading
 import time
 import warnings
 import weakref
@@ -169,8 +168,8 @@ class DiLoCoState(HookState):
                  "_model", "_hook_handle", "_scratch")
     _saved = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
               "fragments", "start_step", "overlap", "tau", "alpha", "on_failure", "lost_wait",
-              "exchange_timeout", "anchor", "momentum_buffers", "residuals", "averaged_at", "rounds", "in_flight",
-              "sent", "shrinks", "admitted", "generation")
+              "exchange_timeout", "anchor", "momentum_buffers", "residuals", "averaged_at",
+              "rounds", "in_flight", "sent", "shrinks", "admitted", "generation")
     # Fields newer than the first saved states, with the values those states ran with.
     _defaults = {"on_failure": "raise", "lost_wait": 1.0, "exchange_timeout": None, "sent": {},
                  "shrinks": 0, "admitted": 0, "generation": 0}
@@ -340,9 +339,10 @@ class DiLoCoState(HookState):
         and mixes, due ``tau`` steps later). Call it after the last step, before exporting
         :meth:`global_model`, so the last rounds' exchanges are not lost. (Eager overlap's last
         average stays in flight, as its checkpoints keep it.)"""
+        if self.overlap != "streaming":
+            return
         for fragment in sorted(self.in_flight):
-            if self.overlap == "streaming":
-                self._finish_round(fragment)
+            self._finish_round(fragment)
 
     def _set_anchor(self):
         if not self._plain_average():
@@ -514,12 +514,12 @@ class DiLoCoState(HookState):
             return
         limit = self.exchange_timeout
         deadline = None if limit is None else time.monotonic() + limit
+        round_key = f"round{self.rounds}"  # the same on every rank
         for attempt in itertools.count():
-            # The check of who is alive, named alike on every rank: this round, this attempt.
-            check = f"round{self.rounds}.{attempt}"
+            check = f"{round_key}.{attempt}"  # this attempt's check of who is alive
             try:
                 if self._wait_until(work, deadline, check):
-                    self._mark_done()
+                    self._mark_done(round_key)
                     return
                 error = None
             except dist.DistBackendError as exc:
@@ -527,7 +527,7 @@ class DiLoCoState(HookState):
                     raise
                 error = exc
             failed_at, start = time.time(), time.monotonic()
-            lost, phases = self._shrink_and_redo(fragment, flat, work, check)
+            lost, phases = self._shrink_and_redo(fragment, flat, work, check, round_key)
             if lost:
                 self.recoveries.append({"lost": lost, "failed_at": failed_at,
                                         "seconds": time.monotonic() - start, **phases})
@@ -538,7 +538,7 @@ class DiLoCoState(HookState):
                                    f"rank is lost: {error}") from error
             deadline = time.monotonic() + limit  # every rank answered: slow, not silent
 
-    def _mark_done(self) -> None:
+    def _mark_done(self, round_key: str) -> None:
         """With exchange_timeout: records (off the training thread, one store round trip) that
         this round's exchange completed here. A rank whose exchange is still running (a
         retransmission can hold one link back for seconds) may check who is alive after this
@@ -547,9 +547,7 @@ class DiLoCoState(HookState):
             return
         from torch_ringdist._recovery import mark_done
 
-        # A daemon thread: a store gone at exit cannot hold the process.
-        threading.Thread(target=mark_done, args=(self.process_group, f"round{self.rounds}"),
-                         name="ringdist-diloco-done", daemon=True).start()
+        mark_done(self.process_group, round_key)
 
     def _wait_until(self, work, deadline, check: str) -> bool:
         """Waits for `work` (raising its error). True: it completed. False: this rank must take
@@ -574,18 +572,21 @@ class DiLoCoState(HookState):
             if left <= _CHECK_POLL or check_open(self.process_group, check):
                 return False
 
-    def _shrink_and_redo(self, fragment: int, flat: torch.Tensor, work, check: str) -> list:
+    def _shrink_and_redo(self, fragment: int, flat: torch.Tensor, work, check: str,
+                         round_key: str) -> tuple[list, dict]:
         """The survivors agree on the lost ranks; when there are some, they shrink the group
         (aborting the old one, so its exchanges in flight end), and redo `fragment`'s exchange
         into `flat` (`work`: the one that failed here) and every other one in flight (the same
         set on every rank, whichever of them failed here) with the contributions they sent.
-        Returns the lost ranks ([]: none, nothing done) and the seconds each phase took. An
-        exchange that completes during the check settles it: nobody is lost."""
+        `check` names this attempt's check of who is alive; ranks whose exchange completed
+        marked `round_key` done (alive), and an exchange that completes during the check
+        settles it: nobody is lost. Returns the lost ranks ([]: none, nothing done) and the
+        seconds each phase took."""
         from torch_ringdist._recovery import lost_ranks
 
         start = time.monotonic()
         lost = lost_ranks(self.process_group, wait=self.lost_wait, key=check,
-                          settled=lambda: _completed_ok(work), done=f"round{self.rounds}")
+                          settled=lambda: _completed_ok(work), done=round_key)
         if not lost:
             return lost, {}
         agreed = time.monotonic()
