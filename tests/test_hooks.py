@@ -5,6 +5,7 @@ inputs (every rank regenerates every rank's input from its seed), single-model
 runs, DDP's own no_sync, and uninterrupted runs for checkpoint/resume.
 """
 import copy
+import functools
 import io
 import math
 import pickle
@@ -39,21 +40,27 @@ def _inputs(rank, n, scale=1.0, offset=0.0):
     return torch.randn(n, generator=g) * scale + offset
 
 
-def _blockmax(x):
-    """Max |x| of each element's 256-block (blocks counted from the buffer start)."""
-    n = x.numel()
-    if n == 0:
-        return x.abs()
-    pad = (-n) % BLOCK
-    blocks = F.pad(x.abs(), (0, pad)).view(-1, BLOCK).amax(dim=1)
-    return blocks.repeat_interleave(BLOCK)[:n]
+def _blockmax(x, starts=(0,)):
+    """Max |x| of each element's 256-block, blocks counted from each of `starts` (the starts of
+    the pieces quantised on their own; the buffer start)."""
+    pieces = []
+    for begin, end in zip(starts, list(starts[1:]) + [x.numel()]):
+        piece = x[begin:end]
+        n = piece.numel()
+        if n:
+            pad = (-n) % BLOCK
+            blocks = F.pad(piece.abs(), (0, pad)).view(-1, BLOCK).amax(dim=1)
+            pieces.append(blocks.repeat_interleave(BLOCK)[:n])
+    return torch.cat(pieces) if pieces else x.abs()
 
 
-def _bound(codec, xs, ref):
-    """Per-element error bound for two quantisations (each contribution, then the sum)."""
+def _bound(codec, xs, ref, starts=(0,)):
+    """Per-element error bound for two quantisations (each contribution, then the sum), the
+    pieces quantised on their own starting at `starts`."""
     if codec in ("int8", "int4"):  # half a step of each block's scale, twice
         steps = 254 if codec == "int8" else 14
-        return (sum(_blockmax(x) for x in xs) + _blockmax(ref)) / steps * 1.02 + 1e-30
+        return (sum(_blockmax(x, starts) for x in xs) + _blockmax(ref, starts)) / steps * 1.02 \
+            + 1e-30
     u = ROUNDOFF[codec]
     return u * (sum(x.abs() for x in xs) + ref.abs()) * 1.02 + 1e-30
 
@@ -73,6 +80,38 @@ def _mixed_forms(rank, n, codec, avg, salt):
     return T.codec_decode(work.result()[0], codec, n, "cpu")
 
 
+def _host_chunks(rank, n):
+    """Two levels (the group's rings are [our host's, the ranks at our position]): our host's
+    ranks, and where each host position's chunk of n elements starts (a host's sum is
+    quantised chunk by chunk). One level: None."""
+    rings = _backend().allreduce_rings
+    if not rings:
+        return None
+    host = rings[0]
+    base, extra = divmod(n, len(host))
+    return host, [c * base + min(c, extra) for c in range(len(host))]
+
+
+def _expected_residual(rank, n, codec, two_level, sent):
+    """What the codec loses of this rank's contributions when rank r sends sent(r): its own
+    loss (one level), or its host's sum's on the chunk this rank quantises, zero elsewhere
+    (two levels)."""
+    from torch_ringdist._extension import load
+
+    roundtrip = load().codec_roundtrip
+    if two_level is None:
+        return roundtrip(sent(rank), codec, residual=True)
+    host, starts = two_level
+    assert len(host) == 2  # two addends: their float32 sum has one order
+    total = sent(host[0]) + sent(host[1])
+    pos = host.index(rank)
+    begin, end = starts[pos], (starts + [n])[pos + 1]
+    expected = torch.zeros(n)
+    if end > begin:
+        expected[begin:end] = roundtrip(total[begin:end].contiguous(), codec, residual=True)
+    return expected
+
+
 def _w_codecs(rank, world_size):
     import torch_ringdist
 
@@ -81,21 +120,46 @@ def _w_codecs(rank, world_size):
     if True:
         for codec in CODECS:
             for n in SIZES:
+                two_level = _host_chunks(rank, n)
+                starts = (0,) if two_level is None else two_level[1]
                 for avg in (False, True):
+                    op = dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM
                     xs = [_inputs(r, n).double() for r in range(world_size)]
                     ref = sum(xs, torch.zeros(n, dtype=torch.float64))
                     if avg:
                         ref = ref / world_size
                     y = _inputs(rank, n)
-                    torch_ringdist.all_reduce(y, codec=codec,
-                                              op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM)
+                    torch_ringdist.all_reduce(y, codec=codec, op=op)
                     err = (y.double() - ref).abs()
-                    bound = _bound(codec, [x / world_size if avg else x for x in xs], ref)
+                    # Two levels quantise each host's sum: a contribution bounded by the sum of
+                    # its ranks' (the same bound), in blocks counted from each host chunk.
+                    bound = _bound(codec, [x / world_size if avg else x for x in xs], ref, starts)
                     rms_ref = ref.pow(2).mean().sqrt().item() if n else 0.0
+                    # Some ranks on the encoded form: one level (the encoded form has no float32
+                    # to sum inside a host), the plain form's result where the group has one.
                     mixed = _mixed_forms(rank, n, codec, avg, SIZES.index(n))
+                    mixed_err = (mixed.double() - ref).abs()
+                    # Error feedback: a zero residual leaves the result as it was and gets the
+                    # loss; the next call sends input + that loss and gets the new loss.
+                    residual = torch.zeros(n)
+                    with_residual = _inputs(rank, n)
+                    torch_ringdist.all_reduce(with_residual, codec=codec, op=op, residual=residual)
+                    first = functools.partial(_expected_residual, n=n, codec=codec,
+                                              two_level=two_level, sent=lambda r: _inputs(r, n))
+                    residual_exact = torch.equal(residual, first(rank))
+                    torch_ringdist.all_reduce(_inputs(rank, n), codec=codec, op=op,
+                                              residual=residual)
+                    expected = _expected_residual(rank, n, codec, two_level,
+                                                  lambda r: _inputs(r, n) + first(r))
                     out["cases"][(segment, codec, n, avg)] = {
                         "bytes": y.numpy().tobytes(),
-                        "mixed_forms_same": mixed.numpy().tobytes() == y.numpy().tobytes(),
+                        "mixed_bytes": mixed.numpy().tobytes(),
+                        "mixed_forms_same": two_level is not None or
+                                            mixed.numpy().tobytes() == y.numpy().tobytes(),
+                        "mixed_within": bool((mixed_err <= _bound(
+                            codec, [x / world_size if avg else x for x in xs], ref)).all()),
+                        "residual_exact": residual_exact and torch.equal(residual, expected),
+                        "residual_keeps_result": torch.equal(with_residual, y),
                         "within": bool((err <= bound).all()),
                         "worst": (err / bound).max().item() if n else 0.0,
                         "rel_rms": (err.pow(2).mean().sqrt().item() / rms_ref) if n else 0.0,
@@ -131,6 +195,7 @@ def _w_codecs(rank, world_size):
     torch_ringdist.all_reduce(big.clone(), codec="bf16")
     dist.all_reduce(big.clone())
     out["stats"] = torch_ringdist.stats()
+    out["rings"] = _backend().allreduce_rings
     return out
 
 
@@ -403,14 +468,19 @@ def test_codecs_error_identity_and_stats(world_factory):
                             (4, {"RINGDIST_HOST_ID": "h0,h1,h0,h1"})):
         results = world_factory(world_size, env).run(_w_codecs, timeout=180)
         for key in results[0]["cases"]:
-            ranks_equal([r["cases"][key]["bytes"] for r in results],
-                        what=f"ws={world_size} {key} result (bitwise)")
+            for field in ("bytes", "mixed_bytes"):
+                ranks_equal([r["cases"][key][field] for r in results],
+                            what=f"ws={world_size} {key} {field} (bitwise)")
             for rank, r in enumerate(results):
                 case = r["cases"][key]
                 assert case["within"], (f"ws={world_size} {key} rank {rank}: error exceeds the "
                                         f"two-quantisation bound by x{case['worst']:.3g}")
                 assert case["mixed_forms_same"], (f"ws={world_size} {key} rank {rank}: encoded "
                                                   "and plain forms mixed give another result")
+                assert case["mixed_within"], (world_size, key, rank)
+                assert case["residual_exact"], (f"ws={world_size} {key} rank {rank}: the "
+                                                 "residual is not what the codec lost")
+                assert case["residual_keeps_result"], (world_size, key, rank)
         res = results[0]
         finite, rel = res["fp16_large"]
         assert finite and rel < 2 * ROUNDOFF["fp16"] * 1.02, res["fp16_large"]
@@ -421,8 +491,16 @@ def test_codecs_error_identity_and_stats(world_factory):
             assert "rank 0" in msg and ("compressed" in msg or "all_reduce" in msg), msg
         stats = res["stats"]
         assert stats["compressed_allreduce/int8"]["calls"] == 1
-        assert 0.25 < stats["compressed_allreduce/int8"]["wire_ratio"] < 0.27, stats
-        assert 0.49 < stats["compressed_allreduce/bf16"]["wire_ratio"] < 0.52, stats
+        if res["rings"]:  # two levels: float32 inside the hosts, the codec between them
+            hosts, local = len(res["rings"][1]), len(res["rings"][0])
+            ring = 2 * (world_size - 1) / world_size
+            for codec, ratio in (("int8", 0.254), ("bf16", 0.5)):
+                expected = (2 * (local - 1) / local + 2 * (hosts - 1) / hosts / local * ratio) / ring
+                got = stats[f"compressed_allreduce/{codec}"]["wire_ratio"]
+                assert abs(got / expected - 1) < 0.01, (codec, got, expected, stats)
+        else:
+            assert 0.25 < stats["compressed_allreduce/int8"]["wire_ratio"] < 0.27, stats
+            assert 0.49 < stats["compressed_allreduce/bf16"]["wire_ratio"] < 0.52, stats
         plain = stats["allreduce"]
         if plain["single_copy_bytes"]:
             # One host: each rank reads its chunk (about S/N) from the N-1 peers and writes

@@ -28,7 +28,7 @@ def ringdist_backend(group=None, what: str = "torch_ringdist"):
 
 
 def all_reduce(tensor: torch.Tensor, codec: str | None = None, op=dist.ReduceOp.SUM,
-               group=None, async_op: bool = False):
+               group=None, async_op: bool = False, residual: torch.Tensor | None = None):
     """Allreduce ``tensor`` in place, optionally compressed on the wire.
 
     Args:
@@ -40,15 +40,26 @@ def all_reduce(tensor: torch.Tensor, codec: str | None = None, op=dist.ReduceOp.
         op: ``ReduceOp.SUM`` or ``ReduceOp.AVG`` (with a codec; any op without).
         group: process group (default group if None); must be ringdist for a codec.
         async_op: return the Work (``wait()``, ``get_future()``) instead of waiting.
+        residual: with a codec, error feedback: a float32 tensor of ``tensor.numel()``
+            elements (zeros at first), added to the tensor, then given what the codec lost of
+            this rank's contributions, for the next call (both on the backend's thread in
+            call order). On several hosts with the same number of ranks each, the sum of
+            each host's ranks is quantised once per chunk and the rank that quantised a chunk
+            keeps its loss (zeros elsewhere); summed over the ranks, what the first
+            quantisation lost.
 
     Returns:
         The Work if ``async_op``, else None.
 
     Example::
 
-        grad = torch_ringdist.all_reduce(grad, codec="int8", op=dist.ReduceOp.AVG)
+        residual = torch.zeros_like(grad)  # once
+        torch_ringdist.all_reduce(grad, codec="int8", op=dist.ReduceOp.AVG, residual=residual)
     """
     if codec is None:
+        if residual is not None:
+            raise ValueError(f"torch_ringdist.all_reduce: rank {dist.get_rank()}: a residual "
+                             "needs a codec (an allreduce without one loses nothing)")
         return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
     if codec not in CODECS:
         raise ValueError(f"torch_ringdist.all_reduce: rank {dist.get_rank()}: unknown codec "
@@ -57,7 +68,8 @@ def all_reduce(tensor: torch.Tensor, codec: str | None = None, op=dist.ReduceOp.
         raise ValueError(f"torch_ringdist.all_reduce: rank {dist.get_rank()}: a compressed "
                          f"allreduce supports SUM and AVG, got {op}")
     backend = ringdist_backend(group, "torch_ringdist.all_reduce")
-    work = backend.allreduce_compressed(tensor, codec, op == dist.ReduceOp.AVG)
+    work = backend.allreduce_compressed(tensor, codec, op == dist.ReduceOp.AVG,
+                                        residual=residual)
     if async_op:
         return work
     work.wait()

@@ -110,9 +110,9 @@ c10::intrusive_ptr<c10d::Backend> ringdistBackend(
 
 c10::intrusive_ptr<c10d::Work> allreduceCompressed(
     const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor& tensor,
-    const std::string& codec, bool average) {
+    const std::string& codec, bool average, const at::Tensor& residual) {
   return asRingdist(group).allreduceCompressed(tensor, codec, average,
-                                               std::chrono::milliseconds(0));
+                                               std::chrono::milliseconds(0), residual);
 }
 
 std::map<std::string, OpStats> stats(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {

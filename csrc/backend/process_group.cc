@@ -1124,7 +1124,7 @@ void shutdownAllBackends(bool waitForPeers) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
     at::Tensor& tensor, const std::string& codecName, bool average,
-    std::chrono::milliseconds timeout) {
+    std::chrono::milliseconds timeout, const at::Tensor& residual) {
   const char* op = "compressed_allreduce";
   const Codec codec = checkCodec(op, codecName);
   checkTensors(op, {tensor});
@@ -1132,13 +1132,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
   RD_CHECK_INPUT(type == at::kFloat || type == at::kBFloat16 || type == at::kHalf, op,
                  "the tensor has dtype ", type,
                  "; compressed allreduce takes float32, bfloat16 or float16");
+  RD_CHECK_INPUT(!residual.defined() ||
+                     (residual.scalar_type() == at::kFloat && residual.is_contiguous() &&
+                      residual.numel() == tensor.numel() && residual.device() == tensor.device() &&
+                      !residual.is_same(tensor)),
+                 op, "the residual must be a contiguous float32 tensor of ", tensor.numel(),
+                 " elements on ", tensor.device(), ", not the tensor itself; got ",
+                 residual.defined() ? c10::str(residual.scalar_type(), " of ", residual.numel(),
+                                               " elements on ", residual.device())
+                                    : std::string("none"));
   std::string key = strCat(op, "/", ringdist::codecName(codec));
   auto stage = stageFor(op, {tensor});
   if (stage) {
     return enqueue(c10d::OpType::ALLREDUCE, OpType::kCompressedAllreduce, {tensor},
                    Call{effectiveTimeout(timeout)}, stage,
-                   [stage, tensor, codec, average](Communicator& comm) {
-                     stage->compressedAllreduce(comm, tensor, codec, average);
+                   [stage, tensor, codec, average, residual](Communicator& comm) {
+                     stage->compressedAllreduce(comm, tensor, codec, average, residual);
                    },
                    key);
   }
@@ -1147,12 +1156,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupRingdist::allreduceCompressed(
   size_t count = static_cast<size_t>(flat.flat.numel());
   return enqueue(c10d::OpType::ALLREDUCE, OpType::kCompressedAllreduce, {tensor},
                  Call{effectiveTimeout(timeout)}, nullptr,
-                 [flat, widen, count, codec, average](Communicator& comm) {
+                 [flat, widen, count, codec, average, residual](Communicator& comm) {
                    // Half inputs are summed in float32 like everything else;
                    // the one rounding back happens here.
                    at::Tensor work = widen ? flat.flat.to(at::kFloat) : flat.flat;
-                   ringdist::compressedAllreduce(comm, work.data_ptr<float>(), count, codec,
-                                                 average);
+                   ringdist::compressedAllreduce(
+                       comm, work.data_ptr<float>(), count, codec, average,
+                       residual.defined() ? residual.data_ptr<float>() : nullptr);
                    if (widen) {
                      flat.flat.copy_(work);
                    }

@@ -146,10 +146,13 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // Allreduce with a lossy wire codec ("fp16", "bf16", "int8", "int4"; see
   // csrc/codec/codec.h), summed in float32. One dense CPU tensor: float32, or
   // bfloat16/float16 (widened to float32 for the op). average: divide by the
-  // world size (AVG) instead of SUM.
+  // world size (AVG) instead of SUM. residual (undefined: none): a contiguous float32 tensor of
+  // as many elements on the tensor's device, added to the tensor, then given what the codec
+  // lost of this rank's contributions (error feedback; collectives.h).
   c10::intrusive_ptr<c10d::Work> allreduceCompressed(at::Tensor& tensor, const std::string& codec,
                                                      bool average,
-                                                     std::chrono::milliseconds timeout);
+                                                     std::chrono::milliseconds timeout,
+                                                     const at::Tensor& residual = {});
 
   // The engine's encoded form of the same operation (collectives.h), which
   // CUDA tensors use around their GPU encode and decode: `encoded` is the

@@ -246,16 +246,6 @@ void halvingDoublingAllreduce(Communicator& comm, const SubRing& group, void* da
   if (inPair) round(rank - 1, base, bytes, base, 0, false, false);
 }
 
-// How one run of ring steps meets the operation's StageGate: `needs`: its
-// step-0 sends and reduce-scatter receives are the operation's first reads
-// of the input; `produces`: its final segments are results; `offset`: where
-// its data starts in the gated buffer (bytes).
-struct StepsGate {
-  StageGate* needs = nullptr;
-  StageGate* produces = nullptr;
-  size_t offset = 0;
-};
-
 // The RingGate of steps over `layout` at ring position `pos`: a transfer's
 // segment is read and finished in place, `gated.offset` into the buffer.
 auto ringGateOf(const StepsGate& gated, const ChunkLayout& layout, long pos, size_t elem) {
@@ -292,15 +282,11 @@ struct StreamOrder {
   std::vector<size_t> positionOf;  // stream positions by transfer - first
 };
 
-// Steps [firstStep, endStep) of a pipelined ring allreduce over `ring` on
-// `count` elements at `data`: steps 0..n-2 reduce-scatter (position p ends
-// owning chunk p, fully reduced), steps n-1..2n-3 allgather. A partial range
-// starts from data that is final for its first step. divisor > 0: the owner
-// divides its chunk by it after the last reduce step (AVG). `gated` says how
-// these steps meet the operation's StageGate, if any.
+}  // namespace
+
 void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count, DataType dtype,
                ReduceFn reduceFn, long firstStep, long endStep, int divisor,
-               const StepsGate& gated = {}) {
+               const StepsGate& gated) {
   const int n = ring.size();
   const size_t elem = elementSize(dtype);
   const ChunkLayout layout(count, n, comm.segmentBytes(), elem);
@@ -370,6 +356,8 @@ void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count
   // A channel completes its sends in the order they were posted.
   if (sent > 0) comm.waitUntil([&] { return right.sendDone(lastSend); });
 }
+
+namespace {
 
 // One host (Communicator::singleCopy; two ranks from
 // kMinSingleCopyAllreduceBytes, more above the one-round limit): each rank

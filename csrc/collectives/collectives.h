@@ -167,18 +167,23 @@ inline bool everyRank(Communicator& comm, bool mine) {
 
 // In place: data (count float32 elements) becomes the sum (or, with
 // average, the mean) over all ranks, sent on the wire in `codec`. Each
-// element is quantised exactly twice (once as a rank's contribution, once as
+// element is quantised exactly twice (once as a contribution, once as
 // the reduced value), whatever the world size; the sum is taken in float32
-// in rank order; every rank decodes the same bytes, so results are bitwise
-// identical on all ranks. See compressed_allreduce.cc.
+// in a fixed order; every rank decodes the same bytes, so results are bitwise
+// identical on all ranks. A contribution is this rank's data, or, where every rank of a group
+// with the same number of ranks on each host calls this form, its host's sum of one chunk
+// (two levels). residual (count float32, or null): error feedback. It is added to data first,
+// then gets what the quantisation of this rank's contributions lost (zero where it
+// contributed none), for the next call. Both on the group's thread in op order, so calls in
+// flight together chain correctly. See compressed_allreduce.cc.
 void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec codec,
-                         bool average);
+                         bool average, float* residual = nullptr);
 // The same operation on an already encoded buffer: encodedIn holds the
 // encoding of all count elements (encodedBytes(codec, count)), encodedOut
 // receives the encoding of the result (same size); decoding it gives what
 // compressedAllreduce leaves in data. The wire is the same, so ranks using
-// either form can be in one operation. For CUDA tensors, which encode and
-// decode on the GPU so only encoded bytes cross PCIe.
+// either form can be in one operation (which then takes one level). For CUDA
+// tensors, which encode and decode on the GPU so only encoded bytes cross PCIe.
 void compressedAllreduceEncoded(Communicator& comm, const void* encodedIn, void* encodedOut,
                                 size_t count, Codec codec, bool average);
 

@@ -1,9 +1,11 @@
 // Compressed allreduce: a quantised reduce-scatter in pairwise rounds, then a
-// ring allgather of the encoded results. Codec terms (block, aligned piece)
+// ring allgather of the encoded results, among a group of N ranks (every rank, or one
+// rank per host in the two-level form below). Codec terms (block, aligned piece)
 // are in csrc/codec/codec.h.
 //
 //   chunk    one of N parts of the buffer made of whole codec blocks (block
-//            counts differ by at most one); chunk c is owned by rank c.
+//            counts differ by at most one); chunk p is owned by the rank at
+//            ring position p.
 //            Chunks start on block boundaries, so the encoding of the whole
 //            buffer is the concatenation of the chunks' encodings.
 //   segment  up to segmentBytes worth of float32 elements of a chunk, rounded
@@ -19,8 +21,9 @@
 // hosts the rounds are paced (pacer.h) so each host link carries one
 // transfer at a time. The owner decodes all N contributions to its chunk
 // (its own from its own encoding, so every contribution goes through the
-// same quantisation), sums them in float32 in rank order 0..N-1, then
-// divides for AVG.
+// same quantisation), sums them in float32 in ring position order 0..N-1, then
+// divides for AVG. With a residual (error feedback), each rank first adds it to its
+// data, then keeps in it what its encoding lost of its contribution, for the next call.
 // Phase 2 (allgather): the owner encodes its reduced chunk once and the
 // encoded bytes travel around the ring, forwarded segment by segment; every
 // rank, the owner included, decodes each chunk from those same bytes as its
@@ -35,6 +38,16 @@
 // buffer's encoding and ends with the result's, skipping the encodes of
 // phase 1 and the decodes of phase 2; only the owner's chunk is decoded and
 // summed here, in scratch.
+//
+// Two levels (groups of several hosts with the same number L >= 2 of ranks on each, every
+// rank on the plain form): a float32 reduce-scatter inside each host over shared memory
+// (local position p ends with its host's exact sum of chunk p of L), the compressed
+// allreduce above of that chunk among the ranks at position p on every host, then a float32
+// allgather inside the host. A host's link carries its host's sum once instead of each of its
+// ranks' contributions: L times fewer bytes in phase 1. The host's sum is what gets
+// quantised, so the residual of the rank at position p is what the encoding lost of its
+// host's sum of chunk p (zero elsewhere): summed over the ranks, the same as on one level,
+// what the first quantisation lost.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -54,8 +67,12 @@ class CompressedAllreduce {
  public:
   // Plain form: data is encoded and decoded here. Encoded form: data is null,
   // encodedIn is the whole buffer's encoding and encodedOut gets the result's.
-  CompressedAllreduce(Communicator& comm, float* data, const char* encodedIn, char* encodedOut,
-                      size_t count, Codec codec, bool average);
+  // group: the ranks taking part, in ring order (this rank at group.pos); divisor > 0:
+  // the result is divided by it (AVG); residual (plain form, or null): gets what the encoding
+  // of data lost.
+  CompressedAllreduce(Communicator& comm, const SubRing& group, float* data,
+                      const char* encodedIn, char* encodedOut, size_t count, Codec codec,
+                      int divisor, float* residual);
 
   void run() {
     postReceives();
@@ -78,8 +95,9 @@ class CompressedAllreduce {
   // already); sendNow: each segment leaves for its owner as soon as it is
   // encoded.
   void encodeChunk(size_t c, bool sendNow);
-  // Receiver side of pacing: all but the tail of `peer`'s contribution arrived.
-  bool contributionArrived(int peer);
+  // Receiver side of pacing: all but the tail of the contribution of the rank at ring
+  // position `from` arrived.
+  bool contributionArrived(size_t from);
   void send(int peer, const char* encoded, size_t elements);
 
   // Segment j of chunk c as an element range [*begin, *begin + *length).
@@ -111,16 +129,20 @@ class CompressedAllreduce {
     segment(c, j, &begin, &length);
     return encoded(begin - chunkBegin(c));
   }
-  // The rank `offset` ring positions after us (negative: before us).
-  int rankAt(int offset) const { return comm_.ringRank(comm_.ringPos() + offset); }
+  // The ring position `offset` positions after ours (negative: before), and its rank.
+  size_t posAt(int offset) const { return modPos(pos_ + offset, n_); }
+  int rankAt(int offset) const { return group_.members[posAt(offset)]; }
 
   Communicator& comm_;
+  const SubRing& group_;
   float* const data_;  // null in the encoded form
+  float* const residual_;
   const size_t count_;
   const Codec codec_;
-  const bool average_;
+  const int divisor_;
   const int n_;
-  const size_t me_;
+  const int pos_;
+  const size_t me_;  // our chunk: pos_
   const ChunkLayout layout_;  // over codec blocks
   // Scratch: [N contribution slots for our chunk | plain form: our
   // encoding of the whole buffer, the reduced chunks' encodings (both in
@@ -133,28 +155,32 @@ class CompressedAllreduce {
   float* own_ = nullptr;          // our chunk's sum
   std::vector<int> peers_;
   std::vector<uint64_t> lastSend_;  // by peer: ticket of our latest send
-  Tickets contribTicket_;           // [peer][segment of our chunk]
+  Tickets contribTicket_;           // [contributor's position][segment of our chunk]
   Tickets gatherTicket_;            // [allgather step][segment]
   std::unique_ptr<Pacer> pacer_;    // only when paced
   bool allgatherGoSent_ = false;
 };
 
-CompressedAllreduce::CompressedAllreduce(Communicator& comm, float* data, const char* encodedIn,
-                                         char* encodedOut, size_t count, Codec codec, bool average)
+CompressedAllreduce::CompressedAllreduce(Communicator& comm, const SubRing& group, float* data,
+                                         const char* encodedIn, char* encodedOut, size_t count,
+                                         Codec codec, int divisor, float* residual)
     : comm_(comm),
+      group_(group),
       data_(data),
+      residual_(residual),
       count_(count),
       codec_(codec),
-      average_(average),
-      n_(comm.size()),
-      me_(static_cast<size_t>(comm.rank())),
-      layout_((count + kCodecBlock - 1) / kCodecBlock, comm.size(), comm.segmentBytes(),
+      divisor_(divisor),
+      n_(group.size()),
+      pos_(group.pos),
+      me_(static_cast<size_t>(group.pos)),
+      layout_((count + kCodecBlock - 1) / kCodecBlock, group.size(), comm.segmentBytes(),
               sizeof(float) * kCodecBlock),
-      peers_(comm.others()),
       lastSend_(static_cast<size_t>(comm.size()), 0),
-      contribTicket_(static_cast<size_t>(comm.size()),
+      contribTicket_(static_cast<size_t>(group.size()),
                      std::vector<uint64_t>(layout_.segmentsPerChunk, 0)),
       gatherTicket_(contribTicket_) {
+  for (int k = 1; k < n_; ++k) peers_.push_back(rankAt(k));
   size_t maxChunkEncoded = 1;
   for (size_t c = 0; c < static_cast<size_t>(n_); ++c) {
     maxChunkEncoded = std::max(maxChunkEncoded, encoded(chunkElems(c)));
@@ -195,10 +221,11 @@ void CompressedAllreduce::send(int peer, const char* encodedSegment, size_t elem
 void CompressedAllreduce::postReceives() {
   for (int k = 1; k < n_; ++k) {
     const int q = rankAt(k);
+    const size_t from = posAt(k);
     if (pacer_ && k <= n_ - k) pacer_->expectGo(q, k);
     forSegments(me_, [&](size_t j, size_t, size_t length) {
-      contribTicket_[static_cast<size_t>(q)][j] = comm_.channel(q).postRecv(
-          recvArea_ + static_cast<size_t>(q) * slotBytes_ + slotOffset(me_, j), encoded(length));
+      contribTicket_[from][j] = comm_.channel(q).postRecv(
+          recvArea_ + from * slotBytes_ + slotOffset(me_, j), encoded(length));
     });
     if (pacer_ && k > n_ - k) pacer_->expectGo(q, k);
     if (pacer_ && k == 1) pacer_->expectGo(q, n_);
@@ -206,10 +233,9 @@ void CompressedAllreduce::postReceives() {
   if (n_ == 1) {
     return;  // no allgather: one rank has no left neighbour
   }
-  Channel& left = comm_.channel(comm_.left());
+  Channel& left = comm_.channel(group_.left());
   for (int s = 1; s < n_; ++s) {
-    const size_t owner = static_cast<size_t>(rankAt(-s));
-    forSegments(owner, [&](size_t j, size_t begin, size_t length) {
+    forSegments(posAt(-s), [&](size_t j, size_t begin, size_t length) {
       gatherTicket_[static_cast<size_t>(s)][j] =
           left.postRecv(gatherArea_ + encoded(begin), encoded(length));
     });
@@ -222,38 +248,43 @@ void CompressedAllreduce::encodeChunk(size_t c, bool sendNow) {
     if (data_ != nullptr) {
       encode(codec_, data_ + begin, length, encodeArea_ + encoded(begin));
     }
+    if (residual_ != nullptr) {  // what the encoding lost: data - decode(encoding)
+      float* lost = residual_ + begin;
+      decode(codec_, enc, length, lost);
+      for (size_t i = 0; i < length; ++i) lost[i] = data_[begin + i] - lost[i];
+    }
     if (sendNow) {
-      send(static_cast<int>(c), enc, length);
+      send(group_.members[c], enc, length);
       comm_.progress();
     }
   });
 }
 
-bool CompressedAllreduce::contributionArrived(int peer) {
+bool CompressedAllreduce::contributionArrived(size_t from) {
+  Channel& link = comm_.channel(group_.members[from]);
   bool done = true;
   forSegments(me_, [&](size_t j, size_t, size_t) {
-    const uint64_t t = contribTicket_[static_cast<size_t>(peer)][j];
-    if (!pacer_->inTail(slotOffset(me_, j)) && !comm_.channel(peer).recvDone(t)) done = false;
+    const uint64_t t = contribTicket_[from][j];
+    if (!pacer_->inTail(slotOffset(me_, j)) && !link.recvDone(t)) done = false;
   });
   return done;
 }
 
-// Round k: send our encoding of chunk rankAt(k) to its owner. A round's chunk
+// Round k: send our encoding of chunk posAt(k) to its owner. A round's chunk
 // is encoded while the previous round is on the wire (unpaced: segment by
 // segment as it is sent); our own chunk is encoded first, for the reduction.
 void CompressedAllreduce::phase1() {
   encodeChunk(me_, false);
   for (int k = 1; k < n_; ++k) {
     const int to = rankAt(k);
-    const size_t c = static_cast<size_t>(to);
+    const size_t c = posAt(k);
     if (!pacer_) {
       encodeChunk(c, true);
       continue;
     }
     encodeChunk(c, false);
     if (k > 1) {
-      const int prevFrom = rankAt(-(k - 1));
-      comm_.waitUntil([&] { return contributionArrived(prevFrom); });
+      comm_.waitUntil([&] { return contributionArrived(posAt(-(k - 1))); });
     }
     pacer_->sendGo(rankAt(-k), k);
     pacer_->waitForTurn(to, k, k == 1 ? -1 : rankAt(k - 1));
@@ -268,38 +299,36 @@ void CompressedAllreduce::phase1() {
 // arrive; encodes each reduced segment once and decodes it back in place.
 // Unpaced, each reduced segment leaves for the allgather at once.
 void CompressedAllreduce::reduceOwnChunk() {
-  const int rank = comm_.rank();
   forSegments(me_, [&](size_t j, size_t begin, size_t length) {
     comm_.waitUntil([&] {
-      for (int p : peers_) {
-        uint64_t t = contribTicket_[static_cast<size_t>(p)][j];
-        if (t != 0 && !comm_.channel(p).recvDone(t)) return false;
+      for (size_t p = 0; p < static_cast<size_t>(n_); ++p) {
+        uint64_t t = contribTicket_[p][j];
+        if (t != 0 && !comm_.channel(group_.members[p]).recvDone(t)) return false;
       }
       return true;
     });
     const size_t encOffset = slotOffset(me_, j);
     float* out = own_ + (begin - chunkBegin(me_));
-    for (int p = 0; p < n_; ++p) {
-      const char* src = p == rank ? sendArea_ + encoded(begin)
-                                  : recvArea_ + static_cast<size_t>(p) * slotBytes_ + encOffset;
+    for (size_t p = 0; p < static_cast<size_t>(n_); ++p) {
+      const char* src = p == me_ ? sendArea_ + encoded(begin) : recvArea_ + p * slotBytes_ + encOffset;
       if (p == 0) {
         decode(codec_, src, length, out);
       } else {
         decodeAdd(codec_, src, length, out);
       }
     }
-    if (average_ && n_ > 1) {
-      const float divisor = static_cast<float>(n_);
+    if (divisor_ > 1) {
+      const float divisor = static_cast<float>(divisor_);
       for (size_t i = 0; i < length; ++i) out[i] /= divisor;
     }
     if (pacer_ && !allgatherGoSent_ && pacer_->inTail(encOffset + encoded(length))) {
-      pacer_->sendGo(comm_.left(), n_);  // (nearly) all of phase 1 is here
+      pacer_->sendGo(group_.left(), n_);  // (nearly) all of phase 1 is here
       allgatherGoSent_ = true;
     }
     char* enc = gatherArea_ + encoded(begin);
     encode(codec_, out, length, enc);
     if (!pacer_ && n_ > 1) {
-      send(comm_.right(), enc, length);
+      send(group_.right(), enc, length);
       comm_.progress();
     }
     if (data_ != nullptr) {
@@ -314,10 +343,10 @@ void CompressedAllreduce::phase2() {
   if (n_ == 1) {
     return;  // our chunk is the whole buffer, already reduced
   }
-  const int right = comm_.right();
-  Channel& left = comm_.channel(comm_.left());
+  const int right = group_.right();
+  Channel& left = comm_.channel(group_.left());
   if (pacer_) {
-    if (!allgatherGoSent_) pacer_->sendGo(comm_.left(), n_);  // an empty chunk has no segments
+    if (!allgatherGoSent_) pacer_->sendGo(group_.left(), n_);  // an empty chunk has no segments
     pacer_->waitForTurn(right, n_, rankAt(n_ - 1));
     forSegments(me_, [&](size_t, size_t begin, size_t length) {
       send(right, gatherArea_ + encoded(begin), length);
@@ -325,8 +354,7 @@ void CompressedAllreduce::phase2() {
     comm_.progress();
   }
   for (int s = 1; s < n_; ++s) {
-    const size_t owner = static_cast<size_t>(rankAt(-s));
-    forSegments(owner, [&](size_t j, size_t begin, size_t length) {
+    forSegments(posAt(-s), [&](size_t j, size_t begin, size_t length) {
       comm_.waitUntil([&] { return left.recvDone(gatherTicket_[static_cast<size_t>(s)][j]); });
       const char* enc = gatherArea_ + encoded(begin);
       if (s < n_ - 1) {
@@ -350,33 +378,81 @@ void CompressedAllreduce::waitForSends() {
   });
 }
 
-// Both forms send the same header: the wire is the same.
-void exchangeHeaders(Communicator& comm, size_t count, Codec codec, bool average) {
+// The header, with the form in its tag (1: plain, 0: encoded), to and from every peer.
+// Returns whether every rank calls the plain form: only then may the group take two levels
+// (the encoded form has no float32 to sum inside a host), and every rank learns the same.
+bool exchangeHeaders(Communicator& comm, size_t count, Codec codec, bool average, bool plain) {
   RINGDIST_CHECK(isKnownCodec(static_cast<uint8_t>(codec)), "ringdist ", comm.opName(), ": rank ",
                  comm.rank(), ": unknown codec id ", static_cast<int>(codec));
   OpHeader header = comm.makeHeader(OpType::kCompressedAllreduce, count, DataType::kFloat32,
                                     average ? ReduceOp::kAvg : ReduceOp::kSum, -1);
   header.variant = static_cast<uint8_t>(codec);
+  header.tag = plain ? 1 : 0;
   const std::vector<int> peers = comm.others();
-  comm.exchangeHeaders(header, peers, peers);
+  std::vector<OpHeader> theirs(peers.size());
+  Communicator::Transfers sends, recvs;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    Channel& link = comm.channel(peers[i]);
+    sends.emplace_back(&link, link.postSend(&header, sizeof(OpHeader)));
+    recvs.emplace_back(&link, link.postRecv(&theirs[i], sizeof(OpHeader)));
+  }
+  comm.waitAll(sends, recvs);
+  bool everyPlain = plain;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    everyPlain = everyPlain && theirs[i].tag == 1;
+    theirs[i].tag = header.tag;  // the form may differ; everything else must not
+    comm.checkHeader(header, theirs[i], peers[i]);
+  }
+  return everyPlain;
+}
+
+void twoLevelCompressedAllreduce(Communicator& comm, float* data, size_t count, Codec codec,
+                                 bool average, float* residual) {
+  const SubRing& host = comm.hostRing();
+  const long l = host.size();
+  const ReduceFn sum = reduceFunction(DataType::kFloat32, ReduceOp::kSum);
+  ringSteps(comm, host, data, count, DataType::kFloat32, sum, 0, l - 1, 0);
+  const ChunkLayout layout(count, host.size(), comm.segmentBytes(), sizeof(float));
+  const size_t offset = layout.chunkOffset(static_cast<size_t>(host.pos));
+  const size_t length = layout.chunkLength(static_cast<size_t>(host.pos));
+  if (residual != nullptr) {
+    std::fill(residual, residual + offset, 0.0f);
+    std::fill(residual + offset + length, residual + count, 0.0f);
+  }
+  // The same length on every rank at this position: a cross ring skips alike.
+  if (length > 0) {
+    CompressedAllreduce(comm, comm.crossRing(), data + offset, nullptr, nullptr, length, codec,
+                        average ? comm.size() : 0, residual ? residual + offset : nullptr)
+        .run();
+  }
+  ringSteps(comm, host, data, count, DataType::kFloat32, sum, l - 1, 2 * (l - 1), 0);
 }
 
 }  // namespace
 
 void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec codec,
-                         bool average) {
-  exchangeHeaders(comm, count, codec, average);
-  if (count > 0) {
-    CompressedAllreduce(comm, data, nullptr, nullptr, count, codec, average).run();
+                         bool average, float* residual) {
+  const bool everyPlain = exchangeHeaders(comm, count, codec, average, /*plain=*/true);
+  if (count == 0) return;
+  if (residual != nullptr) {  // here, in op order: the previous call on this group wrote it
+    for (size_t i = 0; i < count; ++i) data[i] += residual[i];
+  }
+  if (everyPlain && comm.hierarchical()) {
+    twoLevelCompressedAllreduce(comm, data, count, codec, average, residual);
+  } else {
+    CompressedAllreduce(comm, comm.ring(), data, nullptr, nullptr, count, codec,
+                        average ? comm.size() : 0, residual)
+        .run();
   }
 }
 
 void compressedAllreduceEncoded(Communicator& comm, const void* encodedIn, void* encodedOut,
                                 size_t count, Codec codec, bool average) {
-  exchangeHeaders(comm, count, codec, average);
+  exchangeHeaders(comm, count, codec, average, /*plain=*/false);
   if (count > 0) {
-    CompressedAllreduce(comm, nullptr, static_cast<const char*>(encodedIn),
-                        static_cast<char*>(encodedOut), count, codec, average)
+    CompressedAllreduce(comm, comm.ring(), nullptr, static_cast<const char*>(encodedIn),
+                        static_cast<char*>(encodedOut), count, codec, average ? comm.size() : 0,
+                        nullptr)
         .run();
   }
 }

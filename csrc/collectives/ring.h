@@ -165,6 +165,26 @@ class RingGate {
   OutputBytes outputBytes_;
 };
 
+// How one run of ring steps meets the operation's StageGate: `needs`: its
+// step-0 sends and reduce-scatter receives are the operation's first reads
+// of the input; `produces`: its final segments are results; `offset`: where
+// its data starts in the gated buffer (bytes).
+struct StepsGate {
+  StageGate* needs = nullptr;
+  StageGate* produces = nullptr;
+  size_t offset = 0;
+};
+
+// Steps [firstStep, endStep) of a pipelined ring allreduce over `ring` on
+// `count` elements at `data` (allreduce.cc): steps 0..n-2 reduce-scatter (position p ends
+// owning chunk p of ChunkLayout(count, n, segmentBytes, element size), fully reduced), steps
+// n-1..2n-3 allgather. A partial range starts from data that is final for its first step.
+// divisor > 0: the owner divides its chunk by it after the last reduce step (AVG). `gated`
+// says how these steps meet the operation's StageGate, if any.
+void ringSteps(Communicator& comm, const SubRing& ring, void* data, size_t count, DataType dtype,
+               ReduceFn reduceFn, long firstStep, long endStep, int divisor,
+               const StepsGate& gated = {});
+
 // The ring reduce-scatter shared by reduce_scatter and reduce
 // (reduce_scatter.cc). chunks[c] is the input chunk of ring position c
 // (layout gives lengths); inputs are never written. The fully reduced chunk

@@ -51,12 +51,20 @@ PYBIND11_MODULE(_C, m) {
            "group, with the route model's inputs and predicted time (us) of each route it "
            "allows: route, round_trip_us, hosts, ring_us, and direct_us and "
            "halving-doubling_us where allowed")
-      .def("allreduce_compressed", &ringdist::ProcessGroupRingdist::allreduceCompressed,
+      .def("allreduce_compressed",
+           [](ringdist::ProcessGroupRingdist& pg, at::Tensor& tensor, const std::string& codec,
+              bool average, std::chrono::milliseconds timeout,
+              const std::optional<at::Tensor>& residual) {
+             return pg.allreduceCompressed(tensor, codec, average, timeout,
+                                           residual.value_or(at::Tensor()));
+           },
            py::arg("tensor"), py::arg("codec"), py::arg("average") = false,
-           py::arg("timeout") = std::chrono::milliseconds(0),
+           py::arg("timeout") = std::chrono::milliseconds(0), py::arg("residual") = py::none(),
            py::call_guard<py::gil_scoped_release>(),
-           "Allreduce (SUM, or AVG with average=True) with a lossy wire codec: 'fp16', 'bf16' "
-           "or 'int8'; summed in float32; bitwise identical on every rank. Returns a Work.")
+           "Allreduce (SUM, or AVG with average=True) with a lossy wire codec: 'fp16', 'bf16', "
+           "'int8' or 'int4'; summed in float32; bitwise identical on every rank. residual: a "
+           "float32 tensor added to the input, then given what the codec lost of this rank's "
+           "contributions (error feedback). Returns a Work.")
       .def("_allreduce_compressed_encoded",
            &ringdist::ProcessGroupRingdist::allreduceCompressedEncoded, py::arg("encoded"),
            py::arg("count"), py::arg("codec"), py::arg("average") = false,

@@ -92,10 +92,12 @@ TORCH_RINGDIST_API c10::intrusive_ptr<c10d::ProcessGroup> init(
 
 // Allreduce with a lossy wire codec ("fp16", "bf16", "int8" or "int4"), summed in
 // float32, SUM or (average) AVG; bitwise identical on every rank. One dense
-// float32, bfloat16 or float16 tensor, in place. As torch_ringdist.all_reduce.
+// float32, bfloat16 or float16 tensor, in place. residual (optional): a float32 tensor of as
+// many elements, added to the tensor, then given what the codec lost of this rank's
+// contributions, for the next call (error feedback). As torch_ringdist.all_reduce.
 TORCH_RINGDIST_API c10::intrusive_ptr<c10d::Work> allreduceCompressed(
     const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor& tensor,
-    const std::string& codec, bool average = false);
+    const std::string& codec, bool average = false, const at::Tensor& residual = {});
 
 // Per-operation counters of a ringdist group, as torch_ringdist.stats().
 struct OpStats {

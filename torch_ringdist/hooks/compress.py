@@ -7,7 +7,6 @@ import torch
 import torch.distributed as dist
 
 from torch_ringdist._collectives import CODECS, ringdist_backend
-from torch_ringdist._extension import load
 from torch_ringdist.hooks._base import HookState, check_float32, group_size
 from torch_ringdist.hooks._registry import add_hook
 
@@ -25,10 +24,13 @@ def allreduce_bucket(group, buffer: torch.Tensor) -> torch.futures.Future[torch.
     return _output(dist.all_reduce(buffer, group=group, async_op=True))
 
 
-def compressed_bucket(group, buffer: torch.Tensor, codec: str, what: str) -> torch.futures.Future[torch.Tensor]:
-    """Mean of ``buffer`` over the group, sent in ``codec`` (native compressed allreduce)."""
+def compressed_bucket(group, buffer: torch.Tensor, codec: str, what: str,
+                      residual: torch.Tensor | None = None) -> torch.futures.Future[torch.Tensor]:
+    """Mean of ``buffer`` over the group, sent in ``codec`` (native compressed allreduce);
+    ``residual``: error feedback (added to the buffer, then given what the codec lost of this
+    rank's contributions, on the backend's thread in call order)."""
     backend = ringdist_backend(group, f"torch_ringdist.hooks.{what}")
-    return _output(backend.allreduce_compressed(buffer, codec, True))
+    return _output(backend.allreduce_compressed(buffer, codec, True, residual=residual))
 
 
 def _output(work) -> torch.futures.Future[torch.Tensor]:
@@ -96,6 +98,7 @@ class CodecState(HookState):
 
     def _run(self, bucket, provisional):
         buffer = bucket.buffer()
+        residual = None
         if self.error_feedback and not provisional:
             check_float32(self.codec, buffer)
             index = bucket.index()
@@ -103,12 +106,9 @@ class CodecState(HookState):
             if residual is None or residual.numel() != buffer.numel():
                 residual = torch.zeros_like(buffer)
                 self.residuals[index] = residual
-            buffer.add_(residual)
-            # What this rank's contribution loses on the wire, for the next step.
-            load().codec_roundtrip(buffer, self.codec, out=residual, residual=True)
         if bucket.is_last():
             self.iteration += 1
-        return compressed_bucket(self.process_group, buffer, self.codec, self.codec)
+        return compressed_bucket(self.process_group, buffer, self.codec, self.codec, residual)
 
 
 def allreduce_hook(state: AllreduceState, bucket) -> torch.futures.Future[torch.Tensor]:

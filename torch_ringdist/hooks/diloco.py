@@ -23,7 +23,6 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from torch_ringdist._collectives import CODECS, ringdist_backend
-from torch_ringdist._extension import load
 from torch_ringdist.hooks._base import HookState, check_float32, completed_future
 from torch_ringdist.hooks._registry import add_hook
 from torch_ringdist.hooks.compress import allreduce_bucket, compressed_bucket
@@ -420,7 +419,7 @@ class DiLoCoState(HookState):
             theta = self._theta(fragment)
             flat.sub_(theta)  # d = theta_local - theta_global
         self._contribute(fragment, flat)
-        self._wait(fragment, flat, self._allreduce(flat))
+        self._wait(fragment, flat, self._allreduce(fragment, flat))
         if plain:
             theta = flat
         else:
@@ -449,7 +448,7 @@ class DiLoCoState(HookState):
         flat = _gather(self._fragment_tensors(fragment), self._work_buffer(fragment))
         flat.sub_(self._theta(fragment))
         self._contribute(fragment, flat)
-        self.in_flight[fragment] = [apply_at, flat, self._allreduce(flat)]
+        self.in_flight[fragment] = [apply_at, flat, self._allreduce(fragment, flat)]
 
     @torch.no_grad()
     def _finish_round(self, fragment: int) -> None:
@@ -483,28 +482,30 @@ class DiLoCoState(HookState):
             grad = torch.mul(fresh, share)
         else:
             grad = previous[1].add_(fresh, alpha=share)
-        self.in_flight[fragment] = [local + self.period, fresh, self._allreduce(fresh)]
+        self.in_flight[fragment] = [local + self.period, fresh, self._allreduce(fragment, fresh)]
         self._scratch[fragment] = grad  # the next round's work buffer, once stepped with
         self._outer_step(fragment, theta, grad)
         _scatter(theta, params)
         self.rounds += 1
 
     def _contribute(self, fragment: int, flat: torch.Tensor) -> None:
-        """Makes flat this rank's contribution to the exchange: with error feedback, flat +=
-        the residual and the residual <- what the codec will lose of flat. Kept in "sent"
-        where a redo (on_failure="shrink") or eager overlap needs it."""
+        """Readies flat for the exchange. With error feedback the exchange adds the residual
+        to flat and keeps in it what the codec lost. This rank's contribution (flat plus the
+        residual) is kept in "sent" where a redo (on_failure="shrink") or eager overlap needs
+        it."""
+        residual = None
         if self.error_feedback:
             check_float32(self._name, flat)
             residual = self.residuals.get(fragment)
             if residual is None or residual.numel() != flat.numel():
                 residual = self.residuals[fragment] = torch.zeros_like(flat)
-            flat.add_(residual)
-            load().codec_roundtrip(flat, self.codec, out=residual, residual=True)
         if self.overlap == "eager" or self.on_failure == "shrink":
             sent = self.sent.get(fragment)
             if sent is None:
                 sent = self.sent[fragment] = _new_flat()
             sent.resize_as_(flat).copy_(flat)
+            if residual is not None:
+                sent.add_(residual)
 
     def _wait(self, fragment: int, flat: torch.Tensor, work) -> None:
         """Waits for `fragment`'s exchange into `flat`; on_failure="shrink": a failed one, or
@@ -610,20 +611,24 @@ class DiLoCoState(HookState):
                        len(redo))
         works = []
         for f in sorted(redo):
-            redo[f].copy_(self.sent[f])
-            works.append(self._allreduce(redo[f]))
+            redo[f].copy_(self.sent[f])  # with the residual it was sent with
+            if self.error_feedback:
+                self.residuals[f].zero_()  # the redo's loss replaces the failed one's
+            works.append(self._allreduce(f, redo[f]))
         for work in works:
             work.wait()
         return lost, {"agree_s": agreed - start, "shrink_s": shrunk - agreed,
                       "redo_s": time.monotonic() - shrunk}
 
-    def _allreduce(self, flat: torch.Tensor):
-        """Starts flat <- its average over the group, in the codec; returns the Work."""
+    def _allreduce(self, fragment: int, flat: torch.Tensor):
+        """Starts flat <- its average over the group, in the codec; with error feedback, flat
+        plus the fragment's residual, which then gets what the codec lost. Returns the Work."""
         if self.codec is None:
             return dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.process_group,
                                    async_op=True)
+        residual = self.residuals.get(fragment) if self.error_feedback else None
         return ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}") \
-            .allreduce_compressed(flat, self.codec, True)
+            .allreduce_compressed(flat, self.codec, True, residual=residual)
 
     def _outer_step(self, fragment: int, theta: torch.Tensor, avg_d: torch.Tensor) -> None:
         """theta <- an SGD step with gradient -avg_d, as torch.optim.SGD(foreach=False) does."""

@@ -229,7 +229,7 @@ class CudaStage final : public DeviceStage {
   }
 
   void compressedAllreduce(Communicator& comm, const at::Tensor& tensor, Codec codec,
-                           bool average) override {
+                           bool average, const at::Tensor& residual) override {
     const size_t count = static_cast<size_t>(tensor.numel());
     const cudaStream_t stream = stream_.stream();
     c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream_);
@@ -244,7 +244,16 @@ class CudaStage final : public DeviceStage {
     at::Tensor hostIn = at::empty({bytes}, pinned);
     at::Tensor hostOut = at::empty({bytes}, pinned);
     if (count > 0) {
+      at::Tensor lost = residual;  // a handle: the ATen ops take non-const ones
+      if (lost.defined()) {
+        c10::cuda::CUDACachingAllocator::recordStream(lost.storage().data_ptr(), stream_);
+        values.add_(lost.view_as(values));
+      }
       cuda::encode(codec, values.data_ptr<float>(), count, wire.data_ptr(), stream);
+      if (lost.defined()) {  // what the encoding lost, as codec_roundtrip computes it
+        cuda::decode(codec, wire.data_ptr(), count, lost.data_ptr<float>(), stream);
+        at::sub_out(lost, values.view_as(lost), lost);
+      }
       hostIn.copy_(wire, /*non_blocking=*/true);
     }
     drain(comm.deadline(), "encode the tensor and copy its encoding to host memory");

@@ -58,9 +58,10 @@ class DeviceStage {
   // The compressed allreduce of a CUDA float tensor, run as the body (the
   // group's stream current): encoded on the GPU, only the encoding copied to
   // and from pinned host memory around the engine's encoded form
-  // (compressedAllreduceEncoded), decoded on the GPU.
+  // (compressedAllreduceEncoded), decoded on the GPU. residual (undefined: none) is added to
+  // the tensor, then gets what the encoding lost, on the GPU.
   virtual void compressedAllreduce(Communicator& comm, const at::Tensor& tensor, Codec codec,
-                                   bool average) = 0;
+                                   bool average, const at::Tensor& residual) = 0;
 
   // The allreduce of a CUDA tensor when every rank of the group is on this
   // host, run as the body: device to device through memory the ranks share
