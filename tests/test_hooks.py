@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from harness.closed_forms import require_test_build
 from harness.world import default_backend, ranks_equal
 
 pytestmark = pytest.mark.skipif(default_backend() != "ringdist",
@@ -135,8 +136,9 @@ def _w_codecs(rank, world_size):
                     # its ranks' (the same bound), in blocks counted from each host chunk.
                     bound = _bound(codec, [x / world_size if avg else x for x in xs], ref, starts)
                     rms_ref = ref.pow(2).mean().sqrt().item() if n else 0.0
-                    # Some ranks on the encoded form: one level (the encoded form has no float32
-                    # to sum inside a host), the plain form's result where the group has one.
+                    # Some ranks on the encoded form: the rounds of one level (the encoded form
+                    # has no float32 to sum inside a host, and its result is an encoding), the
+                    # plain form's result where that takes them too (one level, N > 2).
                     mixed = _mixed_forms(rank, n, codec, avg, SIZES.index(n))
                     mixed_err = (mixed.double() - ref).abs()
                     # Error feedback: a zero residual leaves the result as it was and gets the
@@ -151,10 +153,18 @@ def _w_codecs(rank, world_size):
                                               residual=residual)
                     expected = _expected_residual(rank, n, codec, two_level,
                                                   lambda r: _inputs(r, n) + first(r))
+                    pair_exact = True
+                    if world_size == 2:  # the pair exchange: each contribution quantised once
+                        from torch_ringdist._extension import load
+
+                        rt = load().codec_roundtrip
+                        pair = rt(_inputs(0, n), codec) + rt(_inputs(1, n), codec)
+                        pair_exact = torch.equal(y, pair / 2 if avg else pair)
                     out["cases"][(segment, codec, n, avg)] = {
                         "bytes": y.numpy().tobytes(),
+                        "pair_exact": pair_exact,
                         "mixed_bytes": mixed.numpy().tobytes(),
-                        "mixed_forms_same": two_level is not None or
+                        "mixed_forms_same": two_level is not None or world_size == 2 or
                                             mixed.numpy().tobytes() == y.numpy().tobytes(),
                         "mixed_within": bool((mixed_err <= _bound(
                             codec, [x / world_size if avg else x for x in xs], ref)).all()),
@@ -196,6 +206,7 @@ def _w_codecs(rank, world_size):
     dist.all_reduce(big.clone())
     out["stats"] = torch_ringdist.stats()
     out["rings"] = _backend().allreduce_rings
+    out["lanes"] = [link.get("lanes") for link in _backend().links]
     return out
 
 
@@ -461,12 +472,22 @@ def test_codecs_error_identity_and_stats(world_factory):
     # Default segments at N=2,3,4 (shared memory, one host: unpaced), then many tiny
     # segments (multi-segment paths, phase 2 of early segments overlapping phase 1 of later
     # ones) over shared memory and over TCP between 3 emulated hosts (paced rounds, odd N),
-    # and 2 emulated hosts x 2 ranks (paced, both transports in one op).
+    # and 2 emulated hosts x 2 ranks (two levels: float32 inside a host, the pair exchange
+    # across). Two hosts on long links (a reported 100 ms round trip, test builds): the pair
+    # exchange's segments spread over 4 TCP lanes.
+    long_links = {"RINGDIST_SEGMENT_BYTES": "2048", "RINGDIST_HOST_ID": "a,b",
+                  "RINGDIST_TEST_ROUND_TRIP_US": "100000", "RINGDIST_TCP_LANES": "4"}
     for world_size, env in ((2, None), (3, None), (4, None),
                             (3, {"RINGDIST_SEGMENT_BYTES": "2048"}),
                             (3, {"RINGDIST_SEGMENT_BYTES": "2048", "RINGDIST_HOST_ID": "a,b,c"}),
-                            (4, {"RINGDIST_HOST_ID": "h0,h1,h0,h1"})):
+                            (4, {"RINGDIST_HOST_ID": "h0,h1,h0,h1"}),
+                            (2, long_links)):
+        if env is long_links:
+            require_test_build()
         results = world_factory(world_size, env).run(_w_codecs, timeout=180)
+        if env is long_links:
+            assert [r["lanes"][1 - rank] for rank, r in enumerate(results)] == ["4", "4"], \
+                [r["lanes"] for r in results]
         for key in results[0]["cases"]:
             for field in ("bytes", "mixed_bytes"):
                 ranks_equal([r["cases"][key][field] for r in results],
@@ -481,6 +502,8 @@ def test_codecs_error_identity_and_stats(world_factory):
                 assert case["residual_exact"], (f"ws={world_size} {key} rank {rank}: the "
                                                  "residual is not what the codec lost")
                 assert case["residual_keeps_result"], (world_size, key, rank)
+                assert case["pair_exact"], (f"ws={world_size} {key} rank {rank}: not the sum "
+                                            "of the two decoded contributions")
         res = results[0]
         finite, rel = res["fp16_large"]
         assert finite and rel < 2 * ROUNDOFF["fp16"] * 1.02, res["fp16_large"]

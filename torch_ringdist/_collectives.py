@@ -36,7 +36,8 @@ def all_reduce(tensor: torch.Tensor, codec: str | None = None, op=dist.ReduceOp.
             (half types are summed in float32 and rounded once at the end).
         codec: ``None`` (plain ``dist.all_reduce``), ``"fp16"``, ``"bf16"``,
             ``"int8"`` or ``"int4"``. Compressed results are bitwise identical on all ranks;
-            each element is quantised twice whatever the world size.
+            each element is quantised at most twice whatever the world size (once between
+            two ranks or two hosts).
         op: ``ReduceOp.SUM`` or ``ReduceOp.AVG`` (with a codec; any op without).
         group: process group (default group if None); must be ringdist for a codec.
         async_op: return the Work (``wait()``, ``get_future()``) instead of waiting.

@@ -167,8 +167,8 @@ inline bool everyRank(Communicator& comm, bool mine) {
 
 // In place: data (count float32 elements) becomes the sum (or, with
 // average, the mean) over all ranks, sent on the wire in `codec`. Each
-// element is quantised exactly twice (once as a contribution, once as
-// the reduced value), whatever the world size; the sum is taken in float32
+// element is quantised at most twice (once as a contribution, once as
+// the reduced value; between two ranks only as a contribution), whatever the world size; the sum is taken in float32
 // in a fixed order; every rank decodes the same bytes, so results are bitwise
 // identical on all ranks. A contribution is this rank's data, or, where every rank of a group
 // with the same number of ranks on each host calls this form, its host's sum of one chunk

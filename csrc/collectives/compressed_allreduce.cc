@@ -33,6 +33,8 @@
 // requantises per hop would compound N-1 times), and all ranks end with
 // bitwise identical results. Wire bytes per rank: (N-1)/N of the encoded
 // buffer in each phase, like an uncompressed ring with a narrower element.
+// Two ranks on the plain form exchange their whole encodings instead
+// (pairCompressedAllreduce): the same bytes, one one-way trip, one quantisation.
 //
 // The encoded form (compressedAllreduceEncoded) starts from the whole
 // buffer's encoding and ends with the result's, skipping the encodes of
@@ -62,6 +64,12 @@ namespace ringdist {
 namespace {
 
 size_t roundUp64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// lost = data - decode(encoded): what the encoding of `length` values lost (error feedback).
+void keepLoss(Codec codec, const float* data, const char* encoded, size_t length, float* lost) {
+  decode(codec, encoded, length, lost);
+  for (size_t i = 0; i < length; ++i) lost[i] = data[i] - lost[i];
+}
 
 class CompressedAllreduce {
  public:
@@ -130,7 +138,7 @@ class CompressedAllreduce {
     return encoded(begin - chunkBegin(c));
   }
   // The ring position `offset` positions after ours (negative: before), and its rank.
-  size_t posAt(int offset) const { return modPos(pos_ + offset, n_); }
+  size_t posAt(int offset) const { return modPos(static_cast<long>(me_) + offset, n_); }
   int rankAt(int offset) const { return group_.members[posAt(offset)]; }
 
   Communicator& comm_;
@@ -141,8 +149,7 @@ class CompressedAllreduce {
   const Codec codec_;
   const int divisor_;
   const int n_;
-  const int pos_;
-  const size_t me_;  // our chunk: pos_
+  const size_t me_;  // our ring position, and so our chunk
   const ChunkLayout layout_;  // over codec blocks
   // Scratch: [N contribution slots for our chunk | plain form: our
   // encoding of the whole buffer, the reduced chunks' encodings (both in
@@ -172,7 +179,6 @@ CompressedAllreduce::CompressedAllreduce(Communicator& comm, const SubRing& grou
       codec_(codec),
       divisor_(divisor),
       n_(group.size()),
-      pos_(group.pos),
       me_(static_cast<size_t>(group.pos)),
       layout_((count + kCodecBlock - 1) / kCodecBlock, group.size(), comm.segmentBytes(),
               sizeof(float) * kCodecBlock),
@@ -248,11 +254,7 @@ void CompressedAllreduce::encodeChunk(size_t c, bool sendNow) {
     if (data_ != nullptr) {
       encode(codec_, data_ + begin, length, encodeArea_ + encoded(begin));
     }
-    if (residual_ != nullptr) {  // what the encoding lost: data - decode(encoding)
-      float* lost = residual_ + begin;
-      decode(codec_, enc, length, lost);
-      for (size_t i = 0; i < length; ++i) lost[i] = data_[begin + i] - lost[i];
-    }
+    if (residual_ != nullptr) keepLoss(codec_, data_ + begin, enc, length, residual_ + begin);
     if (sendNow) {
       send(group_.members[c], enc, length);
       comm_.progress();
@@ -406,6 +408,71 @@ bool exchangeHeaders(Communicator& comm, size_t count, Codec codec, bool average
   return everyPlain;
 }
 
+// Two ranks (a group of two, or a two-level group's cross ring across two hosts): each
+// encodes its whole buffer segment by segment and sends it; both decode the two encodings
+// and sum them, position 0's first, so both compute the same bits. One one-way trip where
+// the rounds take two, the same bytes, and each element quantised once. Segment j travels on
+// lane j % lanes: on a long link a lost packet holds back only its lane.
+void pairCompressedAllreduce(Communicator& comm, const SubRing& pair, float* data, size_t count,
+                             Codec codec, int divisor, float* residual) {
+  const int peer = pair.members[static_cast<size_t>(1 - pair.pos)];
+  const ChunkLayout layout((count + kCodecBlock - 1) / kCodecBlock, 1, comm.segmentBytes(),
+                           sizeof(float) * kCodecBlock);
+  const size_t segments = layout.segmentsPerChunk;
+  auto range = [&](size_t j) {  // segment j: (first element, elements); whole blocks
+    size_t firstBlock, blocks;
+    layout.segment(0, j, &firstBlock, &blocks);
+    const size_t begin = std::min(count, firstBlock * kCodecBlock);
+    return std::pair<size_t, size_t>(begin, std::min(count, (firstBlock + blocks) * kCodecBlock) - begin);
+  };
+  const size_t slot = roundUp64(encodedBytes(codec, count));
+  char* mine = comm.scratch(2 * slot);
+  char* theirs = mine + slot;
+  const int lanes = comm.laneCount(peer);
+  std::vector<uint64_t> sent(segments), heard(segments);
+  for (size_t j = 0; j < segments; ++j) {
+    const auto [begin, length] = range(j);
+    heard[j] = comm.lane(peer, static_cast<int>(j % lanes))
+                   .postRecv(theirs + encodedBytes(codec, begin), encodedBytes(codec, length));
+  }
+  for (size_t j = 0; j < segments; ++j) {
+    const auto [begin, length] = range(j);
+    char* enc = mine + encodedBytes(codec, begin);
+    encode(codec, data + begin, length, enc);
+    if (residual != nullptr) keepLoss(codec, data + begin, enc, length, residual + begin);
+    sent[j] = comm.lane(peer, static_cast<int>(j % lanes)).postSend(enc, encodedBytes(codec, length));
+    comm.progress();
+  }
+  for (size_t j = 0; j < segments; ++j) {
+    const auto [begin, length] = range(j);
+    Channel& lane = comm.lane(peer, static_cast<int>(j % lanes));
+    comm.waitUntil([&] { return lane.recvDone(heard[j]); });
+    const size_t at = encodedBytes(codec, begin);
+    decode(codec, (pair.pos == 0 ? mine : theirs) + at, length, data + begin);
+    decodeAdd(codec, (pair.pos == 0 ? theirs : mine) + at, length, data + begin);
+    if (divisor > 1) {
+      const float d = static_cast<float>(divisor);
+      for (size_t i = begin; i < begin + length; ++i) data[i] /= d;
+    }
+  }
+  comm.waitUntil([&] {  // our encoding stays untouched until the peer has it
+    for (size_t j = 0; j < segments; ++j) {
+      if (!comm.lane(peer, static_cast<int>(j % lanes)).sendDone(sent[j])) return false;
+    }
+    return true;
+  });
+}
+
+// The plain form among `group` (every rank, or a cross ring): the pair exchange for two.
+void plainCompressedAllreduce(Communicator& comm, const SubRing& group, float* data, size_t count,
+                              Codec codec, int divisor, float* residual) {
+  if (group.size() == 2) {
+    pairCompressedAllreduce(comm, group, data, count, codec, divisor, residual);
+  } else {
+    CompressedAllreduce(comm, group, data, nullptr, nullptr, count, codec, divisor, residual).run();
+  }
+}
+
 void twoLevelCompressedAllreduce(Communicator& comm, float* data, size_t count, Codec codec,
                                  bool average, float* residual) {
   const SubRing& host = comm.hostRing();
@@ -421,9 +488,8 @@ void twoLevelCompressedAllreduce(Communicator& comm, float* data, size_t count, 
   }
   // The same length on every rank at this position: a cross ring skips alike.
   if (length > 0) {
-    CompressedAllreduce(comm, comm.crossRing(), data + offset, nullptr, nullptr, length, codec,
-                        average ? comm.size() : 0, residual ? residual + offset : nullptr)
-        .run();
+    plainCompressedAllreduce(comm, comm.crossRing(), data + offset, length, codec,
+                             average ? comm.size() : 0, residual ? residual + offset : nullptr);
   }
   ringSteps(comm, host, data, count, DataType::kFloat32, sum, l - 1, 2 * (l - 1), 0);
 }
@@ -439,7 +505,10 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
   }
   if (everyPlain && comm.hierarchical()) {
     twoLevelCompressedAllreduce(comm, data, count, codec, average, residual);
-  } else {
+  } else if (everyPlain) {
+    plainCompressedAllreduce(comm, comm.ring(), data, count, codec, average ? comm.size() : 0,
+                             residual);
+  } else {  // the encoded form's rounds, which a plain rank among encoded ones follows
     CompressedAllreduce(comm, comm.ring(), data, nullptr, nullptr, count, codec,
                         average ? comm.size() : 0, residual)
         .run();
