@@ -146,12 +146,14 @@ def summarise(configs, runs, baseline, stat):
         rs = runs[cfg["label"]]
         med = stat([t for r in rs for t in r["step_times_s"]])
         finals = [r["final_loss"] for r in rs]
+        across = [r.get("wire_bytes_across_hosts_per_step") for r in rs]  # None: not measured
         rows.append({
             "label": cfg["label"], "backend": cfg["backend"], "hook": cfg["hook"],
             "options": cfg["options"], "step_time_s": med,  # the --statistic of all steps
             "round_step_times_s": [stat(r["step_times_s"]) for r in rs],
             "speedup_vs_" + baseline: base / med,
             "wire_bytes_per_step": statistics.fmean(r["wire_bytes_per_step"] for r in rs),
+            "wire_bytes_across_hosts_per_step": None if None in across else statistics.fmean(across),
             "straggle_ms": rs[0].get("straggle_ms", 0),
             "others_step_time_median_s": statistics.median(
                 r.get("others_step_time_median_s", r["step_time_median_s"]) for r in rs),

@@ -513,6 +513,7 @@ SCENARIOS = {
     "diloco_wan_loss_n2.json": (DILOCO, "the same, 0.1% random loss", ddp_steps),
     "diloco_wan_loss_n4.json": (DILOCO, "the same, N=4 (one rank per host)", ddp_steps),
     "diloco_wan_loss_n4_rerun.json": (DILOCO, "the same, N=4, a second run", ddp_steps),
+    "diloco_wan_loss_n4_rerun2.json": (DILOCO, "the same, N=4, a third run", ddp_steps),
     "diloco_wan_loss_2x2.json": (DILOCO, "the same, N=4 as 2 hosts x 2 ranks", ddp_steps),
     "diloco_wan_loss_2x2_rerun.json": (DILOCO, "the same, 2 hosts x 2 ranks, a second run",
                                        ddp_steps),

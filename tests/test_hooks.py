@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(default_backend() != "ringdist",
 CODECS = ("fp16", "bf16", "int8", "int4")
 SIZES = (0, 1, 3, 255, 256, 257, 1000, 4099, 70001)
 BLOCK = 256
+CODEC_BYTES_INT8 = 1 + 4 / BLOCK  # one byte per value and a float32 scale per block
 # Unit roundoff (half an ulp, relative) of the wire formats.
 ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 
@@ -514,6 +515,17 @@ def test_codecs_error_identity_and_stats(world_factory):
             assert "rank 0" in msg and ("compressed" in msg or "all_reduce" in msg), msg
         stats = res["stats"]
         assert stats["compressed_allreduce/int8"]["calls"] == 1
+        # What crossed to other hosts: nothing on one host, everything with a host per rank, and
+        # on two levels each rank's share of its host's int8 sum (1 MiB values over L ranks).
+        across = stats["compressed_allreduce/int8"]["bytes_sent_across_hosts"]
+        hosts = len(set((env or {}).get("RINGDIST_HOST_ID", "one").split(",")))
+        if hosts == 1:
+            assert across == 0, stats
+        elif hosts == world_size:
+            assert across == stats["compressed_allreduce/int8"]["bytes_sent"], stats
+        else:
+            share = CODEC_BYTES_INT8 * (1 << 20) / len(res["rings"][0])
+            assert abs(across / share - 1) < 0.01, (across, share)
         if res["rings"]:  # two levels: float32 inside the hosts, the codec between them
             hosts, local = len(res["rings"][1]), len(res["rings"][0])
             ring = 2 * (world_size - 1) / world_size

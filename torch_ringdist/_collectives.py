@@ -139,10 +139,11 @@ def stats(group=None) -> dict:
     """Per-operation statistics of a ringdist group since creation or :func:`reset_stats`.
 
     Returns:
-        ``{op_name: {"calls", "bytes_sent", "bytes_received", "payload_bytes",
-        "seconds", "inline_calls", "shared_core_waits", "sleeps", "single_copy_bytes",
-        "device_messages", "wire_ratio"}}``.
-        ``inline_calls`` counts the calls that took the latency path (run on the
+        ``{op_name: {"calls", "bytes_sent", "bytes_received", "bytes_sent_across_hosts",
+        "payload_bytes", "seconds", "inline_calls", "shared_core_waits", "sleeps",
+        "single_copy_bytes", "device_messages", "wire_ratio"}}``.
+        ``bytes_sent_across_hosts`` is the part of ``bytes_sent`` that went to peers on
+        other hosts (what crosses the network); ``inline_calls`` counts the calls that took the latency path (run on the
         calling thread); ``shared_core_waits`` the waits that slept at once
         because a peer on the same host last waited on the same CPU;
         ``sleeps`` the shared-memory waits that went to sleep on their doorbell

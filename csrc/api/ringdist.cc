@@ -122,6 +122,7 @@ std::map<std::string, OpStats> stats(const c10::intrusive_ptr<c10d::ProcessGroup
     o.calls = s.calls;
     o.bytesSent = s.bytesSent;
     o.bytesReceived = s.bytesReceived;
+    o.bytesSentAcrossHosts = s.bytesSentAcrossHosts;
     o.payloadBytes = s.payloadBytes;
     o.seconds = s.seconds;
     o.inlineCalls = s.inlineCalls;

@@ -439,8 +439,9 @@ std::map<std::string, std::string> Worker::allreduceRoute(size_t bytes) const {
 }
 
 Worker::Counters Worker::counters() const {
-  return {comm_->bytesSent(), comm_->bytesReceived(), comm_->sharedCoreWaits(), comm_->sleeps(),
-          comm_->singleCopyBytes(), p2p_->deviceSends()};
+  return {comm_->bytesSent(),       comm_->bytesReceived(),   comm_->sharedCoreWaits(),
+          comm_->sleeps(),          comm_->singleCopyBytes(), p2p_->deviceSends(),
+          comm_->bytesSentAcrossHosts()};
 }
 
 void Worker::recordStats(const Task& task, std::chrono::duration<double> elapsed,
@@ -452,6 +453,7 @@ void Worker::recordStats(const Task& task, std::chrono::duration<double> elapsed
   s.calls += 1;
   s.bytesSent += now.sent - before.sent;
   s.bytesReceived += now.received - before.received;
+  s.bytesSentAcrossHosts += now.sentAcrossHosts - before.sentAcrossHosts;
   s.sharedCoreWaits += now.sharedCoreWaits - before.sharedCoreWaits;
   s.sleeps += now.sleeps - before.sleeps;
   s.singleCopyBytes += now.singleCopyBytes - before.singleCopyBytes;

@@ -30,6 +30,7 @@ struct OpStats {
   uint64_t calls = 0;
   uint64_t bytesSent = 0;      // wire bytes, headers included
   uint64_t bytesReceived = 0;
+  uint64_t bytesSentAcrossHosts = 0;  // of bytesSent, to peers on other hosts
   uint64_t payloadBytes = 0;   // bytes of the operation's output tensors
   double seconds = 0;          // wall time of the operation on the worker
   uint64_t inlineCalls = 0;    // calls the caller's thread ran (the latency path)
@@ -150,7 +151,8 @@ class Worker {
   void run(Task& task);
   // The communicator's running totals, taken around each operation.
   struct Counters {
-    uint64_t sent, received, sharedCoreWaits, sleeps, singleCopyBytes, deviceMessages;
+    uint64_t sent, received, sharedCoreWaits, sleeps, singleCopyBytes, deviceMessages,
+        sentAcrossHosts;
   };
   Counters counters() const;
   void recordStats(const Task& task, std::chrono::duration<double> elapsed,

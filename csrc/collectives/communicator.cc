@@ -353,6 +353,16 @@ uint64_t Communicator::bytesSent() const {
   return total;
 }
 
+uint64_t Communicator::bytesSentAcrossHosts() const {
+  uint64_t total = 0;
+  for (const auto& ch : channels_) {
+    if (ch && hostOf_[static_cast<size_t>(ch->peer())] != hostOf_[static_cast<size_t>(rank_)]) {
+      total += ch->bytesSent();
+    }
+  }
+  return total;
+}
+
 uint64_t Communicator::bytesReceived() const {
   uint64_t total = board_.bytesRead();
   for (const auto& ch : channels_) {

@@ -235,6 +235,8 @@ class Communicator {
   // Bytes moved over all channels and through the board so far (statistics).
   uint64_t bytesSent() const;
   uint64_t bytesReceived() const;
+  // What bytesSent counts on the links to peers on other hosts (lanes included).
+  uint64_t bytesSentAcrossHosts() const;
 
   // Scratch memory owned by the communicator, grown on demand, 64-byte aligned.
   char* scratch(size_t bytes);

@@ -104,6 +104,7 @@ struct OpStats {
   uint64_t calls = 0;
   uint64_t bytesSent = 0;      // wire bytes, headers included
   uint64_t bytesReceived = 0;
+  uint64_t bytesSentAcrossHosts = 0;  // of bytesSent, to peers on other hosts
   uint64_t payloadBytes = 0;   // bytes of the operations' output tensors
   double seconds = 0;          // time the operations ran
   uint64_t inlineCalls = 0;    // calls run on the caller's thread
