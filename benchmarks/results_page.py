@@ -519,6 +519,8 @@ SCENARIOS = {
                                        ddp_steps),
     "diloco_wan_loss_2x2_rerun2.json": (DILOCO, "the same, 2 hosts x 2 ranks, a third run",
                                         ddp_steps),
+    "diloco_wan_loss_2x2_bytes.json": (DILOCO, "the same, 2 hosts x 2 ranks, one round, with "
+                                       "the bytes sent across hosts", ddp_steps),
     "diloco_convergence_n2.json": (DILOCO, "convergence, N=2", convergence),
     "diloco_convergence_n4.json": (DILOCO, "convergence, N=4", convergence),
     "diloco_churn_wan_n4.json": (DILOCO, "churn on 4 emulated hosts, 100 Mbit/s, RTT 100 ms, "
