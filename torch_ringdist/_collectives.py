@@ -143,8 +143,8 @@ def stats(group=None) -> dict:
         "payload_bytes", "seconds", "inline_calls", "shared_core_waits", "sleeps",
         "single_copy_bytes", "device_messages", "wire_ratio"}}``.
         ``bytes_sent_across_hosts`` is the part of ``bytes_sent`` that went to peers on
-        other hosts (what crosses the network); ``inline_calls`` counts the calls that took the latency path (run on the
-        calling thread); ``shared_core_waits`` the waits that slept at once
+        other hosts (what crosses the network); ``inline_calls`` counts the calls that
+        took the latency path (run on the calling thread); ``shared_core_waits`` the waits that slept at once
         because a peer on the same host last waited on the same CPU;
         ``sleeps`` the shared-memory waits that went to sleep on their doorbell
         (after spinning ~50 us, or at once as above: a peer that wakes a

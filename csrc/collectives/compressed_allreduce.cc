@@ -319,10 +319,7 @@ void CompressedAllreduce::reduceOwnChunk() {
         decodeAdd(codec_, src, length, out);
       }
     }
-    if (divisor_ > 1) {
-      const float divisor = static_cast<float>(divisor_);
-      for (size_t i = 0; i < length; ++i) out[i] /= divisor;
-    }
+    if (divisor_ > 1) divideInPlace(out, length, DataType::kFloat32, divisor_);
     if (pacer_ && !allgatherGoSent_ && pacer_->inTail(encOffset + encoded(length))) {
       pacer_->sendGo(group_.left(), n_);  // (nearly) all of phase 1 is here
       allgatherGoSent_ = true;
@@ -450,10 +447,7 @@ void pairCompressedAllreduce(Communicator& comm, const SubRing& pair, float* dat
     const size_t at = encodedBytes(codec, begin);
     decode(codec, (pair.pos == 0 ? mine : theirs) + at, length, data + begin);
     decodeAdd(codec, (pair.pos == 0 ? theirs : mine) + at, length, data + begin);
-    if (divisor > 1) {
-      const float d = static_cast<float>(divisor);
-      for (size_t i = begin; i < begin + length; ++i) data[i] /= d;
-    }
+    if (divisor > 1) divideInPlace(data + begin, length, DataType::kFloat32, divisor);
   }
   comm.waitUntil([&] {  // our encoding stays untouched until the peer has it
     for (size_t j = 0; j < segments; ++j) {

@@ -91,7 +91,8 @@ PYBIND11_MODULE(_C, m) {
              return out;
            },
            "Per-operation counters since creation or reset_stats(): calls, wire bytes sent and "
-           "received, bytes sent to peers on other hosts (bytes_sent_across_hosts), payload bytes (output tensors), seconds running, calls run on the caller's "
+           "received, bytes sent to peers on other hosts (bytes_sent_across_hosts), payload "
+           "bytes (output tensors), seconds running, calls run on the caller's "
            "thread (inline_calls), waits that skipped the spin because a peer shared the CPU "
            "(shared_core_waits), shared-memory waits that slept on their doorbell (sleeps), bytes copied straight from or into same-host peers' memory (single_copy_bytes), sends handed over GPU to GPU (device_messages)")
       .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats)
