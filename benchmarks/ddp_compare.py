@@ -171,7 +171,7 @@ def table(rows, baseline, hosts, rate, stat_name):
            + (" other ranks' step (ms) |" if straggle else ""),
            "|---|---:|---:|---:|---:|" + ("---:|" if straggle else "")]
     for r in rows:
-        est = " (est.)" if r["backend"] != "ringdist" else ""
+        est = " (est.)" if r["wire_bytes_kind"].startswith("estimate") else ""
         spread = "/".join(f"{t * 1e3:.0f}" for t in r["round_step_times_s"])
         loss = f"{r['final_loss']:.5f}"
         if len(set(r["final_loss_rounds"])) > 1:  # should be deterministic: show if not

@@ -22,13 +22,24 @@ backends, the uncompressed ring estimate 2(N-1)/N x gradient bytes per rank.
 
 --hook: for ringdist, any name in torch_ringdist.hooks.available(), registered with
 torch_ringdist.hooks.register; "none" keeps DDP's own allreduce. Other backends: "none".
+
+--backend torchft-gloo / torchft-ringdist --hook diloco: torchft's own (Streaming) DiLoCo on the
+plain model instead of DDP, each rank a replica group of its own with its torchft Manager (rank
+0 also runs the lighthouse), its replica collectives on torchft's gloo group or on
+torch_ringdist.torchft.ProcessGroupRingdist; options period, fragments (1, or 2: the outer two
+layers and the middle one), tau (fragment_sync_delay) and, for ringdist, codec. The default group
+is gloo and serves only the bookkeeping. Bytes then come from the network interface's transmit
+counter (everything the rank's host sent, bookkeeping and TCP/IP headers included).
 """
 
 import argparse
 import datetime
+import fcntl
 import os
 import random
+import socket
 import statistics
+import struct
 import sys
 import time
 
@@ -96,9 +107,62 @@ def ring_bytes_estimate(grad_bytes, n):
     return 2 * (n - 1) / n * grad_bytes
 
 
+def interface_address(ifname):
+    """The IPv4 address of network interface `ifname` (SIOCGIFADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
+    return socket.inet_ntoa(packed[20:24])
+
+
+def interface_tx_bytes(ifname):
+    with open(f"/sys/class/net/{ifname}/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def torchft_diloco(model, inner, args, rank, n, book):
+    """torchft's DiLoCo over `model` (see the module's docstring): returns the entered DiLoCo
+    context, its Manager, the replica group and the lighthouse (rank 0; else None)."""
+    from torchft import Manager
+    from torchft._torchft import LighthouseServer
+    from torchft.local_sgd import DiLoCo
+    from torchft.process_group import ProcessGroupGloo
+
+    opts = dict(args.hook_options)
+    timeout = datetime.timedelta(seconds=args.timeout)
+    addr = interface_address(args.ifname)
+    lighthouse = None
+    where = [None]
+    if rank == 0:
+        lighthouse = LighthouseServer(bind="0.0.0.0:0", min_replicas=n)
+        where[0] = f"http://{addr}:{lighthouse.address().rsplit(':', 1)[1]}"
+    dist.broadcast_object_list(where, src=0, group=book)
+    if args.backend == "torchft-ringdist":
+        from torch_ringdist.torchft import ProcessGroupRingdist
+        pg = ProcessGroupRingdist(timeout=timeout, codec=opts.pop("codec", None))
+    else:
+        pg = ProcessGroupGloo(timeout=timeout)
+    store = dist.TCPStore(addr, 0, is_master=True, wait_for_workers=False)
+    manager = Manager(pg=pg, min_replica_size=n, replica_id=f"replica{rank}", store_addr=addr,
+                      store_port=store.port, rank=0, world_size=1, lighthouse_addr=where[0],
+                      hostname=addr, port=0, timeout=timeout, use_async_quorum=False,
+                      init_sync=False, load_state_dict=model.load_state_dict,
+                      state_dict=model.state_dict)
+    manager._bench_store = store  # the replica group's store lives as long as its manager
+    fragments = {1: [model], 2: [nn.ModuleList([model[0], model[4]]), model[2]]}[
+        opts.pop("fragments", 1)]
+    outer = [torch.optim.SGD(f.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+             for f in fragments]
+    diloco = DiLoCo(manager, fragments, inner, outer, sync_every=opts.pop("period"),
+                    fragment_sync_delay=opts.pop("tau", 0))
+    if opts:
+        raise SystemExit(f"--backend {args.backend}: unknown --hook-option {sorted(opts)}")
+    return diloco.__enter__(), manager, pg, lighthouse
+
+
 def add_workload_args(p):
     """The backend, hook, model, data and DDP options (shared with ddp_timeline.py)."""
-    p.add_argument("--backend", default="ringdist", help="ringdist or gloo")
+    p.add_argument("--backend", default="ringdist",
+                   help="ringdist, gloo, torchft-gloo or torchft-ringdist (--hook diloco)")
     p.add_argument("--hook", default="none",
                    help="ringdist hook name (torch_ringdist.hooks.available()) or none")
     p.add_argument("--hook-option", dest="hook_options", action="append", default=[],
@@ -151,13 +215,17 @@ def main():
                      "PYTHONPATH; ddp_compare.py does that by itself)")
         if args.hook != "none" and args.hook not in rd_hooks.available():
             p.error(f"--hook {args.hook!r}: not one of none, {', '.join(rd_hooks.available())}")
+    elif args.backend.startswith("torchft-"):
+        if args.hook != "diloco":
+            p.error(f"--backend {args.backend} runs torchft's DiLoCo: --hook diloco")
     elif args.hook != "none":
         p.error(f"--hook {args.hook} needs --backend ringdist (other backends: plain DDP)")
+    torchft = args.backend.startswith("torchft-")
 
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     timeout = datetime.timedelta(seconds=args.timeout)
-    dist.init_process_group(backend=args.backend, timeout=timeout)
+    dist.init_process_group(backend="gloo" if torchft else args.backend, timeout=timeout)
     book = dist.new_group(backend="gloo", timeout=timeout)
     rank, n = dist.get_rank(), dist.get_world_size()
 
@@ -165,18 +233,24 @@ def main():
     model = make_model(args.d_in, args.hidden, args.d_out).to(args.device)
     params = sum(t.numel() for t in model.parameters())
     grad_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
-    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb,
-              device_ids=[torch.cuda.current_device()] if args.device == "cuda" else None)
-    if args.hook != "none":
-        rd_hooks.register(ddp, args.hook, **args.hook_options)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
+    if torchft:  # torchft's DiLoCo wraps the plain model and the inner optimizer
+        ddp = model
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+        diloco, manager, replicas, lighthouse = torchft_diloco(model, opt, args, rank, n, book)
+    else:
+        ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb,
+                  device_ids=[torch.cuda.current_device()] if args.device == "cuda" else None)
+        if args.hook != "none":
+            rd_hooks.register(ddp, args.hook, **args.hook_options)
+        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
+        model = ddp.module
     x, y, x_eval, y_eval = (t.to(args.device) for t in make_data(args, rank))
     loss_fn = nn.MSELoss()
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
     def eval_loss():
         with torch.no_grad():
-            return loss_fn(ddp.module(x_eval), y_eval).item()
+            return loss_fn(model(x_eval), y_eval).item()
 
     initial_eval = eval_loss()
     times, others, losses = [], [], []
@@ -187,6 +261,8 @@ def main():
     for step in range(args.warmup + args.steps):
         if step == args.warmup and args.backend == "ringdist":
             before = wire_bytes_sent(torch_ringdist.stats())
+        if step == args.warmup and torchft:
+            tx_before = interface_tx_bytes(args.ifname)
         xb, yb = x[step % args.batches], y[step % args.batches]
         dist.barrier(group=book)
         t0 = time.perf_counter()
@@ -214,6 +290,13 @@ def main():
         measured_bytes, bytes_kind = sent[0].item(), "measured (torch_ringdist.stats, max over ranks)"
         across_hosts = sent[1].item()
         per_op = {k: v["bytes_sent"] for k, v in torch_ringdist.stats().items() if v["bytes_sent"]}
+    elif torchft:
+        sent = torch.tensor([(interface_tx_bytes(args.ifname) - tx_before) / args.steps],
+                            dtype=torch.float64)
+        dist.all_reduce(sent, op=dist.ReduceOp.MAX, group=book)
+        measured_bytes = across_hosts = sent.item()
+        bytes_kind = "measured (the interface's tx_bytes, max over ranks; bookkeeping included)"
+        per_op = None
     else:
         measured_bytes = ring_bytes_estimate(grad_bytes, n)
         bytes_kind = "estimate 2(N-1)/N x gradient bytes (uncompressed ring)"
@@ -228,7 +311,7 @@ def main():
         print(f"ddp_step {label}: N={n} params={params / 1e6:.1f}M median step "
               f"{median * 1e3:.1f} ms (min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f}; "
               f"{args.steps} steps after {args.warmup} warm-up) wire {measured_bytes / 1e6:.2f} "
-              f"MB/step/rank{' (est.)' if args.backend != 'ringdist' else ''} "
+              f"MB/step/rank{' (est.)' if args.backend in ('gloo', 'nccl') else ''} "
               f"loss {losses[-1]:.5f} eval {initial_eval:.5f} -> {final_eval:.5f}"
               + (f" others' median step {statistics.median(others) * 1e3:.1f} ms (straggle "
                  f"0..{args.straggle:g} ms)" if args.straggle else ""), flush=True)
@@ -258,6 +341,13 @@ def main():
             }
             write_json(args.json, out)
     dist.barrier(group=book)
+    if torchft:
+        diloco.__exit__(None, None, None)
+        manager.shutdown(wait=False)
+        replicas.shutdown()  # on every rank while every replica group's store is still up
+        dist.barrier(group=book)  # every manager gone before the lighthouse goes
+        if lighthouse is not None:
+            lighthouse.shutdown()
     dist.destroy_process_group()
 
 
