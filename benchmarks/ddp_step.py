@@ -21,7 +21,9 @@ torch_ringdist.stats() before/after the measured steps, every op counted); for o
 backends, the uncompressed ring estimate 2(N-1)/N x gradient bytes per rank.
 
 --hook: for ringdist, any name in torch_ringdist.hooks.available(), registered with
-torch_ringdist.hooks.register; "none" keeps DDP's own allreduce. Other backends: "none".
+torch_ringdist.hooks.register; "none" keeps DDP's own allreduce; "diloco_optimizer": no DDP,
+torch_ringdist.hooks.DiLoCoOptimizer on the plain model (its options as --hook-option). Other
+backends: "none".
 
 --backend torchft-gloo / torchft-ringdist --hook diloco: torchft's own (Streaming) DiLoCo on the
 plain model instead of DDP, each rank a replica group of its own with its torchft Manager (rank
@@ -213,8 +215,9 @@ def main():
             sys.exit(f"--backend ringdist needs torch_ringdist with its hooks subpackage: {e} "
                      "(an install without torch_ringdist/hooks: put a built checkout first on "
                      "PYTHONPATH; ddp_compare.py does that by itself)")
-        if args.hook != "none" and args.hook not in rd_hooks.available():
-            p.error(f"--hook {args.hook!r}: not one of none, {', '.join(rd_hooks.available())}")
+        known = ["none", "diloco_optimizer"] + list(rd_hooks.available())
+        if args.hook not in known:
+            p.error(f"--hook {args.hook!r}: not one of {', '.join(known)}")
     elif args.backend.startswith("torchft-"):
         if args.hook != "diloco":
             p.error(f"--backend {args.backend} runs torchft's DiLoCo: --hook diloco")
@@ -237,6 +240,10 @@ def main():
         ddp = model
         opt = torch.optim.SGD(model.parameters(), lr=args.lr)
         diloco, manager, replicas, lighthouse = torchft_diloco(model, opt, args, rank, n, book)
+    elif args.hook == "diloco_optimizer":  # ringdist's DiLoCo on the plain model, as torchft's
+        ddp = model
+        opt = rd_hooks.DiLoCoOptimizer(model, torch.optim.SGD(model.parameters(), lr=args.lr),
+                                       **args.hook_options)
     else:
         ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb,
                   device_ids=[torch.cuda.current_device()] if args.device == "cuda" else None)
