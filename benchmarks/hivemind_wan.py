@@ -17,9 +17,10 @@ and no momentum (plain parameter averaging); the time and bytes do not depend on
 Reported per host: the mean step time over the measured steps with and without averaging, the
 bytes its interface sent per step (TCP/IP headers and hivemind's DHT traffic included), and
 whether every round averaged with the whole group; the run's step is the slowest host's. Then,
-on the same hosts, --ringdist's configurations of ddp_compare.py (ringdist's DiLoCo hook under
-DDP, ddp_step.py's mean step of the slowest rank; the first without communication, ringdist's L),
-with the bytes each rank sent to other hosts as torch_ringdist.stats() counts them.
+on the same hosts, --ringdist's configurations of ddp_compare.py (by default ringdist's
+DiLoCoOptimizer on the same plain model: ddp_step.py's mean step of the slowest rank; the first
+without communication, ringdist's L), with the bytes each rank sent to other hosts as
+torch_ringdist.stats() counts them.
 """
 
 import argparse
@@ -142,9 +143,9 @@ def peer(args):
     dht.shutdown()
 
 
-RINGDIST_CONFIGS = ("nocomm=ringdist:diloco:period=1000000000",
-                    "int8=ringdist:diloco:period=50,codec=int8",
-                    "streaming_int4=ringdist:diloco:period=50,codec=int4,fragments=4,"
+RINGDIST_CONFIGS = ("nocomm=ringdist:diloco_optimizer:period=1000000000",
+                    "int8=ringdist:diloco_optimizer:period=50,codec=int8",
+                    "streaming_int4=ringdist:diloco_optimizer:period=50,codec=int4,fragments=4,"
                     "overlap=streaming,tau=2")
 
 

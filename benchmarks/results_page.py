@@ -151,6 +151,34 @@ def ddp_steps(data):
             for c in data["summary"] if c["backend"] == "ringdist" and c is not base]
 
 
+def diloco_peers(data):
+    """ddp_compare.py with torchft's DiLoCo: every other configuration's mean step (with its
+    share of compute L/step and the bytes sent per step) against torchft's DiLoCo over gloo."""
+    by_label = {c["label"]: c for c in data["summary"]}
+    ref, alone = by_label["torchft_gloo"], by_label[data["baseline"]]
+
+    def step(c):
+        return (f"{us_range([c['step_time_s'] * 1e6])}, L/step "
+                f"{alone['step_time_s'] / c['step_time_s']:.2f}, "
+                f"{c['wire_bytes_per_step'] / 1e6:.2f} MB/step")
+    return [Row(f"mean step, {c['label']}", step(c), f"torchft over gloo {step(ref)}",
+                ratio_range([ref["step_time_s"] / c["step_time_s"]]))
+            for c in data["summary"] if c is not ref and c is not alone]
+
+
+def hivemind(data):
+    """hivemind_wan.py: ringdist's DiLoCo configurations against hivemind's averaging on the
+    same hosts: mean step, share of compute (each against its own L) and bytes per step."""
+    hm = data["hivemind"]
+    ref = (f"hivemind {data['options']['codec']} {us_range([hm['step_s'] * 1e6])}, L/step "
+           f"{hm['utilisation']:.2f}, {hm['bytes_per_step'] / 1e6:.2f} MB/step")
+    return [Row(f"mean step, {c['label']}",
+                f"{us_range([c['step_s'] * 1e6])}, L/step {c['utilisation']:.2f}, "
+                f"{c['bytes_per_step'] / 1e6:.2f} MB/step", ref,
+                ratio_range([hm["step_s"] / c["step_s"]]))
+            for c in data["ringdist"][1:]]
+
+
 def per_size(data, ours, ref, ref_name, what="allreduce"):
     """deepspeed_peer.py and same_process.py: us per call at each size, labels alternating in the
     same processes; ranges over the runs the file holds."""
