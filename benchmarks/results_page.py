@@ -549,6 +549,11 @@ SCENARIOS = {
                                         ddp_steps),
     "diloco_wan_loss_2x2_bytes.json": (DILOCO, "the same, 2 hosts x 2 ranks, one round, with "
                                        "the bytes sent across hosts", ddp_steps),
+    "torchft_wan_n4.json": (DILOCO, "4 hosts, 100 Mbit/s, RTT 100 ms, 0.1% loss: ringdist's "
+                            "DiLoCoOptimizer and torchft's DiLoCo over ringdist, against torchft's "
+                            "DiLoCo over gloo", diloco_peers),
+    "torchft_wan_n4_rerun.json": (DILOCO, "the same, a second run", diloco_peers),
+    "torchft_wan_n4_rerun2.json": (DILOCO, "the same, a third run", diloco_peers),
     "diloco_convergence_n2.json": (DILOCO, "convergence, N=2", convergence),
     "diloco_convergence_n4.json": (DILOCO, "convergence, N=4", convergence),
     "diloco_churn_wan_n4.json": (DILOCO, "churn on 4 emulated hosts, 100 Mbit/s, RTT 100 ms, "
