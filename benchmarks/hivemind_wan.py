@@ -16,7 +16,8 @@ and no momentum (plain parameter averaging); the time and bytes do not depend on
 
 Reported per host: the mean step time over the measured steps with and without averaging, the
 bytes its interface sent per step (TCP/IP headers and hivemind's DHT traffic included), and
-whether every round averaged with the whole group; the run's step is the slowest host's. Then,
+whether every round averaged with the whole group (every peer's every part arrived: hivemind
+otherwise warns and averages what came); the run's step is the slowest host's. Then,
 on the same hosts, --ringdist's configurations of ddp_compare.py (by default ringdist's
 DiLoCoOptimizer on the same plain model: ddp_step.py's mean step of the slowest rank; the first
 without communication, ringdist's L), with the bytes each rank sent to other hosts as
@@ -25,6 +26,7 @@ torch_ringdist.stats() counts them.
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -68,6 +70,23 @@ def start_dht(host, addr, rendezvous, timeout):
         return hivemind.DHT(initial_peers=f.read().split(), start=True, **maps)
 
 
+class PartialRounds(logging.Handler):
+    """Counts hivemind's warnings that an all-reduce went on without some peers' parts (it then
+    averages what arrived: a round that is not the group's average)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record):
+        if "received" in record.getMessage():
+            self.count += 1
+
+    def take(self):
+        count, self.count = self.count, 0
+        return count
+
+
 def peer(args):
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -77,6 +96,8 @@ def peer(args):
     from hivemind.utils import get_dht_time
 
     torch.set_num_threads(1)
+    partial = PartialRounds()
+    logging.getLogger("hivemind.averaging.partition").addHandler(partial)
     host, n = int(os.environ["WAN_HOST"]), int(os.environ["WAN_HOSTS"])
     addr, ifname = os.environ["WAN_ADDRS"].split(",")[host], os.environ["WAN_IFNAME"]
     dht = start_dht(host, addr, args.rendezvous, args.round_timeout)
@@ -129,7 +150,8 @@ def peer(args):
                 for a, p in zip(tensors, params):
                     p.copy_(a)
         rounds.append({"seconds": time.perf_counter() - t0,
-                       "group": len(group) if group is not None else 0})
+                       "group": len(group) if group is not None else 0,
+                       "partial": partial.take()})
 
     tx = interface_tx_bytes(ifname)
     averaging = timed(args.steps, average)
@@ -168,7 +190,7 @@ def run_hivemind(wan, args, argv, stem):
     alone = max(h["alone_step_s"] for h in hosts)
     return {"step_s": step, "alone_step_s": alone, "utilisation": alone / step,
             "bytes_per_step": max(h["bytes_per_step"] for h in hosts),
-            "every_round_whole_group": all(r["group"] == args.hosts
+            "every_round_whole_group": all(r["group"] == args.hosts and not r["partial"]
                                            for h in hosts for r in h["rounds"]),
             "hosts": hosts}
 
