@@ -554,6 +554,11 @@ SCENARIOS = {
                             "DiLoCo over gloo", diloco_peers),
     "torchft_wan_n4_rerun.json": (DILOCO, "the same, a second run", diloco_peers),
     "torchft_wan_n4_rerun2.json": (DILOCO, "the same, a third run", diloco_peers),
+    "hivemind_wan_n4.json": (DILOCO, "4 hosts, 100 Mbit/s, RTT 100 ms, 0.1% loss: ringdist's "
+                             "DiLoCoOptimizer against hivemind's averaging (8-bit) on the same "
+                             "hosts", hivemind),
+    "hivemind_wan_n4_rerun.json": (DILOCO, "the same, a second run", hivemind),
+    "hivemind_wan_n4_rerun2.json": (DILOCO, "the same, a third run", hivemind),
     "diloco_convergence_n2.json": (DILOCO, "convergence, N=2", convergence),
     "diloco_convergence_n4.json": (DILOCO, "convergence, N=4", convergence),
     "diloco_churn_wan_n4.json": (DILOCO, "churn on 4 emulated hosts, 100 Mbit/s, RTT 100 ms, "
