@@ -1,5 +1,6 @@
 #include "csrc/transport/shm/segment.h"
 
+#include <exception>
 #include <fstream>
 #include <iterator>
 #include <new>
@@ -34,7 +35,12 @@ size_t Segment::totalBytes(int localRanks, size_t ringBytes) {
 
 uint64_t processStartTime(int pid) {
   std::ifstream in(strCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string stat;
+  try {
+    stat.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception&) {
+    return 0;  // the process exited between the open and the read (ESRCH): gone
+  }
   // Fields after the command name (which may contain spaces) start past ')'.
   auto close = stat.rfind(')');
   if (close == std::string::npos) {
