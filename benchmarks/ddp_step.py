@@ -161,17 +161,14 @@ def torchft_diloco(model, inner, args, rank, n, book):
     return diloco.__enter__(), manager, pg, lighthouse
 
 
-def add_workload_args(p):
-    """The backend, hook, model, data and DDP options (shared with ddp_timeline.py)."""
-    p.add_argument("--backend", default="ringdist",
-                   help="ringdist, gloo, torchft-gloo or torchft-ringdist (--hook diloco)")
-    p.add_argument("--hook", default="none",
-                   help="ringdist hook name (torch_ringdist.hooks.available()) or none")
-    p.add_argument("--hook-option", dest="hook_options", action="append", default=[],
-                   type=parse_option, metavar="KEY=VALUE", help="hook option (repeatable)")
-    p.add_argument("--steps", type=int, default=15, help="measured steps")
-    p.add_argument("--warmup", type=int, default=8,
-                   help="unmeasured steps first (DDP rebuilds its buckets after step 1)")
+# The model, data and optimizer options of add_model_args, by their argparse names (without the
+# seed): what a caller forwards to run the same workload.
+MODEL_ARGS = ("batch", "batches", "d_in", "hidden", "d_out", "eval_size", "lr")
+
+
+def add_model_args(p, seed_flag="--seed"):
+    """The model, data and optimizer options (MODEL_ARGS and the seed, named `seed_flag`); shared
+    with hivemind_wan.py, whose peers train the same workload."""
     p.add_argument("--batch", type=int, default=8, help="samples per rank and step")
     p.add_argument("--batches", type=int, default=16, help="distinct batches per rank (cycled)")
     p.add_argument("--d-in", type=int, default=1024)
@@ -180,10 +177,25 @@ def add_workload_args(p):
     p.add_argument("--eval-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=1.0,
                    help="SGD learning rate (MSE over 1024 outputs has small gradients)")
+    p.add_argument(seed_flag, type=int, default=0, help="weights and data")
+
+
+def add_workload_args(p):
+    """The backend, hook, model, data and DDP options (shared with ddp_timeline.py)."""
+    p.add_argument("--backend", default="ringdist",
+                   help="ringdist, gloo, torchft-gloo or torchft-ringdist (--hook diloco)")
+    p.add_argument("--hook", default="none",
+                   help="ringdist hook name (torch_ringdist.hooks.available()), "
+                        "diloco_optimizer, or none")
+    p.add_argument("--hook-option", dest="hook_options", action="append", default=[],
+                   type=parse_option, metavar="KEY=VALUE", help="hook option (repeatable)")
+    p.add_argument("--steps", type=int, default=15, help="measured steps")
+    p.add_argument("--warmup", type=int, default=8,
+                   help="unmeasured steps first (DDP rebuilds its buckets after step 1)")
+    add_model_args(p)
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP bucket_cap_mb (default: DDP's own, 25 MiB buckets with a 1 MiB "
                         "first bucket; any value given also caps the first bucket, as in DDP)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: the ranks spread over the GPUs (several per GPU when fewer GPUs); "
                         "each step ends with the GPU done")
@@ -318,7 +330,7 @@ def main():
         print(f"ddp_step {label}: N={n} params={params / 1e6:.1f}M median step "
               f"{median * 1e3:.1f} ms (min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f}; "
               f"{args.steps} steps after {args.warmup} warm-up) wire {measured_bytes / 1e6:.2f} "
-              f"MB/step/rank{' (est.)' if args.backend in ('gloo', 'nccl') else ''} "
+              f"MB/step/rank{' (est.)' if bytes_kind.startswith('estimate') else ''} "
               f"loss {losses[-1]:.5f} eval {initial_eval:.5f} -> {final_eval:.5f}"
               + (f" others' median step {statistics.median(others) * 1e3:.1f} ms (straggle "
                  f"0..{args.straggle:g} ms)" if args.straggle else ""), flush=True)

@@ -183,10 +183,10 @@ def run_hivemind(wan, args, argv, stem):
 def run_ringdist(wan, args, spec, stem):
     """One ddp_compare.py configuration (ddp_step.py, a torchrun per host) on the same hosts."""
     import ddp_compare
+    from ddp_step import MODEL_ARGS
 
     cfg = ddp_compare.parse_config(spec)
-    model = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
-             ("d_in", "hidden", "d_out", "batch", "batches", "lr", "eval_size")]
+    model = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in MODEL_ARGS]
     step_args = argparse.Namespace(hosts=args.hosts, nproc=1, timeout=args.round_timeout * 5,
                                    steps=args.steps, warmup=args.period,
                                    step_arg=model + [f"--seed={args.model_seed}"])
@@ -204,6 +204,7 @@ def run_ringdist(wan, args, spec, stem):
 def main(argv=None):
     import emulator
     from bench_common import machine_info, write_json
+    from ddp_step import add_model_args
 
     argv = argv if argv is not None else sys.argv[1:]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -226,14 +227,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--round-timeout", type=float, default=120,
                    help="seconds for a round, and for joining the DHT")
-    p.add_argument("--model-seed", type=int, default=0, help="weights and data (ddp_step's --seed)")
-    p.add_argument("--lr", type=float, default=1.0)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--batches", type=int, default=16)
-    p.add_argument("--d-in", type=int, default=1024)
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--d-out", type=int, default=1024)
-    p.add_argument("--eval-size", type=int, default=256)
+    add_model_args(p, seed_flag="--model-seed")  # ddp_step's; --seed is the delay line's
     p.add_argument("--out", default="hivemind_wan.json")
     args = p.parse_args(argv)
     if args.peer:
