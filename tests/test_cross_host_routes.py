@@ -589,8 +589,9 @@ def test_a_round_trip_that_grows_is_agreed_and_routed_by(tmp_path):
     """Three emulated hosts at 200 Mbit/s and a 10 ms round trip, each host's TCP min_rtt window
     (net.ipv4.tcp_min_rtt_wlen) cut to 1 s; the delay line lengthens every link to a 100 ms
     round trip just before the call that agrees on the first round of samples. That agreement
-    still sees about 10 ms (the window holds the short samples), the next, a few seconds later,
-    about 100 ms; every result stays right, nothing hangs, and 1 MiB takes the model's route for
+    still sees about 10 ms (the window holds the short samples; up to 30 ms is allowed, as a busy
+    2-core runner delays some acknowledgements by a few ms and a 1 s window holds few samples),
+    the next, a few seconds later, about 100 ms; every result stays right, nothing hangs, and 1 MiB takes the model's route for
     each agreed link."""
     sys.path.insert(0, os.path.join(REPO, "benchmarks", "wan"))
     import emulator
@@ -602,7 +603,7 @@ def test_a_round_trip_that_grows_is_agreed_and_routed_by(tmp_path):
                                                               emulator.HostLink(0.05, rate)))
     trips = got[0]["round_trips_us"]
     assert all(g["round_trips_us"] == trips for g in got), got
-    assert 9_500 <= trips[0] <= 12_000 and 9_500 <= trips[1] <= 12_000, trips
+    assert 9_500 <= trips[0] <= 30_000 and 9_500 <= trips[1] <= 30_000, trips
     assert 99_000 <= trips[2] <= 110_000, trips
     expected = [_best(_model(3, 1 << 20, rtt_us, *([r] if r else [])))
                 for r, rtt_us in zip(got[0]["agreed"], trips)]
