@@ -100,7 +100,7 @@ def held_init(rank, ws, store, dist, torch):
                             timeout=datetime.timedelta(seconds=int(os.environ["FT_INIT_TIMEOUT"])))
     out = {"init_s": time.monotonic() - t0}
     store.add("ft/inited", 1)
-    _wait_key(store, "ft/go2")  # the test probes the (closed) listener after init
+    _wait_key(store, "ft/go2")  # the test probes the kept listener after init
     errors = []
     for k in range(3):
         x = torch.arange(1000, dtype=torch.float32) + rank + k
@@ -133,6 +133,8 @@ def held_init(rank, ws, store, dist, torch):
     dist.barrier()
     out["errors"] = errors
     dist.destroy_process_group()
+    store.add("ft/destroyed", 1)
+    _wait_key(store, "ft/go3")  # the test probes the listener after destroy
     return out
 
 
@@ -215,15 +217,27 @@ def handshake_run(tmp_path_factory):
         obs["listening_after_init"] = {r: [(fam, local) for fam, local, _, st in
                                            proc_sockets(w.pids[r]) if st == "0A"]
                                        for r in range(ws)}
-        # After init: what does a connect to rank 0's published address do now?
-        try:
-            obs["after_init_probe"] = _probe(addrs[0], _hello(token, 2, ws), wait=2)
-        except ConnectionRefusedError:
-            obs["after_init_probe"] = {"outcome": "connection refused (listener closed)"}
+        # After init: what does a connect to rank 0's published address do now (the listener
+        # is kept for a shrink, served by nobody until one), and after destroy?
+        obs["after_init_probe"] = _after_probe(addrs[0], _hello(token, 2, ws))
         store.set("ft/go2", "1")
+        w.wait_until("all ranks destroyed the group",
+                     lambda: store.add("ft/destroyed", 0) >= ws, timeout=60)
+        obs["after_destroy_probe"] = _after_probe(addrs[0], _hello(token, 2, ws))
+        store.set("ft/go3", "1")
         obs["results"] = w.results(timeout=60)
         obs["logs"] = [tail(path, 100000) for path in w.logs]
     return obs
+
+
+def _after_probe(addr, payload):
+    """_probe, where a refused connect and a connection nobody serves are outcomes too."""
+    try:
+        return _probe(addr, payload, wait=2)
+    except ConnectionRefusedError:
+        return {"outcome": "connection refused"}
+    except (socket.timeout, TimeoutError):
+        return {"outcome": "no challenge"}
 
 
 def test_handshake_drops_foreign_clients(handshake_run, record_property):
@@ -234,6 +248,7 @@ def test_handshake_drops_foreign_clients(handshake_run, record_property):
     report(record_property, "all_ranks_inited_after_release_s", obs["all_inited_after_go_s"])
     report(record_property, "init_s_per_rank", [obs["results"][r]["init_s"] for r in range(3)])
     report(record_property, "after_init_probe", obs["after_init_probe"])
+    report(record_property, "after_destroy_probe", obs["after_destroy_probe"])
     refused = {"wrong secret", "replayed mac for another challenge"}
     problems = [f"{name}: {r}" for name, r in obs["probes"].items()
                 if r["outcome"] != ("refused" if name in refused else "dropped")]
@@ -255,10 +270,12 @@ def test_handshake_drops_foreign_clients(handshake_run, record_property):
     report(record_property, "dropped_connections_logged_rank0/rank1", (logged0, logged1))
     if logged0 < n_rank0 or logged1 < 1:
         problems.append(f"logged drops: rank 0 {logged0} (want {n_rank0}), rank 1 {logged1} (want 1)")
-    # After init the listener is closed: nothing foreign can reach the job any more.
-    if "refused" not in obs["after_init_probe"]["outcome"] and \
-            obs["after_init_probe"]["outcome"] != "dropped":
+    # After init the listener is kept for a shrink, and nothing serves it until one (which
+    # authenticates as above): a client gets no byte. Destroy closes it.
+    if obs["after_init_probe"]["outcome"] != "no challenge":
         problems.append(f"connect to rank 0's address after init: {obs['after_init_probe']}")
+    if obs["after_destroy_probe"]["outcome"] != "connection refused":
+        problems.append(f"connect to rank 0's address after destroy: {obs['after_destroy_probe']}")
     assert not problems, "\n".join(problems)
 
 
@@ -303,6 +320,7 @@ def test_handshake_survives_silent_clients(tmp_path, record_property):
             for s in silent:
                 s.close()
         w.store.set("ft/go2", "1")
+        w.store.set("ft/go3", "1")
         res = w.results(timeout=40)
     for r, out in sorted(res.items()):
         report(record_property, f"rank{r}_init_s", round(out["init_s"], 3))

@@ -1,5 +1,5 @@
 """dist.shrink_group on ringdist: training that survives SIGKILLed ranks, a death during the
-shrink itself, and SHRINK_ABORT on a healthy group."""
+shrink itself, ranks found gone at their kept listeners, and SHRINK_ABORT on a healthy group."""
 import json
 import os
 import re
@@ -109,6 +109,58 @@ def test_death_during_shrink_is_a_clear_error(tmp_path):
         assert r["error"] and "DistBackendError" in r["error"] and "ringdist shrink" in r["error"], r
         assert "did not all connect within 3000 ms" in r["error"], r
         assert r["seconds"] < 15, r
+
+
+def probe_doors(rank, ws, store, dist, torch):
+    """4 ranks on TCP links (as on four hosts: no process ids to watch). Rank 3 is killed,
+    rank 2 stopped (SIGSTOP: its kernel still answers). Ranks 0 and 1 find rank 3, and only
+    it, gone at its door; once rank 0 kills rank 2 too, both; lost_ranks then decides at once,
+    not after its wait; the shrunk group works."""
+    import torch_ringdist
+    from torch_ringdist._collectives import ringdist_backend
+
+    init_group(rank, ws, store, dist)
+    store.set(f"pid/{rank}", str(os.getpid()))
+    _sum_ok(dist, torch)
+    dist.barrier()
+    if rank >= 2:
+        os.kill(os.getpid(), signal.SIGKILL if rank == 3 else signal.SIGSTOP)
+    backend = ringdist_backend(dist.group.WORLD)
+
+    def gone_within(want, seconds=10.0):
+        deadline = time.monotonic() + seconds
+        while True:
+            start = time.monotonic()
+            dead = backend._dead_peers()
+            took = time.monotonic() - start
+            if set(want) <= set(dead) or time.monotonic() > deadline:
+                return dead, took
+            time.sleep(0.05)
+
+    out = {}
+    out["killed"], out["probe_s"] = gone_within([3])
+    if rank == 0:
+        os.kill(int(store.get("pid/2")), signal.SIGKILL)
+    out["both"], _ = gone_within([2, 3])
+    start = time.monotonic()
+    out["lost"] = torch_ringdist.lost_ranks(wait=30.0)
+    out["agree_s"] = time.monotonic() - start
+    dist.shrink_group(out["lost"], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+    out["size"], out["sum_ok"] = dist.get_world_size(), _sum_ok(dist, torch)
+    return out
+
+
+def test_a_killed_ranks_door_refuses_and_a_stopped_ones_answers(tmp_path, record_property):
+    with Spawned(probe_doors, 4, tmp_path, env={"RINGDIST_TRANSPORT": "tcp"}) as w:
+        got = w.results(120, expect_dead=(2, 3))
+    for rank in (0, 1):
+        r = got[rank]
+        report(record_property, f"rank{rank}", r)
+        assert r["killed"] == [3], r  # the stopped rank's kernel still accepts: not gone
+        assert r["both"] == [2, 3] and r["lost"] == [2, 3], r
+        assert r["probe_s"] < 1.0, r
+        assert r["agree_s"] < 5.0, r  # decided on the proof, not after wait=30
+        assert (r["size"], r["sum_ok"]) == (2, True), r
 
 
 def abort_healthy(rank, ws, store, dist, torch):

@@ -19,10 +19,15 @@
 #include "csrc/common/logging.h"
 #include "csrc/reduce/reduce.h"
 #include "csrc/transport/mesh.h"
+#include "csrc/transport/tcp/handshake.h"
 
 namespace ringdist {
 
 namespace {
+
+// How long deadPeers waits for the hosts of TCP peers to answer a connect at their doors.
+constexpr int64_t kDoorProbeMinMs = 50;
+constexpr int64_t kDoorProbeMaxMs = 500;
 
 // Bad input raises in the caller's thread with the op and rank named.
 #define RD_CHECK_INPUT(cond, op, ...) \
@@ -133,6 +138,14 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
 ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, std::chrono::milliseconds timeout,
                                            const ringdist::Options& options)
+    : ProcessGroupRingdist(store, rank, size, timeout, options, [&](Rendezvous& rendezvous) {
+        return connectMesh(rendezvous, rank, size, options.mesh);
+      }) {}
+
+ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size, std::chrono::milliseconds timeout,
+                                           const ringdist::Options& options,
+                                           const Connect& connect)
     : c10d::Backend(rank, size),
       store_(store),
       options_(options),
@@ -141,8 +154,11 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
   auto rendezvous = std::make_shared<StoreRendezvous>(store);
   try {
     setDebugEnabled(options.debug);
-    Mesh mesh = connectMesh(*rendezvous, rank, size, options.mesh);
+    Mesh mesh = connect(*rendezvous);
     transports_ = mesh.transportOf;
+    door_ = mesh.door;
+    records_ = mesh.records;
+    roundTripUs_ = mesh.roundTripUs;
     std::vector<int> lanes(mesh.channels.size(), 1);  // each peer's connections
     for (const auto& lane : mesh.lanes) ++lanes[static_cast<size_t>(lane->peer())];
     for (size_t peer = 0; peer < mesh.channels.size(); ++peer) {
@@ -175,7 +191,10 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
 
 ProcessGroupRingdist::~ProcessGroupRingdist() { shutdown(); }
 
-void ProcessGroupRingdist::shutdown() { worker_->stop(); }
+void ProcessGroupRingdist::shutdown() {
+  worker_->stop();
+  door_.reset();  // closes the listener, unless a group shrunk from this one still keeps it
+}
 
 void ProcessGroupRingdist::abort() {
   dumpTrace();  // what was queued and running when the group was aborted
@@ -210,16 +229,25 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupRingdist::shrink(
   for (int r = 0; r < getSize(); ++r) {
     if (!std::binary_search(excluded.begin(), excluded.end(), r)) survivors.push_back(r);
   }
-  // Survivors that were given the same exclusions meet under the same fresh
-  // prefix: a new secret and new addresses that excluded ranks never read.
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      c10::str("ringdist/shrink", shrinks_++, "/without", c10::Join(",", excluded), "/"), store_);
+  // Survivors that were given the same exclusions meet under the same label: a fresh store
+  // prefix, and a proof key derived with it at the doors, that excluded ranks never hold.
+  const std::string label =
+      c10::str("ringdist/shrink", shrinks_++, "/without", c10::Join(",", excluded), "/");
+  auto store = c10::make_intrusive<c10d::PrefixStore>(label, store_);
   ringdist::Options options = options_;
   options.collectives = worker_->options();  // settings changed since init included
   options.mesh.timeout = std::min(timeout_, std::chrono::milliseconds(options.shrinkTimeout));
   c10::intrusive_ptr<ProcessGroupRingdist> shrunk;
   try {
-    shrunk = c10::make_intrusive<ProcessGroupRingdist>(store, newRank, newSize, timeout_, options);
+    if (door_ == nullptr) {  // a group of one had no peer to keep a listener for
+      shrunk = c10::make_intrusive<ProcessGroupRingdist>(store, newRank, newSize, timeout_, options);
+    } else {
+      shrunk = c10::make_intrusive<ProcessGroupRingdist>(
+          store, newRank, newSize, timeout_, options, [&](Rendezvous& rendezvous) {
+            return reconnectMesh(rendezvous, *door_, records_, survivors, newRank, label,
+                                 options.mesh);
+          });
+    }
   } catch (const std::exception& e) {
     C10_THROW_ERROR(DistBackendError,
                     c10::str("ringdist shrink: rank ", getRank(), " (new rank ", newRank, " of ",
@@ -262,7 +290,23 @@ std::map<std::string, OpStats> ProcessGroupRingdist::stats() const { return work
 
 void ProcessGroupRingdist::resetStats() { worker_->resetStats(); }
 
-std::vector<int> ProcessGroupRingdist::deadPeers() const { return worker_->deadPeers(); }
+std::vector<int> ProcessGroupRingdist::deadPeers() const {
+  std::vector<int> dead = worker_->deadPeers();
+  if (door_ == nullptr) return dead;
+  std::vector<int> unknown;  // peers on TCP: their hosts are asked at their doors
+  for (int r = 0; r < getSize(); ++r) {
+    if (transports_[static_cast<size_t>(r)] == "tcp" &&
+        std::find(dead.begin(), dead.end(), r) == dead.end()) {
+      unknown.push_back(r);
+    }
+  }
+  // Two round trips answer a live host; longer is a host cut off, or very far.
+  const auto limit = std::chrono::milliseconds(
+      std::min<int64_t>(kDoorProbeMaxMs, 2 * roundTripUs_ / 1000 + kDoorProbeMinMs));
+  for (int r : tcp::goneBehind(*door_, unknown, limit)) dead.push_back(r);
+  std::sort(dead.begin(), dead.end());
+  return dead;
+}
 
 void ProcessGroupRingdist::setSegmentBytes(size_t bytes) {
   TORCH_CHECK(bytes > 0, "ringdist: rank ", getRank(), ": segment size must be positive");

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,12 @@
 
 namespace ringdist {
 
+class Rendezvous;
+struct Mesh;
+namespace tcp {
+struct Door;
+}
+
 // The c10d::Backend registered as "ringdist". Calls validate their tensors
 // at once (bad input raises in the caller), then queue the operation on the
 // group's Worker (worker.h), which runs queued operations in issue order,
@@ -32,6 +39,12 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
                        std::chrono::milliseconds timeout, const std::string& bindIp);
   ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const ringdist::Options& options);
+  // Connected by `connect` (given the group's rendezvous on `store`) instead of connectMesh:
+  // what shrink makes.
+  using Connect = std::function<Mesh(Rendezvous&)>;
+  ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, const ringdist::Options& options,
+                       const Connect& connect);
   ~ProcessGroupRingdist() override;
 
   const std::string getBackendName() const override { return "ringdist"; }
@@ -44,10 +57,12 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   void abort() override;
 #ifdef RINGDIST_HAVE_SHRINK
   // dist.shrink_group: a new group of the ranks not excluded (new consecutive
-  // ranks in the old order), connected afresh through the store under a new
-  // key prefix (a new secret: excluded ranks cannot join it), with this
-  // group's settings. The old group is left to be destroyed; with
-  // SHRINK_ABORT its queued operations fail first.
+  // ranks in the old order), with this group's settings. Their TCP links
+  // connect through the listeners each rank kept open (tcp::Door), under a
+  // proof key derived from this group's and the exclusions (excluded ranks
+  // cannot join it), without a store round trip; shared memory and lanes
+  // rendezvous under a new store prefix. The old group is left to be
+  // destroyed; with SHRINK_ABORT its queued operations fail first.
   bool supportsShrinking() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> shrink(
       const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
@@ -166,7 +181,9 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // Per-operation statistics (worker.h), keyed by op name ("allreduce",
   // "compressed_allreduce/int8", ...).
   std::map<std::string, OpStats> stats() const;
-  // Ranks whose process is known to be gone (same host); others: unknown.
+  // Ranks whose process is known to be gone: on this host (its process id), or on another
+  // whose host refused a connect at the rank's kept listener (tcp::goneBehind, within about
+  // two round trips); others: unknown.
   std::vector<int> deadPeers() const;
   // The last operations in torch's flight-recorder dump format (a pickle).
   std::string tracePickle() const;
@@ -245,6 +262,9 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   size_t devicePipelineBytes_ = 0;  // staged operations from here copy while the ring runs
   std::mutex sameGpuSetUp_;    // one thread decides per device
   std::vector<std::string> transports_;
+  std::shared_ptr<tcp::Door> door_;     // this rank's kept listener (null in a group of one)
+  std::vector<PeerRecord> records_;     // every rank's, as connected (shrink reuses them)
+  uint32_t roundTripUs_ = 0;            // the group's longest link, at connect
   std::vector<std::map<std::string, std::string>> links_;
   SameHostCopy sameHostCopy_;
   std::chrono::milliseconds timeout_;

@@ -170,29 +170,23 @@ bool isLoopback(const std::string& host) {
   return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
-}  // namespace
-
-Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& options) {
+Mesh emptyMesh(int rank, int size) {
   Mesh mesh;
   mesh.channels.resize(static_cast<size_t>(size));
   mesh.transportOf.assign(static_cast<size_t>(size), "tcp");
   mesh.transportOf[static_cast<size_t>(rank)] = "self";
-  // 1. An authenticated TCP link to every peer first: listeners serve (and
-  //    drop foreign clients) from the start, without waiting on anyone.
-  if (size > 1) {
-    std::vector<bool> everyone(static_cast<size_t>(size), true);
-    everyone[static_cast<size_t>(rank)] = false;
-    mesh.channels = tcp::connectAll(rendezvous, rank, size, options, everyone);
-  }
-  // 2. Everyone's host and policy; 3. same-host pairs move to shared memory
-  //    (replacing their TCP link, on which nothing was sent after the handshake).
-  const std::vector<PeerRecord> records =
-      exchangeRecords(rendezvous, rank, size, options,
-                      longestRoundTripUs(mesh.channels, options.testRoundTripUs));
-  for (const auto& record : records) {
+  return mesh;
+}
+
+// The stages after the TCP links, once every rank's record is known: same-host pairs move
+// to shared memory (replacing their TCP link, on which nothing was sent after the
+// handshake), the ring, and lanes.
+void finishMesh(Rendezvous& rendezvous, int rank, const MeshOptions& options, Mesh& mesh) {
+  const int size = static_cast<int>(mesh.records.size());
+  for (const auto& record : mesh.records) {
     mesh.roundTripUs = std::max(mesh.roundTripUs, record.roundTripUs);
   }
-  const std::vector<int> local = chooseTransports(records, rank, mesh);
+  const std::vector<int> local = chooseTransports(mesh.records, rank, mesh);
   // Without a secret, say so where someone else could have joined or reads the
   // links: a peer kept on TCP, or a listener other hosts could reach. A
   // one-host job on loopback is as exposed as torch's own store, no more.
@@ -207,8 +201,35 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
   } else {
     mesh.sameHostCopy.why = "no other rank of the group shares memory with this one";
   }
-  orderRing(records, mesh);
+  orderRing(mesh.records, mesh);
   mesh.lanes = connectLanes(rendezvous, rank, size, options, mesh);
+}
+
+}  // namespace
+
+Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& options) {
+  Mesh mesh = emptyMesh(rank, size);
+  // 1. An authenticated TCP link to every peer first: listeners serve (and
+  //    drop foreign clients) from the start, without waiting on anyone.
+  if (size > 1) {
+    std::vector<bool> everyone(static_cast<size_t>(size), true);
+    everyone[static_cast<size_t>(rank)] = false;
+    mesh.channels = tcp::connectAll(rendezvous, rank, size, options, everyone, &mesh.door);
+  }
+  // 2. Everyone's host and policy; 3. the stages that depend on them.
+  mesh.records = exchangeRecords(rendezvous, rank, size, options,
+                                 longestRoundTripUs(mesh.channels, options.testRoundTripUs));
+  finishMesh(rendezvous, rank, options, mesh);
+  return mesh;
+}
+
+Mesh reconnectMesh(Rendezvous& rendezvous, const tcp::Door& door,
+                   const std::vector<PeerRecord>& records, const std::vector<int>& members,
+                   int rank, const std::string& label, const MeshOptions& options) {
+  Mesh mesh = emptyMesh(rank, static_cast<int>(members.size()));
+  mesh.channels = tcp::reconnect(door, members, rank, label, options, &mesh.door);
+  for (int member : members) mesh.records.push_back(records[static_cast<size_t>(member)]);
+  finishMesh(rendezvous, rank, options, mesh);
   return mesh;
 }
 

@@ -12,6 +12,10 @@
 
 namespace ringdist {
 
+namespace tcp {
+struct Door;
+}
+
 struct Mesh {
   std::vector<std::unique_ptr<Channel>> channels;  // by rank; null for self
   std::vector<int> ring;                            // ranks in ring order
@@ -26,6 +30,10 @@ struct Mesh {
   // More TCP connections to each peer on another host, when the links are long (TcpOptions::
   // lanes - 1 per such peer, each Channel knowing its peer); empty otherwise.
   std::vector<std::unique_ptr<Channel>> lanes;
+  // This rank's kept listener (null in a group of one), and every rank's record: what a
+  // shrink reconnects the survivors with (reconnectMesh).
+  std::shared_ptr<tcp::Door> door;
+  std::vector<PeerRecord> records;
 };
 
 // Connects this rank to every other rank of the group through the
@@ -36,6 +44,14 @@ struct Mesh {
 // visits the ranks of one host consecutively, so it crosses each host
 // boundary once.
 Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& options);
+
+// The mesh of `members` (ranks of the group whose mesh had `door` and `records`, in their new
+// order; this rank is members[rank]): their TCP links through the doors, under a proof key
+// derived with `label` (tcp::reconnect), the records as they were, and the stages after as in
+// connectMesh (shared memory, lanes: through `rendezvous`, which must be the new group's own).
+Mesh reconnectMesh(Rendezvous& rendezvous, const tcp::Door& door,
+                   const std::vector<PeerRecord>& records, const std::vector<int>& members,
+                   int rank, const std::string& label, const MeshOptions& options);
 
 // The address a rank listens on, never a wildcard: the address of interface
 // `ifname` when given, else the local address that routes to `storeHost`

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstring>
 #include <atomic>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <string>
@@ -33,6 +34,9 @@ constexpr size_t kNonceBytes = 16;
 constexpr auto kHelloTimeout = std::chrono::seconds(5);
 // Longest poll of the accept loop, so expired half-open connections go soon.
 constexpr int kAcceptPollMs = 200;
+// Connects a kept listener (Door) may queue beyond the group's own: liveness probes (each check
+// of who is alive sends one per peer) and strays, accepted and dropped at the next reconnect.
+constexpr int kDoorBacklog = 512;
 
 struct Challenge {
   uint32_t magic;
@@ -295,6 +299,11 @@ void Acceptor::serve(size_t i, Clock::time_point deadline) {
                      sizeof(Hello) - p.received, MSG_DONTWAIT);
   if (n <= 0) {
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (p.received == 0) {  // a liveness probe (goneBehind) queued at a kept listener, or a stray
+      logDebug(strCat("rank ", rank_, " dropped a connection closed before any hello"));
+      pending_.erase(pending_.begin() + static_cast<long>(i));
+      return;
+    }
     return drop(i, "closed before completing its hello");
   }
   p.received += static_cast<size_t>(n);
@@ -344,7 +353,7 @@ void Acceptor::serve(size_t i, Clock::time_point deadline) {
 
 // Connects to each rank of `lower` (their published addresses, in order) at once, one thread
 // each; every thread joined before the first error is thrown.
-void dialLower(const std::vector<std::vector<uint8_t>>& addresses, const std::vector<int>& lower,
+void dialLower(const std::vector<Address>& addresses, const std::vector<int>& lower,
                int rank, int size, const std::vector<uint8_t>& key, const MeshOptions& options,
                const SocketTuning& tuning, Clock::time_point deadline,
                std::vector<std::unique_ptr<Channel>>& channels) {
@@ -352,7 +361,7 @@ void dialLower(const std::vector<std::vector<uint8_t>>& addresses, const std::ve
   for (size_t i = 0; i < lower.size(); ++i) {
     dials.push_back(std::async(std::launch::async, [&, i] {
       const int peer = lower[i];
-      auto address = Address::parse(std::string(addresses[i].begin(), addresses[i].end()));
+      const Address& address = addresses[i];
       Socket sock = connectTo(address, deadline, tuning);
       std::unique_ptr<SessionKeys> keys;
       try {
@@ -376,43 +385,26 @@ void dialLower(const std::vector<std::vector<uint8_t>>& addresses, const std::ve
   if (failed) std::rethrow_exception(failed);
 }
 
-}  // namespace
-
-std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int rank, int size,
-                                                 const MeshOptions& options,
-                                                 const std::vector<bool>& wanted) {
+// Connects this rank to every wanted rank through `listener` (the higher ranks dial it) and
+// by dialing the lower ones at the addresses `lowerAddresses` returns (in rank order), at
+// once: a peer answers a dial only once it accepts, so dialing first and accepting after
+// would chain the ranks' connects one after another (several round trips each on a long link).
+std::vector<std::unique_ptr<Channel>> connectThrough(
+    const Socket& listener, const SocketTuning& tuning, const std::vector<uint8_t>& key, int rank,
+    int size, const MeshOptions& options, const std::vector<bool>& wanted,
+    const std::function<std::vector<Address>()>& lowerAddresses) {
   std::vector<std::unique_ptr<Channel>> channels(static_cast<size_t>(size));
   const auto deadline = Clock::now() + options.timeout;
-  const auto key = proofKey(groupSecret(rendezvous, rank, options.timeout), options.security.secret);
-
-  Socket listener = listenOn(options.bindIp, size + 16);
-  const Address self = localAddress(listener.fd());
-  const int family = self.ip.find(':') == std::string::npos ? AF_INET : AF_INET6;
-  const SocketTuning tuning = chooseTuning(family, options.tcp);
-  // Before the address is published, so no peer connects before the listener has it.
-  applyTuning(listener.fd(), tuning);
-  const std::string published = self.toString();
-  rendezvous.set(strCat("ringdist/addr/", rank),
-                 std::vector<uint8_t>(published.begin(), published.end()));
-  logDebug(strCat("rank ", rank, " listening on ", published));
-
-  // Dial every lower rank, all at once, while this thread accepts the higher ones: a peer
-  // answers a dial only once it accepts, so dialing first and accepting after would chain the
-  // ranks' connects one after another (several round trips each on a long link).
   std::vector<int> lower;
-  std::vector<std::string> keys;
   for (int peer = 0; peer < rank; ++peer) {
-    if (!wanted[static_cast<size_t>(peer)]) continue;
-    lower.push_back(peer);
-    keys.push_back(strCat("ringdist/addr/", peer));
+    if (wanted[static_cast<size_t>(peer)]) lower.push_back(peer);
   }
   Acceptor acceptor(listener, key, rank, size, options, tuning, wanted, channels);
   std::exception_ptr failed;
   {
     auto dialing = std::async(std::launch::async, [&] {
       try {
-        dialLower(rendezvous.getMany(keys, options.timeout), lower, rank, size, key, options,
-                  tuning, deadline, channels);
+        dialLower(lowerAddresses(), lower, rank, size, key, options, tuning, deadline, channels);
       } catch (...) {
         acceptor.cancel();
         throw;
@@ -431,6 +423,88 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
   }
   if (failed) std::rethrow_exception(failed);
   return channels;
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int rank, int size,
+                                                 const MeshOptions& options,
+                                                 const std::vector<bool>& wanted,
+                                                 std::shared_ptr<Door>* door) {
+  const auto key = proofKey(groupSecret(rendezvous, rank, options.timeout), options.security.secret);
+  // Room for the connects a kept listener queues between groups (a shrink's, probes).
+  auto listener = std::make_shared<Socket>(listenOn(options.bindIp, size + kDoorBacklog));
+  const Address self = localAddress(listener->fd());
+  const int family = self.ip.find(':') == std::string::npos ? AF_INET : AF_INET6;
+  const SocketTuning tuning = chooseTuning(family, options.tcp);
+  // Before the address is published, so no peer connects before the listener has it.
+  applyTuning(listener->fd(), tuning);
+  const std::string published = self.toString();
+  rendezvous.set(strCat("ringdist/addr/", rank),
+                 std::vector<uint8_t>(published.begin(), published.end()));
+  logDebug(strCat("rank ", rank, " listening on ", published));
+
+  auto fetch = [&](int from, int to, bool all) {
+    std::vector<std::string> keys;
+    for (int peer = from; peer < to; ++peer) {
+      if (all || wanted[static_cast<size_t>(peer)]) keys.push_back(strCat("ringdist/addr/", peer));
+    }
+    std::vector<Address> addresses;
+    for (const auto& raw : rendezvous.getMany(keys, options.timeout)) {
+      addresses.push_back(Address::parse(std::string(raw.begin(), raw.end())));
+    }
+    return addresses;
+  };
+  std::vector<Address> addresses;
+  auto channels = connectThrough(*listener, tuning, key, rank, size, options, wanted, [&] {
+    addresses = fetch(0, rank, door != nullptr);
+    if (door == nullptr) return addresses;
+    std::vector<Address> lower;
+    for (int peer = 0; peer < rank; ++peer) {
+      if (wanted[static_cast<size_t>(peer)]) lower.push_back(addresses[static_cast<size_t>(peer)]);
+    }
+    return lower;
+  });
+  if (door != nullptr) {
+    // A kept door needs the higher ranks' addresses too, published before they dialed this
+    // rank (the store client waits holding its lock, so not while the dials need it).
+    addresses.push_back(self);
+    for (auto& address : fetch(rank + 1, size, true)) addresses.push_back(std::move(address));
+    *door = std::make_shared<Door>(Door{listener, tuning, key, addresses});
+  }
+  return channels;
+}
+
+std::vector<std::unique_ptr<Channel>> reconnect(const Door& door, const std::vector<int>& members,
+                                                int rank, const std::string& label,
+                                                const MeshOptions& options,
+                                                std::shared_ptr<Door>* newDoor) {
+  const Digest derived = hmacSha256(door.key.data(), door.key.size(),
+                                    reinterpret_cast<const uint8_t*>(label.data()), label.size());
+  auto next = std::make_shared<Door>(
+      Door{door.listener, door.tuning, std::vector<uint8_t>(derived.begin(), derived.end()), {}});
+  for (int member : members) next->addresses.push_back(door.addresses[static_cast<size_t>(member)]);
+  const int size = static_cast<int>(members.size());
+  std::vector<bool> everyone(static_cast<size_t>(size), true);
+  everyone[static_cast<size_t>(rank)] = false;
+  auto channels = connectThrough(*door.listener, door.tuning, next->key, rank, size, options,
+                                 everyone, [&] {
+    return std::vector<Address>(next->addresses.begin(), next->addresses.begin() + rank);
+  });
+  *newDoor = std::move(next);
+  return channels;
+}
+
+std::vector<int> goneBehind(const Door& door, const std::vector<int>& peers,
+                            std::chrono::milliseconds limit) {
+  std::vector<Address> addresses;
+  for (int peer : peers) addresses.push_back(door.addresses[static_cast<size_t>(peer)]);
+  const std::vector<bool> refused = connectsRefused(addresses, limit);
+  std::vector<int> gone;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    if (refused[i]) gone.push_back(peers[i]);
+  }
+  return gone;
 }
 
 void warnOnceIfUnauthenticated(const TcpSecurity& security) {

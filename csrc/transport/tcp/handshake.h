@@ -6,6 +6,7 @@
 #include "csrc/common/options.h"
 #include "csrc/common/rendezvous.h"
 #include "csrc/transport/channel.h"
+#include "csrc/transport/tcp/socket.h"
 
 namespace ringdist {
 namespace tcp {
@@ -39,9 +40,37 @@ constexpr uint32_t kProtocolVersion = 7;
 // Anything else (garbage, wrong secret, replays, duplicate or absurd ranks,
 // silent clients) is dropped and logged, served concurrently so it cannot
 // delay real peers; the job is unaffected.
+// With `door`, the listener stays open after the connect, in a Door (below).
+struct Door;
 std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int rank, int size,
                                                  const MeshOptions& options,
-                                                 const std::vector<bool>& wanted);
+                                                 const std::vector<bool>& wanted,
+                                                 std::shared_ptr<Door>* door = nullptr);
+
+// A rank's listener kept open for its group's life, with what a later connect of some of the
+// group's ranks needs without the store: every rank's address and the group's proof key. A
+// shrink connects the survivors through their doors (reconnect), and a connect refused at a
+// rank's door proves its process gone while its host is up (goneBehind).
+struct Door {
+  std::shared_ptr<const Socket> listener;  // shared by the groups a shrink derives
+  SocketTuning tuning;
+  std::vector<uint8_t> key;            // of the group's handshake proofs
+  std::vector<Address> addresses;      // every rank's door, by rank
+};
+
+// Connects `members` (ranks of `door`'s group, in their new order; this rank is
+// members[rank]) to each other through their doors, with the handshake above under a proof
+// key derived from the group's and `label` (the same on every member, another for each new
+// group: a rank given another label, or left out, cannot join). No store round trip: the
+// connects and handshakes alone. Returns the channels by new rank and the new group's door.
+std::vector<std::unique_ptr<Channel>> reconnect(const Door& door, const std::vector<int>& members,
+                                                int rank, const std::string& label,
+                                                const MeshOptions& options,
+                                                std::shared_ptr<Door>* newDoor);
+
+// The ranks among `peers` whose door refused a connect within `limit` (see connectsRefused).
+std::vector<int> goneBehind(const Door& door, const std::vector<int>& peers,
+                            std::chrono::milliseconds limit);
 
 // Says once per process that peers are not authenticated (no user secret), or
 // not even sealed. The mesh calls it where that matters: a peer stays on TCP,

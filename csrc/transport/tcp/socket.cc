@@ -174,6 +174,43 @@ Socket connectTo(const Address& address, Clock::time_point deadline, const Socke
   }
 }
 
+std::vector<bool> connectsRefused(const std::vector<Address>& addresses,
+                                  std::chrono::milliseconds limit) {
+  std::vector<bool> refused(addresses.size(), false);
+  std::vector<Socket> probes(addresses.size());
+  std::vector<pollfd> waiting;
+  std::vector<size_t> waitingFor;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    sockaddr_storage sa;
+    const socklen_t len = toSockaddr(addresses[i].ip, addresses[i].port, &sa);
+    probes[i] = Socket(::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!probes[i].valid()) continue;
+    const linger reset{1, 0};  // close sends a reset: no FIN exchange, no TIME_WAIT
+    ::setsockopt(probes[i].fd(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+    if (::connect(probes[i].fd(), reinterpret_cast<sockaddr*>(&sa), len) == 0) continue;
+    if (errno == ECONNREFUSED) {
+      refused[i] = true;
+    } else if (errno == EINPROGRESS) {
+      waiting.push_back(pollfd{probes[i].fd(), POLLOUT, 0});
+      waitingFor.push_back(i);
+    }
+  }
+  const auto deadline = Clock::now() + limit;
+  while (!waiting.empty() && Clock::now() < deadline) {
+    if (::poll(waiting.data(), waiting.size(), remainingMs(deadline)) <= 0) continue;
+    for (size_t w = waiting.size(); w-- > 0;) {
+      if (waiting[w].revents == 0) continue;
+      int err = 0;
+      socklen_t errLen = sizeof(err);
+      ::getsockopt(waiting[w].fd, SOL_SOCKET, SO_ERROR, &err, &errLen);
+      refused[waitingFor[w]] = err == ECONNREFUSED;
+      waiting.erase(waiting.begin() + static_cast<long>(w));
+      waitingFor.erase(waitingFor.begin() + static_cast<long>(w));
+    }
+  }
+  return refused;
+}
+
 std::string interfaceAddress(const std::string& ifname) {
   ifaddrs* list = nullptr;
   RINGDIST_CHECK(::getifaddrs(&list) == 0, "ringdist: getifaddrs() failed: ",

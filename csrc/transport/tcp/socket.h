@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "csrc/transport/tcp/tuning.h"
 
@@ -46,6 +47,13 @@ Address peerAddress(int fd);
 
 // Connects a socket set up with `tuning`, retrying refused connections until the deadline.
 Socket connectTo(const Address& address, Clock::time_point deadline, const SocketTuning& tuning);
+
+// For each address, whether its host answered a connect there with a refusal within `limit`:
+// the host is up and nothing listens on that port, so a process that kept a listener open
+// there is gone. All at once, from this thread; no answer (a host cut off, a stopped process's
+// kernel still accepts) is false. Probes that connected are reset at once.
+std::vector<bool> connectsRefused(const std::vector<Address>& addresses,
+                                  std::chrono::milliseconds limit);
 
 // The IPv4/IPv6 address of a network interface, e.g. "eth0".
 std::string interfaceAddress(const std::string& ifname);
