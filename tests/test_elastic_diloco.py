@@ -72,7 +72,8 @@ def test_diloco_drops_a_silent_rank(record_property):
     assert lost == "2", stopped[-3000:]
     report(record_property, "silent_ms", {"failed_after_stop": int(failed_ms),
                                           "back_to_training": int(back_ms)})
-    # The check waits lost_wait for the silent rank's answer; CI machines are loaded.
-    assert 900 <= int(back_ms) < 6000, back_ms
+    # The check waits lost_wait (1 s) for the silent rank's answer, counted from the first
+    # rank's arrival, which may precede this one's by a poll (0.25 s); CI machines are loaded.
+    assert 700 <= int(back_ms) < 6000, back_ms
     killed = FINAL.findall(run("--nproc", "4", "--kill", "2@35", "--exchange-timeout", "1"))[0]
     assert killed[0] == loss and killed[2:6] == (world, rounds, recoveries, joins), (killed, loss)

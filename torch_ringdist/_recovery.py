@@ -22,10 +22,12 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
     Call it on every surviving rank after an operation of the group failed (a
     peer died or was cut off: ringdist then fails the operation on every rank),
     then ``dist.shrink_group(lost)``. Every caller checks in through the group's
-    store and reports the ranks whose process it knows to be gone (ranks on one
-    host watch each other's processes). Once every rank has checked in or is
-    known gone, the decision is made at once; otherwise ``wait`` seconds after a
-    caller's arrival. The first rank to decide records the ranks that have not
+    store and looks which ranks it knows to be gone: on its host, by their
+    process; on another host, a rank whose host refuses a connect at the
+    listener the rank keeps open (its process is gone, its host is up). Once
+    every rank has checked in or is known gone, the decision is made at once;
+    otherwise ``wait`` seconds after a caller's arrival (a host cut off, a
+    stopped process). The first rank to decide records the ranks that have not
     checked in, and every caller returns that same list (``[]`` when all did).
     ``wait`` must exceed the time a live rank may take to notice the failure
     (the compute between two of its collectives): a rank that arrives after the
@@ -53,31 +55,33 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
     prefix = _prefix(pg, key)
     decision_key = prefix + "decision"
 
-    store.set(prefix + f"here/{rank}", b"1")
-    arrived = store.add(prefix + "count", 1)
+    # Every store round trip counts (across a WAN, tens of milliseconds each): a caller checks
+    # in by adding its bit to a mask, which then reads who is here in one round trip.
+    arrived = _checked_in(store, prefix, size, rank)
     deadline = time.monotonic() + wait
-    dead = 0
-    # Each pass costs two or three store round trips (across a WAN, a round trip each).
-    while arrived + dead < size and time.monotonic() < deadline:
-        if store.check([decision_key]) or (settled is not None and settled()):
+    gone, decided = set(), False
+    while True:
+        # Ranks this one knows dead (same host: the process; another host: refused at its
+        # door) need no waiting for: once every rank has checked in or is known dead, the
+        # decision is final.
+        gone = set(_known_dead(pg)) - arrived
+        if len(arrived) + len(gone) >= size or time.monotonic() >= deadline:
             break
-        # Ranks this one knows dead (same host) need no waiting for: once every rank has
-        # checked in or is known dead, the decision is final.
-        for r in _known_dead(pg):
-            if not store.check([prefix + f"here/{r}"]) and store.add(prefix + f"dead/{r}", 1) == 1:
-                store.add(prefix + "dead", 1)
+        decided = store.check([decision_key])
+        if decided or (settled is not None and settled()):
+            break
         time.sleep(0.002)
-        arrived, dead = store.add(prefix + "count", 0), store.add(prefix + "dead", 0)
-    if settled is not None and settled():
-        proposal = "[]"
+        arrived = _checked_in(store, prefix, size)
+    if decided or (settled is not None and settled()):
+        proposal = []  # ignored when a decision exists: the first one stored stands
     else:
-        marked = "" if done is None else _prefix(pg, done) + "done/"
-        here = range(size) if arrived >= size else \
-            [r for r in range(size) if store.check([prefix + f"here/{r}"]) or
-             (marked and store.check([marked + str(r)]))]
-        proposal = json.dumps(sorted(set(range(size)) - set(here)))
+        missing = set(range(size)) - arrived
+        if done is not None:  # alive after all: completed the operation, then moved on
+            marked = _prefix(pg, done) + "done/"
+            missing -= {r for r in missing - gone if store.check([marked + str(r)])}
+        proposal = sorted(missing)
     # The first proposal stored wins; later callers get it back.
-    decided = json.loads(store.compare_set(decision_key, "", proposal))
+    decided = json.loads(store.compare_set(decision_key, "", json.dumps(proposal)))
     if rank in decided:
         raise RuntimeError(f"torch_ringdist.lost_ranks: rank {rank} checked in after the other "
                            f"ranks decided that ranks {decided} are lost (more than {wait} s after "
@@ -85,11 +89,28 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
     return decided
 
 
+# Ranks per check-in mask: their bits sum within a store counter (int64).
+_MASK_BITS = 63
+
+
+def _checked_in(store, prefix: str, size: int, rank: int | None = None) -> set:
+    """The ranks checked in under ``prefix``, after checking ``rank`` in (when given): one
+    store round trip per 63 ranks, each caller adding its bit once."""
+    here = set()
+    for block in range((size + _MASK_BITS - 1) // _MASK_BITS):
+        mine = rank is not None and rank // _MASK_BITS == block
+        mask = store.add(prefix + f"here/{block}", 1 << (rank % _MASK_BITS) if mine else 0)
+        here |= {block * _MASK_BITS + b for b in range(_MASK_BITS) if mask >> b & 1}
+    return here
+
+
 def check_open(group, key: str) -> bool:
     """Whether another rank of ``group`` has begun the :func:`lost_ranks` check ``key`` (its
     operation timed out): this rank must then take part in it too, or be counted as lost."""
     pg, store = _group_store(group)
-    return store.check([_prefix(pg, key) + "count"])
+    return store.check([_prefix(pg, key) + "here/0"]) or any(
+        store.check([_prefix(pg, key) + f"here/{block}"])
+        for block in range(1, (pg.size() + _MASK_BITS - 1) // _MASK_BITS))
 
 
 def mark_done(group, key: str) -> None:

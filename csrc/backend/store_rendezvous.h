@@ -52,6 +52,11 @@ class StoreRendezvous final : public Rendezvous {
     return store_->add(prefix_ + key, delta);
   }
 
+  // c10d's compareSet with nothing expected: a missing key takes the value.
+  std::vector<uint8_t> setFirst(const std::string& key, const std::vector<uint8_t>& value) override {
+    return store_->compareSet(prefix_ + key, {}, value);
+  }
+
  private:
   static std::string attempt() {
     const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");

@@ -312,10 +312,8 @@ void Worker::run(Task& task) {
       }
     }
   } catch (const std::exception& e) {
-    std::string message = comm_->aborted() ? std::string(e.what()) : comm_->describeError(e.what());
-    if (!comm_->aborted()) {
-      comm_->abort(message);
-    }
+    const std::string message =
+        comm_->aborted() ? std::string(e.what()) : comm_->abort(comm_->describeError(e.what()));
     task.body = nullptr;
     recordStats(task, std::chrono::steady_clock::now() - started, before);
     fail(task.work, message);
@@ -393,8 +391,8 @@ void Worker::betweenOps(const std::function<void()>& step) {
   try {
     step();
   } catch (const std::exception& e) {
-    std::string message = comm_->describeError(e.what());
-    comm_->abort(message);
+    const std::string message =
+        comm_->aborted() ? std::string(e.what()) : comm_->abort(comm_->describeError(e.what()));
     fail(nullptr, message);
   }
 }

@@ -398,37 +398,34 @@ std::string Communicator::describeError(const std::string& what) {
       text += strCat(" [rank ", r, " (same host) is dead]");
     }
   }
-  // A peer that aborted first may have published why; name the root cause.
-  const std::string remote = askStore([](Rendezvous& store) {
-    if (!store.check("ringdist/abort")) return std::string();
-    auto reason = store.get("ringdist/abort", std::chrono::milliseconds(1000));
-    return std::string(reason.begin(), reason.end());
-  }).value_or("");
-  if (!remote.empty() && text.find(remote) == std::string::npos) {
-    text += strCat(" [first error in the group: ", remote, "]");
-  }
   return text;
 }
 
-void Communicator::abort(const std::string& reason) {
+std::string Communicator::abort(const std::string& reason) {
   if (aborted_) {
-    return;
+    return abortReason_;
   }
   aborted_ = true;
   abortReason_ = reason;
-  askStore([reason](Rendezvous& store) {
-    if (!store.check("ringdist/abort")) {
-      store.set("ringdist/abort", std::vector<uint8_t>(reason.begin(), reason.end()));
-    }
-    return std::string();
-  });
-  // Closing every connection makes each peer's pending operation fail at
-  // once (EOF), which cascades the error to the whole group.
+  // Closing every connection first makes each peer's pending operation fail at
+  // once (EOF), which cascades the error to the whole group before any store
+  // round trip.
   for (auto& ch : channels_) {
     if (ch) {
       ch->close();
     }
   }
+  // One round trip then publishes this reason, unless a peer's came first: that one is then
+  // the root cause to name.
+  const std::string first = askStore([reason](Rendezvous& store) {
+    const auto stored = store.setFirst("ringdist/abort",
+                                       std::vector<uint8_t>(reason.begin(), reason.end()));
+    return std::string(stored.begin(), stored.end());
+  }).value_or("");
+  if (!first.empty() && reason.find(first) == std::string::npos) {
+    abortReason_ += strCat(" [first error in the group: ", first, "]");
+  }
+  return abortReason_;
 }
 
 std::optional<std::string> Communicator::askStore(std::function<std::string(Rendezvous&)> ask,

@@ -241,14 +241,15 @@ class Communicator {
   // Scratch memory owned by the communicator, grown on demand, 64-byte aligned.
   char* scratch(size_t bytes);
 
-  // After abort every operation fails with the first error's text.
-  void abort(const std::string& reason);
+  // Closes every link (each peer's operation fails at once), then publishes `reason` in the
+  // store unless a peer's came first; returns `reason`, naming that first error if another.
+  // After abort every operation fails with that text.
+  std::string abort(const std::string& reason);
   bool aborted() const { return aborted_; }
   // Peers whose process is known to be gone (Channel::peerDead); any thread.
   std::vector<int> deadPeers() const;
   const std::string& abortReason() const { return abortReason_; }
-  // Adds "ringdist <op>: rank R: " and, for lost peers, any reason a peer
-  // published when it aborted.
+  // Adds "ringdist <op>: rank R: " and the peers known dead.
   std::string describeError(const std::string& what);
 
   // Orderly teardown: waits (bounded) until every rank reached close, so no

@@ -21,6 +21,10 @@ class Rendezvous {
   virtual bool check(const std::string& key) = 0;
   // Atomic add; returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Atomic: stores `value` unless the key exists; returns the key's value after (ours, or the
+  // one stored first). One round trip where check, then get or set, take several.
+  virtual std::vector<uint8_t> setFirst(const std::string& key,
+                                        const std::vector<uint8_t>& value) = 0;
   // get() of every key, in order. A store that fetches several keys in one round trip
   // overrides it: across a WAN each round trip to the store costs tens of milliseconds.
   virtual std::vector<std::vector<uint8_t>> getMany(const std::vector<std::string>& keys,

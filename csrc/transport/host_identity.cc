@@ -14,8 +14,8 @@ namespace ringdist {
 namespace {
 
 // Record layout: these lines, then one line per field, '\n'-separated.
-constexpr const char* kRecordTag = "ringdist-peer/2";
-constexpr size_t kRecordFields = 9;
+constexpr const char* kRecordTag = "ringdist-peer/3";
+constexpr size_t kRecordFields = 10;
 
 std::string readFileLine(const char* path) {
   std::ifstream in(path);
@@ -55,7 +55,7 @@ std::vector<uint8_t> PeerRecord::encode() const {
   std::string text = strCat(kRecordTag, "\n", host.hostname, "\n", host.bootId, "\n",
                             host.shmMount, "\n", host.pidNamespace, "\n", host.label, "\n",
                             transportPolicyName(transport), "\n", checksums ? "crc" : "nocrc", "\n",
-                            roundTripUs);
+                            roundTripUs, "\n", door);
   return std::vector<uint8_t>(text.begin(), text.end());
 }
 
@@ -76,6 +76,7 @@ PeerRecord PeerRecord::decode(const std::vector<uint8_t>& bytes, int rank) {
   RINGDIST_CHECK(!f[8].empty() && *end == '\0' && rtt <= UINT32_MAX,
                  "ringdist: rank ", rank, " published a malformed host record");
   r.roundTripUs = static_cast<uint32_t>(rtt);
+  r.door = f[9];
   return r;
 }
 

@@ -30,6 +30,8 @@ struct PeerRecord {
   // The longest of this rank's TCP links' round trips, measured at connect
   // (Channel::roundTripUs), microseconds.
   uint32_t roundTripUs = 0;
+  // The address of the listener the rank keeps open (tcp::Door), "ip:port"; empty if none.
+  std::string door;
 
   std::vector<uint8_t> encode() const;
   // Throws, naming `rank`, on a record that is not one of ours.

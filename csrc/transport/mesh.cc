@@ -23,9 +23,11 @@ constexpr auto kDisagreementWait = std::chrono::seconds(10);
 
 // Every rank's record (ours included), checking what all must agree on.
 std::vector<PeerRecord> exchangeRecords(Rendezvous& rendezvous, int rank, int size,
-                                        const MeshOptions& options, uint32_t roundTripUs) {
+                                        const MeshOptions& options, uint32_t roundTripUs,
+                                        const tcp::Door* door) {
   PeerRecord mine{HostIdentity::detect(options.hostLabel), options.transport,
-                  options.link.checksums, roundTripUs};
+                  options.link.checksums, roundTripUs,
+                  door != nullptr ? door->self.toString() : std::string()};
   rendezvous.set(strCat("ringdist/host/", rank), mine.encode());
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) {
@@ -123,6 +125,9 @@ class PrefixedRendezvous final : public Rendezvous {
   }
   bool check(const std::string& key) override { return inner_.check(prefix_ + key); }
   int64_t add(const std::string& key, int64_t delta) override { return inner_.add(prefix_ + key, delta); }
+  std::vector<uint8_t> setFirst(const std::string& key, const std::vector<uint8_t>& value) override {
+    return inner_.setFirst(prefix_ + key, value);
+  }
 
  private:
   Rendezvous& inner_;
@@ -218,7 +223,13 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
   }
   // 2. Everyone's host and policy; 3. the stages that depend on them.
   mesh.records = exchangeRecords(rendezvous, rank, size, options,
-                                 longestRoundTripUs(mesh.channels, options.testRoundTripUs));
+                                 longestRoundTripUs(mesh.channels, options.testRoundTripUs),
+                                 mesh.door.get());
+  if (mesh.door != nullptr) {
+    for (const auto& record : mesh.records) {
+      mesh.door->addresses.push_back(tcp::Address::parse(record.door));
+    }
+  }
   finishMesh(rendezvous, rank, options, mesh);
   return mesh;
 }

@@ -365,6 +365,12 @@ class MemoryRendezvous : public Rendezvous {
     changed_.notify_all();
     return now;
   }
+  std::vector<uint8_t> setFirst(const std::string& key, const std::vector<uint8_t>& value) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = values_.emplace(key, value).first;
+    changed_.notify_all();
+    return it->second;
+  }
 
  private:
   std::mutex mutex_;

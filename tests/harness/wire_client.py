@@ -66,11 +66,12 @@ def op_header(*, type: int, dtype: int = 0, op: int = 0, variant: int = 0, seq: 
 
 
 def peer_record(hostname: str, transport: str = "auto", crc: bool = False,
-                round_trip_us: int = 0) -> bytes:
+                round_trip_us: int = 0, door: str = "127.0.0.1:9") -> bytes:
     """What a rank publishes under ringdist/host/<rank> (PeerRecord in
-    csrc/transport/host_identity.h): a hostname no real rank has keeps links on TCP."""
-    fields = ["ringdist-peer/2", hostname, "boot", "none", "pid:[0]", "", transport,
-              "crc" if crc else "nocrc", str(round_trip_us)]
+    csrc/transport/host_identity.h): a hostname no real rank has keeps links on TCP; door,
+    the address of the listener it keeps open."""
+    fields = ["ringdist-peer/3", hostname, "boot", "none", "pid:[0]", "", transport,
+              "crc" if crc else "nocrc", str(round_trip_us), door]
     return "\n".join(fields).encode()
 
 

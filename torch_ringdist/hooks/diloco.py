@@ -29,8 +29,9 @@ from torch_ringdist.hooks.compress import allreduce_bucket, compressed_bucket
 
 logger = logging.getLogger(__name__)
 # With exchange_timeout: how often a rank waiting for its exchange looks whether another rank
-# has begun a check of who is alive (one store round trip each time).
-_CHECK_POLL = 0.5
+# has begun a check of who is alive (one store round trip each time): the others' check waits
+# lost_wait for it.
+_CHECK_POLL = 0.25
 
 
 def _new_flat(dtype=torch.float32) -> torch.Tensor:
@@ -553,13 +554,17 @@ class DiLoCoState(HookState):
     def _wait_until(self, work, deadline, check: str) -> bool:
         """Waits for `work` (raising its error). True: it completed. False: this rank must take
         part in the check of who is alive `check`, because its deadline passed or another
-        rank's did (looked for every _CHECK_POLL seconds while waiting, and once more on
-        completing after that)."""
+        rank's did (looked for on beginning to wait, every _CHECK_POLL seconds while waiting,
+        and once more on completing after that)."""
         if deadline is None:
             work.wait()
             return True
         from torch_ringdist._recovery import check_open
 
+        # A rank whose compute ran late may begin waiting after the others' deadline passed:
+        # it joins their check at once (the look overlaps its exchange).
+        if check_open(self.process_group, check):
+            return False
         waited = False
         while True:
             left = deadline - time.monotonic()

@@ -444,34 +444,19 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
                  std::vector<uint8_t>(published.begin(), published.end()));
   logDebug(strCat("rank ", rank, " listening on ", published));
 
-  auto fetch = [&](int from, int to, bool all) {
-    std::vector<std::string> keys;
-    for (int peer = from; peer < to; ++peer) {
-      if (all || wanted[static_cast<size_t>(peer)]) keys.push_back(strCat("ringdist/addr/", peer));
-    }
-    std::vector<Address> addresses;
-    for (const auto& raw : rendezvous.getMany(keys, options.timeout)) {
-      addresses.push_back(Address::parse(std::string(raw.begin(), raw.end())));
-    }
-    return addresses;
-  };
-  std::vector<Address> addresses;
   auto channels = connectThrough(*listener, tuning, key, rank, size, options, wanted, [&] {
-    addresses = fetch(0, rank, door != nullptr);
-    if (door == nullptr) return addresses;
-    std::vector<Address> lower;
+    std::vector<std::string> keys;
     for (int peer = 0; peer < rank; ++peer) {
-      if (wanted[static_cast<size_t>(peer)]) lower.push_back(addresses[static_cast<size_t>(peer)]);
+      if (wanted[static_cast<size_t>(peer)]) keys.push_back(strCat("ringdist/addr/", peer));
+    }
+    std::vector<Address> lower;
+    for (const auto& raw : rendezvous.getMany(keys, options.timeout)) {
+      lower.push_back(Address::parse(std::string(raw.begin(), raw.end())));
     }
     return lower;
   });
-  if (door != nullptr) {
-    // A kept door needs the higher ranks' addresses too, published before they dialed this
-    // rank (the store client waits holding its lock, so not while the dials need it).
-    addresses.push_back(self);
-    for (auto& address : fetch(rank + 1, size, true)) addresses.push_back(std::move(address));
-    *door = std::make_shared<Door>(Door{listener, tuning, key, addresses});
-  }
+  // The mesh fills in every rank's address from the host records (no round trip of its own).
+  if (door != nullptr) *door = std::make_shared<Door>(Door{listener, self, tuning, key, {}});
   return channels;
 }
 
@@ -482,7 +467,7 @@ std::vector<std::unique_ptr<Channel>> reconnect(const Door& door, const std::vec
   const Digest derived = hmacSha256(door.key.data(), door.key.size(),
                                     reinterpret_cast<const uint8_t*>(label.data()), label.size());
   auto next = std::make_shared<Door>(
-      Door{door.listener, door.tuning, std::vector<uint8_t>(derived.begin(), derived.end()), {}});
+      Door{door.listener, door.self, door.tuning, std::vector<uint8_t>(derived.begin(), derived.end()), {}});
   for (int member : members) next->addresses.push_back(door.addresses[static_cast<size_t>(member)]);
   const int size = static_cast<int>(members.size());
   std::vector<bool> everyone(static_cast<size_t>(size), true);

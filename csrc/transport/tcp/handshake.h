@@ -40,7 +40,8 @@ constexpr uint32_t kProtocolVersion = 7;
 // Anything else (garbage, wrong secret, replays, duplicate or absurd ranks,
 // silent clients) is dropped and logged, served concurrently so it cannot
 // delay real peers; the job is unaffected.
-// With `door`, the listener stays open after the connect, in a Door (below).
+// With `door`, the listener stays open after the connect, in a Door (below) whose addresses
+// the caller fills in.
 struct Door;
 std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int rank, int size,
                                                  const MeshOptions& options,
@@ -53,6 +54,7 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
 // rank's door proves its process gone while its host is up (goneBehind).
 struct Door {
   std::shared_ptr<const Socket> listener;  // shared by the groups a shrink derives
+  Address self;                            // where it listens
   SocketTuning tuning;
   std::vector<uint8_t> key;            // of the group's handshake proofs
   std::vector<Address> addresses;      // every rank's door, by rank
