@@ -290,6 +290,8 @@ std::map<std::string, OpStats> ProcessGroupRingdist::stats() const { return work
 
 void ProcessGroupRingdist::resetStats() { worker_->resetStats(); }
 
+void ProcessGroupRingdist::closeWithoutWaiting() { worker_->closeWithoutWaiting(); }
+
 std::vector<int> ProcessGroupRingdist::deadPeers() const {
   std::vector<int> dead = worker_->deadPeers();
   if (door_ == nullptr) return dead;

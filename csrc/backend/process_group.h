@@ -185,6 +185,9 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // whose host refused a connect at the rank's kept listener (tcp::goneBehind, within about
   // two round trips); others: unknown.
   std::vector<int> deadPeers() const;
+  // Destroying the group then skips the goodbye through the store: for callers that know
+  // every rank finished the same operations (DiLoCo's re-forming at a period's end).
+  void closeWithoutWaiting();
   // The last operations in torch's flight-recorder dump format (a pickle).
   std::string tracePickle() const;
   void resetStats();

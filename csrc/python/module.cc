@@ -96,6 +96,7 @@ PYBIND11_MODULE(_C, m) {
            "thread (inline_calls), waits that skipped the spin because a peer shared the CPU "
            "(shared_core_waits), shared-memory waits that slept on their doorbell (sleeps), bytes copied straight from or into same-host peers' memory (single_copy_bytes), sends handed over GPU to GPU (device_messages)")
       .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats)
+      .def("_close_without_waiting", &ringdist::ProcessGroupRingdist::closeWithoutWaiting)
       .def("_dead_peers", &ringdist::ProcessGroupRingdist::deadPeers,
            "Ranks whose process is known to be gone (same host only).")
       .def("_trace_pickle", [](const ringdist::ProcessGroupRingdist& pg) {

@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from torch_ringdist._collectives import ringdist_backend
 from torch_ringdist.hooks.compress import compressed_bucket
 from torch_ringdist.hooks.diloco import DiLoCoState, _gather, _new_flat, _scatter
 
@@ -30,6 +31,8 @@ def _form_generation(store, invite: dict, timeout: float) -> None:
     """Leaves the current default group (if any) and joins generation ``invite["generation"]``
     of the job as ``invite["rank"]`` of ``invite["world_size"]``, over a fresh store prefix."""
     if dist.is_initialized():
+        # At a period's end every rank finished the same operations: no goodbye to wait for.
+        ringdist_backend(None, "torch_ringdist.hooks.DiLoCoOptimizer")._close_without_waiting()
         dist.destroy_process_group()
     prefix = dist.PrefixStore(f"{_JOIN}generation/{invite['generation']}/", store)
     dist.init_process_group("ringdist", store=prefix, rank=invite["rank"],
@@ -51,9 +54,9 @@ class DiLoCoOptimizer:
     :meth:`join`. At the end of every period (right after its rounds) the ranks check the
     store for join requests; when there are some, the default group is re-formed with the
     joiners as its last ranks (``destroy_process_group`` and ``init_process_group`` over a
-    fresh prefix of the store), and rank 0 hands theta_global, the outer momentum and the
-    counters to every rank; the joiners start from theta_global with zero residuals and a
-    fresh inner optimizer. Re-split the data over ``dist.get_world_size()`` after it. Needs
+    fresh prefix of the store); the joiners get the options and counters with their invite,
+    and theta_global and the outer momentum from the other ranks, a slice from each, and start
+    from theta_global with zero residuals and a fresh inner optimizer. Re-split the data over ``dist.get_world_size()`` after it. Needs
     the default group and ``overlap="none"``; the store must outlive every rank (a launcher's
     or torchrun's), and joiners reach it by address.
 
@@ -83,7 +86,7 @@ class DiLoCoOptimizer:
         self.store = store
         self.join_timeout = join_timeout
         # Each admission here: {"joiners", "world_size" after it, "seconds" it took, and its
-        # phases: "form_s" (the new group), "header_s" (options, counters), "state_s"}.
+        # phases: "form_s" (the new group) and "state_s" (theta_global and momentum to joiners)}.
         self.admissions = []
         if state is None:
             state = DiLoCoState(process_group=process_group, **options)
@@ -117,12 +120,14 @@ class DiLoCoOptimizer:
             raise RuntimeError(f"torch_ringdist.hooks.DiLoCoOptimizer.join: join request "
                                f"{ticket} not admitted within {timeout} s (is the job running "
                                f"with store=?): {exc}") from exc
-        _form_generation(store, json.loads(store.get(key)), join_timeout)
-        header = [None]
-        dist.broadcast_object_list(header, src=0)
-        state = DiLoCoState(**header[0]["options"])
+        invite = json.loads(store.get(key))
+        _form_generation(store, invite, join_timeout)
+        header = invite["header"]
+        state = DiLoCoState(**header["options"])
         opt = cls(module, optimizer, state=state, store=store, join_timeout=join_timeout)
-        opt._share_state(header[0])
+        for k, v in header["counters"].items():
+            setattr(state, k, v)
+        opt._share_state(invite["members"], header)
         return opt
 
     def _admit_joiners(self) -> None:
@@ -142,9 +147,16 @@ class DiLoCoOptimizer:
         rank, world = dist.get_rank(), dist.get_world_size()
         generation = state.generation + 1
         if rank == 0:
+            # What a joiner takes besides the tensors travels with its invite (JSON: the store
+            # is not trusted with pickles), so the new group carries only the tensors.
+            header = {"options": {k: getattr(state, k) for k in state._options},
+                      "counters": {k: getattr(state, k) for k in _SHARED_COUNTERS},
+                      "anchor": state.anchor is not None,
+                      "momentum": sorted(state.momentum_buffers)}
+            header["counters"].update(admitted=state.admitted + newcomers, generation=generation)
             for i in range(newcomers):
                 invite = {"generation": generation, "rank": world + i,
-                          "world_size": world + newcomers}
+                          "world_size": world + newcomers, "members": world, "header": header}
                 self.store.set(_JOIN + f"invite/{state.admitted + i}", json.dumps(invite))
         _form_generation(self.store, {"generation": generation, "rank": rank,
                                       "world_size": world + newcomers}, self.join_timeout)
@@ -152,45 +164,55 @@ class DiLoCoOptimizer:
         state.admitted += newcomers
         state.generation = generation
         state.process_group = self.process_group = None
-        header = [{"options": {k: getattr(state, k) for k in state._options},
-                   "counters": {k: getattr(state, k) for k in _SHARED_COUNTERS},
-                   "anchor": state.anchor is not None,
-                   "momentum": sorted(state.momentum_buffers)} if rank == 0 else None]
-        dist.broadcast_object_list(header, src=0)
-        told = time.monotonic()
-        self._share_state(header[0])
+        self._share_state(world)
         seconds = time.monotonic() - start
         self.admissions.append({"joiners": newcomers, "world_size": dist.get_world_size(),
                                 "seconds": seconds, "form_s": formed - start,
-                                "header_s": told - formed, "state_s": start + seconds - told})
+                                "state_s": start + seconds - formed})
         logger.warning("diloco: admitted %s joiner(s); the group has %s ranks (%.0f ms)",
                        newcomers, dist.get_world_size(), seconds * 1000)
 
     @torch.no_grad()
-    def _share_state(self, header: dict) -> None:
-        """Rank 0's counters, theta_global and outer momentum on every rank (joiners take them;
-        the others hold the same already); joiners start from theta_global."""
+    def _share_state(self, members: int, header: dict | None = None) -> None:
+        """theta_global and the outer momentum from the group's first `members` ranks (which
+        hold the same) to the joiners (the ranks after them): each member sends its slice of
+        every buffer to every joiner, so the joiners' links fill from several streams at once.
+        Joiners (`header`: what their invite carried) start from theta_global."""
         state = self.state
-        joining = state.admitted != header["counters"]["admitted"]
-        for k, v in header["counters"].items():
-            setattr(state, k, v)
-        if header["anchor"] and state.anchor is None:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        joining = rank >= members
+        if joining and header["anchor"] and state.anchor is None:
             state._set_anchor()  # allocated here, received below
+        momentum = header["momentum"] if joining else sorted(state.momentum_buffers)
+        works, received = [], []
         for f in range(state.fragments):
             tensors = state._fragment_tensors(f)
-            if state.anchor is None:  # plain averaging: the parameters are the average
-                dist.broadcast(_gather(tensors, state._work_buffer(f)), src=0)
-                theta = state._work_buffer(f)
-            else:
+            if state.anchor is not None:
                 theta = state.anchor[f]
-                dist.broadcast(theta, src=0)
-            if f in header["momentum"]:
+            elif joining:  # plain averaging: the parameters are the average
+                theta = state._work_buffer(f).resize_(sum(t.numel() for t in tensors))
+            else:
+                theta = _gather(tensors, state._work_buffer(f))
+            buffers = [theta]
+            if f in momentum:
                 buf = state.momentum_buffers.get(f)
                 if buf is None:
                     buf = state.momentum_buffers[f] = torch.zeros_like(theta)
-                dist.broadcast(buf, src=0)
+                buffers.append(buf)
+            for buf in buffers:
+                for member, piece in enumerate(torch.tensor_split(buf, members)):
+                    if piece.numel() == 0:
+                        continue
+                    if joining:
+                        works.append(dist.irecv(piece, src=member))
+                    elif member == rank:
+                        works.extend(dist.isend(piece, dst=j) for j in range(members, world))
             if joining:
-                _scatter(theta, tensors)
+                received.append((theta, tensors))
+        for work in works:
+            work.wait()
+        for theta, tensors in received:
+            _scatter(theta, tensors)
 
     @torch.no_grad()
     def _broadcast_parameters(self) -> None:

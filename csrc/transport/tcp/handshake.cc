@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstring>
 #include <atomic>
-#include <functional>
 #include <future>
 #include <mutex>
 #include <string>
@@ -64,22 +63,6 @@ struct Ack {
 };
 
 uint32_t flagsOf(const TcpSecurity& security) { return security.encrypt ? kFlagEncrypt : 0; }
-
-// Keeps concurrent jobs that share a user secret apart; proves nothing, as
-// anyone who reaches the store can read it.
-std::vector<uint8_t> groupSecret(Rendezvous& rendezvous, int rank,
-                                 std::chrono::milliseconds timeout) {
-  const std::string key = "ringdist/secret";
-  if (rank == 0) {
-    std::vector<uint8_t> secret(kSecretBytes);
-    randomBytes(secret.data(), secret.size());
-    rendezvous.set(key, secret);
-    return secret;
-  }
-  auto secret = rendezvous.get(key, timeout);
-  RINGDIST_CHECK(secret.size() == kSecretBytes, "ringdist: malformed group secret in store");
-  return secret;
-}
 
 // The key of the handshake's proofs: HKDF-Extract (an HMAC) of the user's
 // secret, salted with the group's.
@@ -386,13 +369,12 @@ void dialLower(const std::vector<Address>& addresses, const std::vector<int>& lo
 }
 
 // Connects this rank to every wanted rank through `listener` (the higher ranks dial it) and
-// by dialing the lower ones at the addresses `lowerAddresses` returns (in rank order), at
-// once: a peer answers a dial only once it accepts, so dialing first and accepting after
+// by dialing the lower ones at `lowerAddresses` (in rank order), at once: a peer answers a dial only once it accepts, so dialing first and accepting after
 // would chain the ranks' connects one after another (several round trips each on a long link).
 std::vector<std::unique_ptr<Channel>> connectThrough(
     const Socket& listener, const SocketTuning& tuning, const std::vector<uint8_t>& key, int rank,
     int size, const MeshOptions& options, const std::vector<bool>& wanted,
-    const std::function<std::vector<Address>()>& lowerAddresses) {
+    const std::vector<Address>& lowerAddresses) {
   std::vector<std::unique_ptr<Channel>> channels(static_cast<size_t>(size));
   const auto deadline = Clock::now() + options.timeout;
   std::vector<int> lower;
@@ -404,7 +386,7 @@ std::vector<std::unique_ptr<Channel>> connectThrough(
   {
     auto dialing = std::async(std::launch::async, [&] {
       try {
-        dialLower(lowerAddresses(), lower, rank, size, key, options, tuning, deadline, channels);
+        dialLower(lowerAddresses, lower, rank, size, key, options, tuning, deadline, channels);
       } catch (...) {
         acceptor.cancel();
         throw;
@@ -431,7 +413,6 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
                                                  const MeshOptions& options,
                                                  const std::vector<bool>& wanted,
                                                  std::shared_ptr<Door>* door) {
-  const auto key = proofKey(groupSecret(rendezvous, rank, options.timeout), options.security.secret);
   // Room for the connects a kept listener queues between groups (a shrink's, probes).
   auto listener = std::make_shared<Socket>(listenOn(options.bindIp, size + kDoorBacklog));
   const Address self = localAddress(listener->fd());
@@ -439,22 +420,37 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
   const SocketTuning tuning = chooseTuning(family, options.tcp);
   // Before the address is published, so no peer connects before the listener has it.
   applyTuning(listener->fd(), tuning);
+  // The group secret keeps concurrent jobs that share a user secret apart; it proves nothing,
+  // as anyone who reaches the store can read it. Rank 0 makes it.
+  const std::string secretKey = "ringdist/secret";
+  std::vector<uint8_t> secret;
+  if (rank == 0) {
+    secret.resize(kSecretBytes);
+    randomBytes(secret.data(), secret.size());
+    rendezvous.set(secretKey, secret);
+  }
   const std::string published = self.toString();
   rendezvous.set(strCat("ringdist/addr/", rank),
                  std::vector<uint8_t>(published.begin(), published.end()));
   logDebug(strCat("rank ", rank, " listening on ", published));
-
-  auto channels = connectThrough(*listener, tuning, key, rank, size, options, wanted, [&] {
-    std::vector<std::string> keys;
-    for (int peer = 0; peer < rank; ++peer) {
-      if (wanted[static_cast<size_t>(peer)]) keys.push_back(strCat("ringdist/addr/", peer));
+  // One fetch (across a WAN every store round trip counts): the secret and the addresses of
+  // the lower ranks this one dials.
+  std::vector<std::string> keys;
+  if (rank != 0) keys.push_back(secretKey);
+  for (int peer = 0; peer < rank; ++peer) {
+    if (wanted[static_cast<size_t>(peer)]) keys.push_back(strCat("ringdist/addr/", peer));
+  }
+  std::vector<Address> lower;
+  for (auto& raw : rendezvous.getMany(keys, options.timeout)) {
+    if (rank != 0 && secret.empty()) {
+      secret = std::move(raw);
+      RINGDIST_CHECK(secret.size() == kSecretBytes, "ringdist: malformed group secret in store");
+      continue;
     }
-    std::vector<Address> lower;
-    for (const auto& raw : rendezvous.getMany(keys, options.timeout)) {
-      lower.push_back(Address::parse(std::string(raw.begin(), raw.end())));
-    }
-    return lower;
-  });
+    lower.push_back(Address::parse(std::string(raw.begin(), raw.end())));
+  }
+  const auto key = proofKey(secret, options.security.secret);
+  auto channels = connectThrough(*listener, tuning, key, rank, size, options, wanted, lower);
   // The mesh fills in every rank's address from the host records (no round trip of its own).
   if (door != nullptr) *door = std::make_shared<Door>(Door{listener, self, tuning, key, {}});
   return channels;
@@ -472,10 +468,9 @@ std::vector<std::unique_ptr<Channel>> reconnect(const Door& door, const std::vec
   const int size = static_cast<int>(members.size());
   std::vector<bool> everyone(static_cast<size_t>(size), true);
   everyone[static_cast<size_t>(rank)] = false;
-  auto channels = connectThrough(*door.listener, door.tuning, next->key, rank, size, options,
-                                 everyone, [&] {
-    return std::vector<Address>(next->addresses.begin(), next->addresses.begin() + rank);
-  });
+  auto channels = connectThrough(
+      *door.listener, door.tuning, next->key, rank, size, options, everyone,
+      std::vector<Address>(next->addresses.begin(), next->addresses.begin() + rank));
   *newDoor = std::move(next);
   return channels;
 }
