@@ -213,6 +213,9 @@ class DiLoCoOptimizer:
             work.wait()
         for theta, tensors in received:
             _scatter(theta, tensors)
+        # A send completes once the kernel holds its bytes: the members go on only when every
+        # joiner holds the state, so the next round does not wait for a joiner still receiving.
+        dist.barrier()
 
     @torch.no_grad()
     def _broadcast_parameters(self) -> None:
