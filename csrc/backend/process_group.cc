@@ -19,7 +19,6 @@
 #include "csrc/common/logging.h"
 #include "csrc/reduce/reduce.h"
 #include "csrc/transport/mesh.h"
-#include "csrc/transport/tcp/handshake.h"
 
 namespace ringdist {
 
@@ -305,7 +304,7 @@ std::vector<int> ProcessGroupRingdist::deadPeers() const {
   // Two round trips answer a live host; longer is a host cut off, or very far.
   const auto limit = std::chrono::milliseconds(
       std::min<int64_t>(kDoorProbeMaxMs, 2 * roundTripUs_ / 1000 + kDoorProbeMinMs));
-  for (int r : tcp::goneBehind(*door_, unknown, limit)) dead.push_back(r);
+  for (int r : goneAtDoors(*door_, unknown, limit)) dead.push_back(r);
   std::sort(dead.begin(), dead.end());
   return dead;
 }

@@ -407,16 +407,9 @@ std::string Communicator::abort(const std::string& reason) {
   }
   aborted_ = true;
   abortReason_ = reason;
-  // Closing every connection first makes each peer's pending operation fail at
-  // once (EOF), which cascades the error to the whole group before any store
-  // round trip.
-  for (auto& ch : channels_) {
-    if (ch) {
-      ch->close();
-    }
-  }
-  // One round trip then publishes this reason, unless a peer's came first: that one is then
-  // the root cause to name.
+  // One round trip publishes this reason, unless a peer's came first: that one is the root
+  // cause to name. Before the links close, so the first rank to fail is the first to publish
+  // (the peers it fails are still blocked).
   const std::string first = askStore([reason](Rendezvous& store) {
     const auto stored = store.setFirst("ringdist/abort",
                                        std::vector<uint8_t>(reason.begin(), reason.end()));
@@ -424,6 +417,13 @@ std::string Communicator::abort(const std::string& reason) {
   }).value_or("");
   if (!first.empty() && reason.find(first) == std::string::npos) {
     abortReason_ += strCat(" [first error in the group: ", first, "]");
+  }
+  // Closing every connection makes each peer's pending operation fail at once
+  // (EOF), which cascades the error to the whole group.
+  for (auto& ch : channels_) {
+    if (ch) {
+      ch->close();
+    }
   }
   return abortReason_;
 }

@@ -241,9 +241,9 @@ class Communicator {
   // Scratch memory owned by the communicator, grown on demand, 64-byte aligned.
   char* scratch(size_t bytes);
 
-  // Closes every link (each peer's operation fails at once), then publishes `reason` in the
-  // store unless a peer's came first; returns `reason`, naming that first error if another.
-  // After abort every operation fails with that text.
+  // Publishes `reason` in the store unless a peer's came first (one round trip), then closes
+  // every link (each peer's operation fails at once); returns `reason`, naming that first
+  // error if another. After abort every operation fails with that text.
   std::string abort(const std::string& reason);
   bool aborted() const { return aborted_; }
   // Peers whose process is known to be gone (Channel::peerDead); any thread.

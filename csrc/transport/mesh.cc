@@ -244,6 +244,11 @@ Mesh reconnectMesh(Rendezvous& rendezvous, const tcp::Door& door,
   return mesh;
 }
 
+std::vector<int> goneAtDoors(const tcp::Door& door, const std::vector<int>& peers,
+                             std::chrono::milliseconds limit) {
+  return tcp::goneBehind(door, peers, limit);
+}
+
 std::string chooseListenAddress(const std::string& ifname, const std::string& storeHost) {
   if (!ifname.empty()) {
     return tcp::interfaceAddress(ifname);

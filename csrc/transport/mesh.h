@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,11 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
 Mesh reconnectMesh(Rendezvous& rendezvous, const tcp::Door& door,
                    const std::vector<PeerRecord>& records, const std::vector<int>& members,
                    int rank, const std::string& label, const MeshOptions& options);
+
+// The ranks among `peers` (on TCP) whose host refused a connect at their door within `limit`:
+// their processes are gone (tcp::goneBehind).
+std::vector<int> goneAtDoors(const tcp::Door& door, const std::vector<int>& peers,
+                             std::chrono::milliseconds limit);
 
 // The address a rank listens on, never a wildcard: the address of interface
 // `ifname` when given, else the local address that routes to `storeHost`
