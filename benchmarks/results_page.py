@@ -565,7 +565,6 @@ SCENARIOS = {
                                  "0.1% loss: 10 losses, 10 joins", churn),
     "diloco_churn_wan_n4_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_rerun2.json": (DILOCO, "the same, a third run", churn),
-    "diloco_churn_wan_n4_rerun3.json": (DILOCO, "the same, a fourth run", churn),
     "diloco_convergence_n4_p50.json": (DILOCO, "convergence, N=4, period 50: int4 and streaming "
                                        "int4 against exact DiLoCo", convergence),
     "sparse_allreduce_n2.json": (OTHER, "sparse allreduce, N=2", sparse),
