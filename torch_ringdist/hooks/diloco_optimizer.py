@@ -8,8 +8,10 @@ the gradients before ``start_step`` without DDP, the first rank's parameters on 
 fresh start, checkpoints of both optimizers, and joining.
 """
 
+import concurrent.futures
 import json
 import logging
+import threading
 import time
 from datetime import timedelta
 
@@ -51,8 +53,9 @@ class DiLoCoOptimizer:
     and the DiLoCo state (pickled by ``torch.save``); ``load_state_dict`` resumes both.
 
     Joining (``store``): a process started later, or restarted, joins the running job with
-    :meth:`join`. At the end of every period (right after its rounds) the ranks check the
-    store for join requests; when there are some, the default group is re-formed with the
+    :meth:`join`. At the end of every period the ranks agree through the store (while the
+    period's round runs) on the join requests made until then; when there are some, right
+    after the round the default group is re-formed with the
     joiners as its last ranks (``destroy_process_group`` and ``init_process_group`` over a
     fresh prefix of the store); the joiners get the options and counters with their invite,
     and theta_global and the outer momentum from the other ranks, a slice from each, and start
@@ -130,17 +133,30 @@ class DiLoCoOptimizer:
         opt._share_state(invite["members"], header)
         return opt
 
-    def _admit_joiners(self) -> None:
-        """At the end of a period: when join requests wait, re-forms the default group with
-        the joiners as its last ranks and shares the state with them."""
+    def _count_joiners(self) -> "concurrent.futures.Future":
+        """Starts agreeing on how many join requests this period end admits: one answer for
+        every rank, through the store (the first rank's count), not a collective: a peer that
+        went silent must not hang the others here; the round's exchange drops it
+        (exchange_timeout). On a thread of its own, so its two store round trips overlap the
+        round's exchange; requests made later wait for the next period."""
+        key = f"{_JOIN}count/{self.state.generation}/{self.state.iteration}"
+        future = concurrent.futures.Future()
+
+        def count():
+            try:
+                seen = str(self.store.add(_JOIN + "requests", 0))
+                future.set_result(int(self.store.compare_set(key, "", seen)))
+            except Exception as exc:  # noqa: BLE001 (raised on the training thread, in result())
+                future.set_exception(exc)
+
+        threading.Thread(target=count, name="ringdist-join-count", daemon=True).start()
+        return future
+
+    def _admit_joiners(self, count: "concurrent.futures.Future") -> None:
+        """At the end of a period: when join requests wait (`count`: _count_joiners), re-forms
+        the default group with the joiners as its last ranks and shares the state with them."""
         state = self.state
-        # One answer for every rank, through the store (the first rank's count), not a
-        # collective: a peer that went silent after the round must not hang the others here;
-        # the next round's exchange drops it (exchange_timeout).
-        seen = str(self.store.add(_JOIN + "requests", 0))
-        agreed = self.store.compare_set(f"{_JOIN}count/{state.generation}/{state.iteration}", "",
-                                        seen)
-        newcomers = int(agreed) - state.admitted
+        newcomers = count.result(timeout=self.join_timeout) - state.admitted
         if newcomers <= 0:
             return
         start = time.monotonic()
@@ -241,10 +257,13 @@ class DiLoCoOptimizer:
             self._average_gradients()
         loss = self.optimizer.step(closure)
         state.iteration += 1
-        state.after_step()
         local = state.iteration - state.start_step
+        check = None
         if self.store is not None and local > 0 and local % state.period == 0:
-            self._admit_joiners()
+            check = self._count_joiners()  # its store round trips overlap the round
+        state.after_step()
+        if check is not None:
+            self._admit_joiners(check)
         return loss
 
     @torch.no_grad()
