@@ -54,14 +54,14 @@ class DiLoCoOptimizer:
 
     Joining (``store``): a process started later, or restarted, joins the running job with
     :meth:`join`. At the end of every period the ranks agree through the store (while the
-    period's round runs) on the join requests made until then; when there are some, right
-    after the round the default group is re-formed with the
-    joiners as its last ranks (``destroy_process_group`` and ``init_process_group`` over a
-    fresh prefix of the store); the joiners get the options and counters with their invite,
-    and theta_global and the outer momentum from the other ranks, a slice from each, and start
-    from theta_global with zero residuals and a fresh inner optimizer. Re-split the data over ``dist.get_world_size()`` after it. Needs
-    the default group and ``overlap="none"``; the store must outlive every rank (a launcher's
-    or torchrun's), and joiners reach it by address.
+    period's round runs) on the join requests made until then; when there are some, right after
+    the round the default group is re-formed with the joiners as its last ranks
+    (``destroy_process_group`` and ``init_process_group`` over a fresh prefix of the store); the
+    joiners get the options and counters with their invite, and theta_global and the outer
+    momentum from the other ranks, a slice from each, and start from theta_global with zero
+    residuals and a fresh inner optimizer. Re-split the data over ``dist.get_world_size()``
+    after it. Needs the default group and ``overlap="none"``; the store must outlive every rank
+    (a launcher's or torchrun's), and joiners reach it by address.
 
     Args:
         module: the model (its parameters that require gradients take part).
