@@ -58,7 +58,7 @@ class DiLoCoOptimizer:
     the round the default group is re-formed with the joiners as its last ranks
     (``destroy_process_group`` and ``init_process_group`` over a fresh prefix of the store); the
     joiners get the options and counters with their invite, and theta_global and the outer
-    momentum from the other ranks, a slice from each, and start from theta_global with zero
+    momentum from one of the other ranks, and start from theta_global with zero
     residuals and a fresh inner optimizer. Re-split the data over ``dist.get_world_size()``
     after it. Needs the default group and ``overlap="none"``; the store must outlive every rank
     (a launcher's or torchrun's), and joiners reach it by address.
@@ -191,9 +191,10 @@ class DiLoCoOptimizer:
     @torch.no_grad()
     def _share_state(self, members: int, header: dict | None = None) -> None:
         """theta_global and the outer momentum from the group's first `members` ranks (which
-        hold the same) to the joiners (the ranks after them): each member sends its slice of
-        every buffer to every joiner, so the joiners' links fill from several streams at once.
-        Joiners (`header`: what their invite carried) start from theta_global."""
+        hold the same) to the joiners (the ranks after them), each joiner's from one member (in
+        turn, so several joiners load several members' links): new connections from several
+        members into one joiner's link start up against each other, which took longer than
+        one. Joiners (`header`: what their invite carried) start from theta_global."""
         state = self.state
         rank, world = dist.get_rank(), dist.get_world_size()
         joining = rank >= members
@@ -216,13 +217,11 @@ class DiLoCoOptimizer:
                     buf = state.momentum_buffers[f] = torch.zeros_like(theta)
                 buffers.append(buf)
             for buf in buffers:
-                for member, piece in enumerate(torch.tensor_split(buf, members)):
-                    if piece.numel() == 0:
-                        continue
-                    if joining:
-                        works.append(dist.irecv(piece, src=member))
-                    elif member == rank:
-                        works.extend(dist.isend(piece, dst=j) for j in range(members, world))
+                if joining:
+                    works.append(dist.irecv(buf, src=(rank - members) % members))
+                else:
+                    works.extend(dist.isend(buf, dst=j) for j in range(members, world)
+                                 if (j - members) % members == rank)
             if joining:
                 received.append((theta, tensors))
         for work in works:
