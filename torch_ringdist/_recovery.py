@@ -59,7 +59,7 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
     # in by adding its bit to a mask, which then reads who is here in one round trip.
     arrived = _checked_in(store, prefix, size, rank)
     deadline = time.monotonic() + wait
-    gone, decided = set(), False
+    decided = False
     while True:
         # Ranks this one knows dead (same host: the process; another host: refused at its
         # door) need no waiting for: once every rank has checked in or is known dead, the
@@ -97,20 +97,23 @@ def _checked_in(store, prefix: str, size: int, rank: int | None = None) -> set:
     """The ranks checked in under ``prefix``, after checking ``rank`` in (when given): one
     store round trip per 63 ranks, each caller adding its bit once."""
     here = set()
-    for block in range((size + _MASK_BITS - 1) // _MASK_BITS):
+    for block in _blocks(size):
         mine = rank is not None and rank // _MASK_BITS == block
         mask = store.add(prefix + f"here/{block}", 1 << (rank % _MASK_BITS) if mine else 0)
         here |= {block * _MASK_BITS + b for b in range(_MASK_BITS) if mask >> b & 1}
     return here
 
 
+def _blocks(size: int) -> range:
+    """The check-in masks of a group of ``size`` ranks."""
+    return range((size + _MASK_BITS - 1) // _MASK_BITS)
+
+
 def check_open(group, key: str) -> bool:
     """Whether another rank of ``group`` has begun the :func:`lost_ranks` check ``key`` (its
     operation timed out): this rank must then take part in it too, or be counted as lost."""
     pg, store = _group_store(group)
-    return store.check([_prefix(pg, key) + "here/0"]) or any(
-        store.check([_prefix(pg, key) + f"here/{block}"])
-        for block in range(1, (pg.size() + _MASK_BITS - 1) // _MASK_BITS))
+    return any(store.check([_prefix(pg, key) + f"here/{block}"]) for block in _blocks(pg.size()))
 
 
 def mark_done(group, key: str) -> None:

@@ -157,7 +157,6 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
     transports_ = mesh.transportOf;
     door_ = mesh.door;
     records_ = mesh.records;
-    roundTripUs_ = mesh.roundTripUs;
     std::vector<int> lanes(mesh.channels.size(), 1);  // each peer's connections
     for (const auto& lane : mesh.lanes) ++lanes[static_cast<size_t>(lane->peer())];
     for (size_t peer = 0; peer < mesh.channels.size(); ++peer) {
@@ -238,15 +237,12 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupRingdist::shrink(
   options.mesh.timeout = std::min(timeout_, std::chrono::milliseconds(options.shrinkTimeout));
   c10::intrusive_ptr<ProcessGroupRingdist> shrunk;
   try {
-    if (door_ == nullptr) {  // a group of one had no peer to keep a listener for
-      shrunk = c10::make_intrusive<ProcessGroupRingdist>(store, newRank, newSize, timeout_, options);
-    } else {
-      shrunk = c10::make_intrusive<ProcessGroupRingdist>(
-          store, newRank, newSize, timeout_, options, [&](Rendezvous& rendezvous) {
-            return reconnectMesh(rendezvous, *door_, records_, survivors, newRank, label,
-                                 options.mesh);
-          });
-    }
+    // A group that can shrink has two ranks or more, so it kept a door.
+    shrunk = c10::make_intrusive<ProcessGroupRingdist>(
+        store, newRank, newSize, timeout_, options, [&](Rendezvous& rendezvous) {
+          return reconnectMesh(rendezvous, *door_, records_, survivors, newRank, label,
+                               options.mesh);
+        });
   } catch (const std::exception& e) {
     C10_THROW_ERROR(DistBackendError,
                     c10::str("ringdist shrink: rank ", getRank(), " (new rank ", newRank, " of ",
@@ -302,8 +298,10 @@ std::vector<int> ProcessGroupRingdist::deadPeers() const {
     }
   }
   // Two round trips answer a live host; longer is a host cut off, or very far.
+  uint32_t roundTripUs = 0;  // the group's longest link, as agreed at connect
+  for (const auto& record : records_) roundTripUs = std::max(roundTripUs, record.roundTripUs);
   const auto limit = std::chrono::milliseconds(
-      std::min<int64_t>(kDoorProbeMaxMs, 2 * roundTripUs_ / 1000 + kDoorProbeMinMs));
+      std::min<int64_t>(kDoorProbeMaxMs, 2 * int64_t{roundTripUs} / 1000 + kDoorProbeMinMs));
   for (int r : goneAtDoors(*door_, unknown, limit)) dead.push_back(r);
   std::sort(dead.begin(), dead.end());
   return dead;

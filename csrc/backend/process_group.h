@@ -267,7 +267,6 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   std::vector<std::string> transports_;
   std::shared_ptr<tcp::Door> door_;     // this rank's kept listener (null in a group of one)
   std::vector<PeerRecord> records_;     // every rank's, as connected (shrink reuses them)
-  uint32_t roundTripUs_ = 0;            // the group's longest link, at connect
   std::vector<std::map<std::string, std::string>> links_;
   SameHostCopy sameHostCopy_;
   std::chrono::milliseconds timeout_;

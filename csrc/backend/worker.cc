@@ -312,8 +312,7 @@ void Worker::run(Task& task) {
       }
     }
   } catch (const std::exception& e) {
-    const std::string message =
-        comm_->aborted() ? std::string(e.what()) : comm_->abort(comm_->describeError(e.what()));
+    const std::string message = abortOn(e);
     task.body = nullptr;
     recordStats(task, std::chrono::steady_clock::now() - started, before);
     fail(task.work, message);
@@ -387,13 +386,15 @@ void Worker::reapTransfers() {
   }
 }
 
+std::string Worker::abortOn(const std::exception& e) {
+  return comm_->aborted() ? std::string(e.what()) : comm_->abort(comm_->describeError(e.what()));
+}
+
 void Worker::betweenOps(const std::function<void()>& step) {
   try {
     step();
   } catch (const std::exception& e) {
-    const std::string message =
-        comm_->aborted() ? std::string(e.what()) : comm_->abort(comm_->describeError(e.what()));
-    fail(nullptr, message);
+    fail(nullptr, abortOn(e));
   }
 }
 

@@ -163,6 +163,9 @@ class Worker {
   void reapTransfers();
   // Point-to-point progress outside any operation: an error aborts the group.
   void betweenOps(const std::function<void()>& step);
+  // The error text for `e`: the first error aborts the group (named, and naming the group's
+  // first error); after that, errors pass as they are.
+  std::string abortOn(const std::exception& e);
   void pollAnySource();
   // Marks a failed operation's Work and the group's transfers, and writes
   // the trace.

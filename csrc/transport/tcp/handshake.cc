@@ -369,8 +369,9 @@ void dialLower(const std::vector<Address>& addresses, const std::vector<int>& lo
 }
 
 // Connects this rank to every wanted rank through `listener` (the higher ranks dial it) and
-// by dialing the lower ones at `lowerAddresses` (in rank order), at once: a peer answers a dial only once it accepts, so dialing first and accepting after
-// would chain the ranks' connects one after another (several round trips each on a long link).
+// by dialing the lower ones at `lowerAddresses` (in rank order), at once: a peer answers a
+// dial only once it accepts, so dialing first and accepting after would chain the ranks'
+// connects one after another (several round trips each on a long link).
 std::vector<std::unique_ptr<Channel>> connectThrough(
     const Socket& listener, const SocketTuning& tuning, const std::vector<uint8_t>& key, int rank,
     int size, const MeshOptions& options, const std::vector<bool>& wanted,
@@ -440,14 +441,15 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
   for (int peer = 0; peer < rank; ++peer) {
     if (wanted[static_cast<size_t>(peer)]) keys.push_back(strCat("ringdist/addr/", peer));
   }
+  auto values = rendezvous.getMany(keys, options.timeout);
+  auto addressValues = values.begin();
+  if (rank != 0) {
+    secret = std::move(*addressValues++);
+    RINGDIST_CHECK(secret.size() == kSecretBytes, "ringdist: malformed group secret in store");
+  }
   std::vector<Address> lower;
-  for (auto& raw : rendezvous.getMany(keys, options.timeout)) {
-    if (rank != 0 && secret.empty()) {
-      secret = std::move(raw);
-      RINGDIST_CHECK(secret.size() == kSecretBytes, "ringdist: malformed group secret in store");
-      continue;
-    }
-    lower.push_back(Address::parse(std::string(raw.begin(), raw.end())));
+  for (; addressValues != values.end(); ++addressValues) {
+    lower.push_back(Address::parse(std::string(addressValues->begin(), addressValues->end())));
   }
   const auto key = proofKey(secret, options.security.secret);
   auto channels = connectThrough(*listener, tuning, key, rank, size, options, wanted, lower);
@@ -462,8 +464,8 @@ std::vector<std::unique_ptr<Channel>> reconnect(const Door& door, const std::vec
                                                 std::shared_ptr<Door>* newDoor) {
   const Digest derived = hmacSha256(door.key.data(), door.key.size(),
                                     reinterpret_cast<const uint8_t*>(label.data()), label.size());
-  auto next = std::make_shared<Door>(
-      Door{door.listener, door.self, door.tuning, std::vector<uint8_t>(derived.begin(), derived.end()), {}});
+  auto next = std::make_shared<Door>(Door{door.listener, door.self, door.tuning,
+                                          std::vector<uint8_t>(derived.begin(), derived.end()), {}});
   for (int member : members) next->addresses.push_back(door.addresses[static_cast<size_t>(member)]);
   const int size = static_cast<int>(members.size());
   std::vector<bool> everyone(static_cast<size_t>(size), true);
