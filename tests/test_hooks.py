@@ -208,6 +208,7 @@ def _w_codecs(rank, world_size):
     out["stats"] = torch_ringdist.stats()
     out["rings"] = _backend().allreduce_rings
     out["lanes"] = [link.get("lanes") for link in _backend().links]
+    out["routes"] = {n: _backend().allreduce_route(4 * n)["route/int8"] for n in SIZES}
     return out
 
 
@@ -472,23 +473,37 @@ def test_codecs_error_identity_and_stats(world_factory):
     int8_err = {}
     # Default segments at N=2,3,4 (shared memory, one host: unpaced), then many tiny
     # segments (multi-segment paths, phase 2 of early segments overlapping phase 1 of later
-    # ones) over shared memory and over TCP between 3 emulated hosts (paced rounds, odd N),
-    # and 2 emulated hosts x 2 ranks (two levels: float32 inside a host, the pair exchange
-    # across). Two hosts on long links (a reported 100 ms round trip, test builds): the pair
-    # exchange's segments spread over 4 TCP lanes.
+    # ones) over shared memory and over TCP between 3 emulated hosts: the paced rounds (odd N,
+    # RINGDIST_ROUTE=ring), then the direct exchange on long links (a reported 100 ms round
+    # trip, test builds), which must give the rounds' bits; and 2 emulated hosts x 2 ranks
+    # (two levels: float32 inside a host, the pair exchange across). Two hosts on long links:
+    # the pair exchange's segments spread over 4 TCP lanes.
     long_links = {"RINGDIST_SEGMENT_BYTES": "2048", "RINGDIST_HOST_ID": "a,b",
                   "RINGDIST_TEST_ROUND_TRIP_US": "100000", "RINGDIST_TCP_LANES": "4"}
+    rounds = {"RINGDIST_SEGMENT_BYTES": "2048", "RINGDIST_HOST_ID": "a,b,c",
+              "RINGDIST_ROUTE": "ring"}
+    direct = {"RINGDIST_SEGMENT_BYTES": "2048", "RINGDIST_HOST_ID": "a,b,c",
+              "RINGDIST_TEST_ROUND_TRIP_US": "100000"}
+    by_world = {}
     for world_size, env in ((2, None), (3, None), (4, None),
-                            (3, {"RINGDIST_SEGMENT_BYTES": "2048"}),
-                            (3, {"RINGDIST_SEGMENT_BYTES": "2048", "RINGDIST_HOST_ID": "a,b,c"}),
+                            (3, {"RINGDIST_SEGMENT_BYTES": "2048"}), (3, rounds), (3, direct),
                             (4, {"RINGDIST_HOST_ID": "h0,h1,h0,h1"}),
                             (2, long_links)):
-        if env is long_links:
+        if env is long_links or env is direct:
             require_test_build()
         results = world_factory(world_size, env).run(_w_codecs, timeout=180)
+        by_world[id(env)] = results
         if env is long_links:
             assert [r["lanes"][1 - rank] for rank, r in enumerate(results)] == ["4", "4"], \
                 [r["lanes"] for r in results]
+        if env is rounds or env is direct:
+            want = "rounds, paced" if env is rounds else "direct"
+            assert all(route == want for route in results[0]["routes"].values()), \
+                (want, results[0]["routes"])
+        if env is direct:  # the same quantisations and sums in the same order as the rounds
+            for key, case in results[0]["cases"].items():
+                assert case["bytes"] == by_world[id(rounds)][0]["cases"][key]["bytes"], key
+                assert case["mixed_bytes"] == by_world[id(rounds)][0]["cases"][key]["mixed_bytes"], key
         for key in results[0]["cases"]:
             for field in ("bytes", "mixed_bytes"):
                 ranks_equal([r["cases"][key][field] for r in results],

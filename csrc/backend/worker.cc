@@ -433,6 +433,10 @@ std::map<std::string, std::string> Worker::allreduceRoute(size_t bytes) const {
       {"round_trip_us", std::to_string(comm_->linkRoundTripUs())},
       {"link_bits_per_s", std::to_string(comm_->linkBitsPerSecond())},
       {"hosts", std::to_string(comm_->hostCount())}};
+  for (Codec codec : {Codec::kFp16, Codec::kBf16, Codec::kInt8, Codec::kInt4}) {
+    out[strCat("route/", codecName(codec))] =
+        compressedAllreduceRoute(*comm_, bytes / sizeof(float), codec);
+  }
   addAllreduceTimes(comm_->routeModel(), comm_->size(), bytes, &out);
   return out;
 }

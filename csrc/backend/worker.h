@@ -97,7 +97,8 @@ class Worker {
   CollectiveOptions options() const;
   // Two-level allreduce rings {host ring, cross ring}, or {} for one flat ring.
   std::vector<std::vector<int>> allreduceRings() const;
-  // The route an allreduce of `bytes` takes (allreduceRoute) and the route model's figures.
+  // The route an allreduce of `bytes` takes (allreduceRoute), the compressed allreduce's of as many
+  // float32 values by codec ("route/int8", ...), and the route model's figures.
   std::map<std::string, std::string> allreduceRoute(size_t bytes) const;
 
   std::map<std::string, OpStats> stats() const;

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -186,6 +187,9 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
 // tensors, which encode and decode on the GPU so only encoded bytes cross PCIe.
 void compressedAllreduceEncoded(Communicator& comm, const void* encodedIn, void* encodedOut,
                                 size_t count, Codec codec, bool average);
+// The route compressedAllreduce takes for `count` elements when every rank calls the plain
+// form: "pair", "direct", "rounds", "rounds, paced", or "two-level, " and the one across hosts.
+std::string compressedAllreduceRoute(const Communicator& comm, size_t count, Codec codec);
 
 // Debug: every rank's `bytes` at `data` must be identical; all ranks compare
 // CRCs (one small allgather) and fail naming the ranks that differ.

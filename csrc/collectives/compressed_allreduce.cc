@@ -36,6 +36,13 @@
 // Two ranks on the plain form exchange their whole encodings instead
 // (pairCompressedAllreduce): the same bytes, one one-way trip, one quantisation.
 //
+// The direct exchange (one rank per host, where the route model predicts it faster than the
+// rounds: long links): phase 1 sends every chunk to its owner at once, unpaced, and phase 2
+// sends each owner's encoded result straight to every rank instead of around the ring. The
+// same bytes, the same quantisations and sums, so the same bits as the rounds; two one-way
+// trips where the rounds take 2(N-1), and all N-1 connections fill at once (new connections,
+// after a shrink, leave slow start together instead of one round after another).
+//
 // The encoded form (compressedAllreduceEncoded) starts from the whole
 // buffer's encoding and ends with the result's, skipping the encodes of
 // phase 1 and the decodes of phase 2; only the owner's chunk is decoded and
@@ -57,6 +64,7 @@
 #include "csrc/collectives/collectives.h"
 #include "csrc/collectives/pacer.h"
 #include "csrc/collectives/ring.h"
+#include "csrc/collectives/route_model.h"
 #include "csrc/common/error.h"
 
 namespace ringdist {
@@ -64,6 +72,19 @@ namespace ringdist {
 namespace {
 
 size_t roundUp64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// Whether `n` ranks, one per host, take the direct exchange for `encodedBytes` on the wire
+// (RINGDIST_ROUTE=direct forces it; ring and the other routes keep the rounds).
+bool takesDirect(const Communicator& comm, int n, size_t encodedBytes) {
+  if (n <= 2 || comm.hostCount() != n ||
+      !RouteModel::allowed(Route::kDirect, ModelledOp::kAllreduce, n)) {
+    return false;
+  }
+  if (comm.options().route != RouteMode::kAuto) return comm.options().route == RouteMode::kDirect;
+  const RouteModel model = comm.routeModel();
+  return model.timeUs(Route::kDirect, ModelledOp::kAllreduce, n, encodedBytes) <=
+         kRouteGain * model.timeUs(Route::kRing, ModelledOp::kAllreduce, n, encodedBytes);
+}
 
 // lost = data - decode(encoded): what the encoding of `length` values lost (error feedback).
 void keepLoss(Codec codec, const float* data, const char* encoded, size_t length, float* lost) {
@@ -94,6 +115,8 @@ class CompressedAllreduce {
   using Tickets = std::vector<std::vector<uint64_t>>;  // [peer or step][segment]
 
   void postReceives();
+  // The allgather's receives of chunk c, from rank `from`.
+  void postGatherReceives(int from, size_t c);
   void phase1();
   void reduceOwnChunk();
   void phase2();
@@ -163,7 +186,8 @@ class CompressedAllreduce {
   std::vector<int> peers_;
   std::vector<uint64_t> lastSend_;  // by peer: ticket of our latest send
   Tickets contribTicket_;           // [contributor's position][segment of our chunk]
-  Tickets gatherTicket_;            // [allgather step][segment]
+  Tickets gatherTicket_;            // [chunk's position][segment]
+  const bool direct_;               // the direct exchange (above)
   std::unique_ptr<Pacer> pacer_;    // only when paced
   bool allgatherGoSent_ = false;
 };
@@ -185,7 +209,8 @@ CompressedAllreduce::CompressedAllreduce(Communicator& comm, const SubRing& grou
       lastSend_(static_cast<size_t>(comm.size()), 0),
       contribTicket_(static_cast<size_t>(group.size()),
                      std::vector<uint64_t>(layout_.segmentsPerChunk, 0)),
-      gatherTicket_(contribTicket_) {
+      gatherTicket_(contribTicket_),
+      direct_(takesDirect(comm, group.size(), encodedBytes(codec, count))) {
   for (int k = 1; k < n_; ++k) peers_.push_back(rankAt(k));
   size_t maxChunkEncoded = 1;
   for (size_t c = 0; c < static_cast<size_t>(n_); ++c) {
@@ -207,8 +232,9 @@ CompressedAllreduce::CompressedAllreduce(Communicator& comm, const SubRing& grou
     own_ = reinterpret_cast<float*>(recvArea_ + slotsBytes);
   }
   // With two ranks there is one peer and nothing to pace; on one host there
-  // is no shared link, and the hand-offs would only add latency.
-  if (n_ > 2 && comm_.hostCount() > 1) {
+  // is no shared link, and the hand-offs would only add latency; on long links the hand-offs
+  // cost a one-way trip each, and the direct exchange leaves the sharing to TCP.
+  if (n_ > 2 && comm_.hostCount() > 1 && !direct_) {
     pacer_ = std::make_unique<Pacer>(comm_, n_, encoded(chunkElems(me_)), lastSend_);
   }
 }
@@ -223,7 +249,8 @@ void CompressedAllreduce::send(int peer, const char* encodedSegment, size_t elem
 // its step k) and its round N-k contribution to our chunk (in its step N-k),
 // so the go comes first when k <= N-k; our right neighbour (k = 1) then sends
 // the go for the allgather, and our left neighbour (k = N-1) the allgather
-// itself: the chunk of the rank s positions before us, s = 1..N-1.
+// itself: the chunk of the rank s positions before us, s = 1..N-1. In the
+// direct exchange each peer sends its contribution, then its own chunk's result.
 void CompressedAllreduce::postReceives() {
   for (int k = 1; k < n_; ++k) {
     const int q = rankAt(k);
@@ -235,17 +262,19 @@ void CompressedAllreduce::postReceives() {
     });
     if (pacer_ && k > n_ - k) pacer_->expectGo(q, k);
     if (pacer_ && k == 1) pacer_->expectGo(q, n_);
+    if (direct_) postGatherReceives(q, from);
   }
-  if (n_ == 1) {
-    return;  // no allgather: one rank has no left neighbour
+  if (n_ == 1 || direct_) {
+    return;  // one rank: no allgather; direct: posted above
   }
-  Channel& left = comm_.channel(group_.left());
-  for (int s = 1; s < n_; ++s) {
-    forSegments(posAt(-s), [&](size_t j, size_t begin, size_t length) {
-      gatherTicket_[static_cast<size_t>(s)][j] =
-          left.postRecv(gatherArea_ + encoded(begin), encoded(length));
-    });
-  }
+  for (int s = 1; s < n_; ++s) postGatherReceives(group_.left(), posAt(-s));
+}
+
+void CompressedAllreduce::postGatherReceives(int from, size_t c) {
+  Channel& link = comm_.channel(from);
+  forSegments(c, [&](size_t j, size_t begin, size_t length) {
+    gatherTicket_[c][j] = link.postRecv(gatherArea_ + encoded(begin), encoded(length));
+  });
 }
 
 void CompressedAllreduce::encodeChunk(size_t c, bool sendNow) {
@@ -326,7 +355,10 @@ void CompressedAllreduce::reduceOwnChunk() {
     }
     char* enc = gatherArea_ + encoded(begin);
     encode(codec_, out, length, enc);
-    if (!pacer_ && n_ > 1) {
+    if (direct_) {
+      for (int p : peers_) send(p, enc, length);
+      comm_.progress();
+    } else if (!pacer_ && n_ > 1) {
       send(group_.right(), enc, length);
       comm_.progress();
     }
@@ -337,13 +369,13 @@ void CompressedAllreduce::reduceOwnChunk() {
 }
 
 // Step s forwards to the right the chunk received at step s-1 (step 0: our
-// own), segment by segment; each arrival is decoded.
+// own), segment by segment; each arrival is decoded. In the direct exchange
+// each chunk comes from its owner and goes nowhere.
 void CompressedAllreduce::phase2() {
   if (n_ == 1) {
     return;  // our chunk is the whole buffer, already reduced
   }
   const int right = group_.right();
-  Channel& left = comm_.channel(group_.left());
   if (pacer_) {
     if (!allgatherGoSent_) pacer_->sendGo(group_.left(), n_);  // an empty chunk has no segments
     pacer_->waitForTurn(right, n_, rankAt(n_ - 1));
@@ -353,10 +385,12 @@ void CompressedAllreduce::phase2() {
     comm_.progress();
   }
   for (int s = 1; s < n_; ++s) {
-    forSegments(posAt(-s), [&](size_t j, size_t begin, size_t length) {
-      comm_.waitUntil([&] { return left.recvDone(gatherTicket_[static_cast<size_t>(s)][j]); });
+    const size_t c = posAt(-s);
+    Channel& from = comm_.channel(direct_ ? rankAt(-s) : group_.left());
+    forSegments(c, [&](size_t j, size_t begin, size_t length) {
+      comm_.waitUntil([&] { return from.recvDone(gatherTicket_[c][j]); });
       const char* enc = gatherArea_ + encoded(begin);
-      if (s < n_ - 1) {
+      if (s < n_ - 1 && !direct_) {
         send(right, enc, length);
       }
       if (data_ != nullptr) {
@@ -507,6 +541,19 @@ void compressedAllreduce(Communicator& comm, float* data, size_t count, Codec co
                         average ? comm.size() : 0, residual)
         .run();
   }
+}
+
+std::string compressedAllreduceRoute(const Communicator& comm, size_t count, Codec codec) {
+  const auto among = [&](int n, size_t elements) -> std::string {
+    if (n == 2) return "pair";
+    if (takesDirect(comm, n, encodedBytes(codec, elements))) return "direct";
+    return n > 2 && comm.hostCount() > 1 ? "rounds, paced" : "rounds";
+  };
+  if (!comm.hierarchical()) return among(comm.size(), count);
+  const SubRing& host = comm.hostRing();
+  const ChunkLayout layout(count, host.size(), comm.segmentBytes(), sizeof(float));
+  return "two-level, " + among(comm.crossRing().size(),
+                               layout.chunkLength(static_cast<size_t>(host.pos)));
 }
 
 void compressedAllreduceEncoded(Communicator& comm, const void* encodedIn, void* encodedOut,

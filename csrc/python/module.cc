@@ -50,7 +50,8 @@ PYBIND11_MODULE(_C, m) {
            "The route an allreduce of that many bytes per rank (CPU memory) takes on this "
            "group, with the route model's inputs and predicted time (us) of each route it "
            "allows: route, round_trip_us, hosts, ring_us, and direct_us and "
-           "halving-doubling_us where allowed")
+           "halving-doubling_us where allowed; route/<codec>: the compressed allreduce's "
+           "route for as many float32 values")
       .def("allreduce_compressed",
            [](ringdist::ProcessGroupRingdist& pg, at::Tensor& tensor, const std::string& codec,
               bool average, std::chrono::milliseconds timeout,
