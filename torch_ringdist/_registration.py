@@ -1,8 +1,11 @@
 """Registration of the "ringdist" backend with torch.distributed."""
 import atexit
+import concurrent.futures
+import contextlib
 import gc
 import logging
 import sys
+import threading
 
 from torch_ringdist._extension import build_record, load
 
@@ -12,6 +15,9 @@ BACKEND_NAME = "ringdist"
 
 
 _exit_hook_registered = False
+# A backend connected ahead of its init_process_group (connect_ahead), which the next call of
+# _create_backend takes instead of connecting: set only around that call (adopting).
+_ahead = None
 
 
 def _shutdown_at_exit():
@@ -32,14 +38,51 @@ def _shutdown_at_exit():
 
 
 def _create_backend(store, rank, world_size, timeout):
-    global _exit_hook_registered
+    global _exit_hook_registered, _ahead
     ext = load()
     if not _exit_hook_registered:
         atexit.register(_shutdown_at_exit)
         _exit_hook_registered = True
+    if _ahead is not None:
+        connecting, _ahead = _ahead, None
+        backend = connecting.result(timeout=timeout.total_seconds())
+        if (backend.rank(), backend.size()) != (rank, world_size):
+            raise RuntimeError(f"ringdist: rank {rank}: init_process_group(world_size="
+                               f"{world_size}) was given a group connected ahead as rank "
+                               f"{backend.rank()} of {backend.size()}")
+        return backend
     # Listens where torch_ringdist::createBackend says: RINGDIST_SOCKET_IFNAME, else the
     # address that routes to the store's host (MASTER_ADDR), loopback on one host.
     return ext.create_backend(store, rank, world_size, timeout)
+
+
+def connect_ahead(store, rank: int, world_size: int, timeout) -> "concurrent.futures.Future":
+    """Starts connecting this rank's ringdist backend of a group to come (every rank of it
+    calls this with the same ``store``), on a thread: the connect's store and network round
+    trips overlap what the caller does meanwhile. Returns the future backend, for
+    :func:`adopting`."""
+    future = concurrent.futures.Future()
+
+    def connect():
+        try:
+            future.set_result(load().create_backend(store, rank, world_size, timeout))
+        except Exception as exc:  # noqa: BLE001 (raised where the backend is taken)
+            future.set_exception(exc)
+
+    threading.Thread(target=connect, name="ringdist-connect-ahead", daemon=True).start()
+    return future
+
+
+@contextlib.contextmanager
+def adopting(connecting: "concurrent.futures.Future"):
+    """Within it, init_process_group("ringdist") takes the backend ``connecting``
+    (:func:`connect_ahead`) instead of connecting one."""
+    global _ahead
+    _ahead = connecting
+    try:
+        yield
+    finally:
+        _ahead = None
 
 
 def _devices():

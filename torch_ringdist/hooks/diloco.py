@@ -572,8 +572,9 @@ class DiLoCoState(HookState):
                 work.wait(timedelta(seconds=min(_CHECK_POLL, max(left, 0.001))))
                 return not (waited and check_open(self.process_group, check))
             except dist.DistBackendError:
-                if work.is_completed():
-                    raise
+                if work.is_completed():  # it failed, or completed just after the poll ran out
+                    work.wait()  # raises its own error, if any
+                    return not (waited and check_open(self.process_group, check))
             waited = True
             if left <= _CHECK_POLL or check_open(self.process_group, check):
                 return False

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from torch_ringdist._collectives import ringdist_backend
+from torch_ringdist._registration import adopting, connect_ahead
 from torch_ringdist.hooks.compress import compressed_bucket
 from torch_ringdist.hooks.diloco import DiLoCoState, _gather, _new_flat, _scatter
 
@@ -29,16 +30,39 @@ _JOIN = "ringdist/diloco/join/"
 _SHARED_COUNTERS = ("iteration", "averaged_at", "rounds", "shrinks", "admitted", "generation")
 
 
-def _form_generation(store, invite: dict, timeout: float) -> None:
-    """Leaves the current default group (if any) and joins generation ``invite["generation"]``
-    of the job as ``invite["rank"]`` of ``invite["world_size"]``, over a fresh store prefix."""
+def _generation_store(store, generation: int):
+    """The store prefix of generation ``generation`` of the job's default group."""
+    return dist.PrefixStore(f"{_JOIN}generation/{generation}/", store)
+
+
+def _connect_generation(store, generation: int, rank: int, world_size: int, timeout: float):
+    """Starts connecting this rank's backend of generation ``generation`` (every rank of it
+    calls this): a future backend for _form_generation."""
+    backend_store = dist.PrefixStore("backend/", _generation_store(store, generation))
+    return connect_ahead(backend_store, rank, world_size, timedelta(seconds=timeout))
+
+
+def _form_generation(store, invite: dict, connecting, timeout: float) -> None:
+    """Leaves the current default group (if any) and makes the backend ``connecting``
+    (_connect_generation) the default group: generation ``invite["generation"]`` of the job,
+    as ``invite["rank"]`` of ``invite["world_size"]``."""
     if dist.is_initialized():
         # At a period's end every rank finished the same operations: no goodbye to wait for.
         ringdist_backend(None, "torch_ringdist.hooks.DiLoCoOptimizer")._close_without_waiting()
         dist.destroy_process_group()
-    prefix = dist.PrefixStore(f"{_JOIN}generation/{invite['generation']}/", store)
-    dist.init_process_group("ringdist", store=prefix, rank=invite["rank"],
-                            world_size=invite["world_size"], timeout=timedelta(seconds=timeout))
+    with adopting(connecting):
+        dist.init_process_group("ringdist", store=_generation_store(store, invite["generation"]),
+                                rank=invite["rank"], world_size=invite["world_size"],
+                                timeout=timedelta(seconds=timeout))
+
+
+def _discard(connecting) -> None:
+    """Closes a backend connected ahead that no group will take, once its connect ends."""
+    def close(future):
+        if future.exception() is None:
+            future.result()._close_without_waiting()
+
+    connecting.add_done_callback(close)
 
 
 class DiLoCoOptimizer:
@@ -53,15 +77,18 @@ class DiLoCoOptimizer:
     and the DiLoCo state (pickled by ``torch.save``); ``load_state_dict`` resumes both.
 
     Joining (``store``): a process started later, or restarted, joins the running job with
-    :meth:`join`. At the end of every period the ranks agree through the store (while the
-    period's round runs) on the join requests made until then; when there are some, right after
-    the round the default group is re-formed with the joiners as its last ranks
-    (``destroy_process_group`` and ``init_process_group`` over a fresh prefix of the store); the
-    joiners get the options and counters with their invite, and theta_global and the outer
-    momentum from one of the other ranks, and start from theta_global with zero
-    residuals and a fresh inner optimizer. Re-split the data over ``dist.get_world_size()``
-    after it. Needs the default group and ``overlap="none"``; the store must outlive every rank
-    (a launcher's or torchrun's), and joiners reach it by address.
+    :meth:`join`. At the end of every period the ranks agree through the store on the join
+    requests made until then; when there are some, the joiners are invited and every rank
+    connects the group's next generation, with the joiners as its last ranks, while the
+    period's round runs (over a fresh prefix of the store); right after the round it replaces
+    the default group (``destroy_process_group``, and ``init_process_group`` takes the
+    connected backend). The joiners get the options and counters through the store, and
+    theta_global and the outer momentum from one of the other ranks, and start from
+    theta_global with zero residuals and a fresh inner optimizer. Re-split the data over
+    ``dist.get_world_size()`` after it. A rank lost in that round leaves the joiners out: they
+    fail after ``join_timeout`` (join again). Needs the default group and ``overlap="none"``;
+    the store must outlive every rank (a launcher's or torchrun's), and joiners reach it by
+    address.
 
     Args:
         module: the model (its parameters that require gradients take part).
@@ -115,17 +142,29 @@ class DiLoCoOptimizer:
             >>> opt = DiLoCoOptimizer.join(model, torch.optim.AdamW(model.parameters()), store)
             >>> for step in range(opt.state.iteration, total): ...
         """
+        what = "torch_ringdist.hooks.DiLoCoOptimizer.join"
         ticket = store.add(_JOIN + "requests", 1) - 1
         key = _JOIN + f"invite/{ticket}"
         try:
             store.wait([key], timedelta(seconds=timeout))
         except Exception as exc:  # noqa: BLE001 (the store's timeout error, re-raised with context)
-            raise RuntimeError(f"torch_ringdist.hooks.DiLoCoOptimizer.join: join request "
-                               f"{ticket} not admitted within {timeout} s (is the job running "
-                               f"with store=?): {exc}") from exc
+            raise RuntimeError(f"{what}: join request {ticket} not admitted within {timeout} s "
+                               f"(is the job running with store=?): {exc}") from exc
         invite = json.loads(store.get(key))
-        _form_generation(store, invite, join_timeout)
-        header = invite["header"]
+        generation = invite["generation"]
+        connecting = _connect_generation(store, generation, invite["rank"],
+                                         invite["world_size"], join_timeout)
+        # The members write what a joiner takes besides the tensors once their round ended.
+        header_key = _JOIN + f"header/{generation}"
+        try:
+            store.wait([header_key], timedelta(seconds=join_timeout))
+        except Exception as exc:  # noqa: BLE001
+            _discard(connecting)
+            raise RuntimeError(f"{what}: invited into generation {generation}, but its members "
+                               f"did not form it within {join_timeout} s (a member lost in "
+                               f"that round: join again): {exc}") from exc
+        header = json.loads(store.get(header_key))
+        _form_generation(store, invite, connecting, join_timeout)
         state = DiLoCoState(**header["options"])
         opt = cls(module, optimizer, state=state, store=store, join_timeout=join_timeout)
         for k, v in header["counters"].items():
@@ -137,15 +176,31 @@ class DiLoCoOptimizer:
         """Starts agreeing on how many join requests this period end admits: one answer for
         every rank, through the store (the first rank's count), not a collective: a peer that
         went silent must not hang the others here; the round's exchange drops it
-        (exchange_timeout). On a thread of its own, so its two store round trips overlap the
-        round's exchange; requests made later wait for the next period."""
-        key = f"{_JOIN}count/{self.state.generation}/{self.state.iteration}"
+        (exchange_timeout). With some, the first rank invites the joiners and every rank starts
+        connecting the next generation of the group. All on a thread of its own, so the store
+        and network round trips overlap the round's exchange; requests made later wait for the
+        next period. The future: (joiners, the next generation's backend connecting or None,
+        the group's shrinks so far)."""
+        state = self.state
+        key = f"{_JOIN}count/{state.generation}/{state.iteration}"
+        rank, world, generation = dist.get_rank(), dist.get_world_size(), state.generation + 1
+        admitted, shrinks = state.admitted, state.shrinks
         future = concurrent.futures.Future()
 
         def count():
             try:
                 seen = str(self.store.add(_JOIN + "requests", 0))
-                future.set_result(int(self.store.compare_set(key, "", seen)))
+                newcomers = int(self.store.compare_set(key, "", seen)) - admitted
+                connecting = None
+                if newcomers > 0:
+                    if rank == 0:
+                        for i in range(newcomers):
+                            invite = {"generation": generation, "rank": world + i,
+                                      "world_size": world + newcomers, "members": world}
+                            self.store.set(_JOIN + f"invite/{admitted + i}", json.dumps(invite))
+                    connecting = _connect_generation(self.store, generation, rank,
+                                                     world + newcomers, self.join_timeout)
+                future.set_result((newcomers, connecting, shrinks))
             except Exception as exc:  # noqa: BLE001 (raised on the training thread, in result())
                 future.set_exception(exc)
 
@@ -154,30 +209,35 @@ class DiLoCoOptimizer:
 
     def _admit_joiners(self, count: "concurrent.futures.Future") -> None:
         """At the end of a period: when join requests wait (`count`: _count_joiners), re-forms
-        the default group with the joiners as its last ranks and shares the state with them."""
+        the default group with the joiners as its last ranks and shares the state with them.
+        When the round shrank the group instead, the joiners invited are left out: their
+        generation never forms, and they fail (join again)."""
         state = self.state
-        newcomers = count.result(timeout=self.join_timeout) - state.admitted
+        newcomers, connecting, shrinks = count.result(timeout=self.join_timeout)
         if newcomers <= 0:
+            return
+        state.admitted += newcomers  # these requests are answered, admitted or left out
+        if state.shrinks != shrinks:
+            _discard(connecting)
+            logger.warning("diloco: the group shrank in the round that was to admit %s "
+                           "joiner(s); they are left out and must join again", newcomers)
             return
         start = time.monotonic()
         rank, world = dist.get_rank(), dist.get_world_size()
         generation = state.generation + 1
         if rank == 0:
-            # What a joiner takes besides the tensors travels with its invite (JSON: the store
-            # is not trusted with pickles), so the new group carries only the tensors.
+            # What a joiner takes besides the tensors travels through the store (JSON: the
+            # store is not trusted with pickles), so the new group carries only the tensors.
             header = {"options": {k: getattr(state, k) for k in state._options},
                       "counters": {k: getattr(state, k) for k in _SHARED_COUNTERS},
                       "anchor": state.anchor is not None,
                       "momentum": sorted(state.momentum_buffers)}
-            header["counters"].update(admitted=state.admitted + newcomers, generation=generation)
-            for i in range(newcomers):
-                invite = {"generation": generation, "rank": world + i,
-                          "world_size": world + newcomers, "members": world, "header": header}
-                self.store.set(_JOIN + f"invite/{state.admitted + i}", json.dumps(invite))
+            header["counters"].update(generation=generation)
+            self.store.set(_JOIN + f"header/{generation}", json.dumps(header))
         _form_generation(self.store, {"generation": generation, "rank": rank,
-                                      "world_size": world + newcomers}, self.join_timeout)
+                                      "world_size": world + newcomers}, connecting,
+                         self.join_timeout)
         formed = time.monotonic()
-        state.admitted += newcomers
         state.generation = generation
         state.process_group = self.process_group = None
         self._share_state(world)
