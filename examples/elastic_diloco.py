@@ -134,7 +134,7 @@ def worker(rank, args, port, progress):
                   f"started", flush=True)
         print(f"final: loss={loss:.6f} accuracy={acc:.6f} world_size={dist.get_world_size()} "
               f"rounds={opt.state.rounds} recoveries={len(opt.state.recoveries)} "
-              f"joins={opt.state.admitted} "
+              f"join_requests={opt.state.admitted} "
               f"replica_spread={spread[0].item() + spread[1].item():.3g}", flush=True)
     dist.destroy_process_group()
     store.add("elastic/alive", -1)

@@ -20,7 +20,7 @@ if not hasattr(dist, "shrink_group"):
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "elastic_diloco.py")
 FINAL = re.compile(r"^final: loss=(\S+) accuracy=(\S+) world_size=(\d+) rounds=(\d+) "
-                   r"recoveries=(\d+) joins=(\d+) replica_spread=(\S+)$", re.M)
+                   r"recoveries=(\d+) join_requests=(\d+) replica_spread=(\S+)$", re.M)
 JOIN = re.compile(r"^join 1: admitted (\d+) ms after the joiner started$", re.M)
 RECOVERY = re.compile(r"^recovery 1: lost ranks \[(\d+)\]; the round's exchange failed (\d+) ms "
                       r"after the (?:kill|stop); back to training (\d+) ms after the failure$",
@@ -56,6 +56,20 @@ def test_diloco_survives_a_lost_rank_and_admits_a_new_one(record_property):
     three = FINAL.findall(run("--nproc", "3"))[0]
     assert three[2:6] == ("3", "20", "0", "0"), three
     assert float(acc) > 0.9 and float(loss) <= 1.1 * float(three[0]), (loss, three)
+
+
+def test_a_joiner_left_out_by_a_shrink_asks_again():
+    """A new process asks to join at step 25: counted at the start of the period after step
+    30, it is invited and the next generation connects while that period trains. Rank 3 is
+    SIGKILLed at step 35, the round after step 40 fails and the 3 survivors shrink: the invite
+    named ranks that changed, so the joiner is told it was left out, asks again and is
+    admitted a period or two later. Every round runs once and all 4 end with one model."""
+    out = run("--nproc", "4", "--kill", "3@35", "--join", "25")
+    loss, acc, world, rounds, recoveries, answered, spread = FINAL.findall(out)[0]
+    # Two requests answered: the one left out and the one admitted.
+    assert (world, rounds, recoveries, answered) == ("4", "20", "1", "2"), out[-3000:]
+    assert float(spread) == 0.0 and float(acc) > 0.9, out[-3000:]
+    assert "left out" in out and JOIN.findall(out), out[-3000:]
 
 
 def test_diloco_drops_a_silent_rank(record_property):

@@ -245,8 +245,8 @@ class DiLoCoState(HookState):
         self.in_flight = {}
         self.sent = {}               # fragment -> this rank's d in flight (eager, shrink)
         self.shrinks = 0             # groups shrunk after a lost rank
-        self.admitted = 0            # join requests admitted (DiLoCoOptimizer with a store)
-        self.generation = 0          # groups re-formed to admit joiners
+        self.admitted = 0            # join requests answered (DiLoCoOptimizer with a store)
+        self.generation = 0          # generations begun for joiners (formed or dropped)
         self._model = None
         self._hook_handle = None
 

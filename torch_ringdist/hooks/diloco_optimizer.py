@@ -37,7 +37,13 @@ def _generation_store(store, generation: int):
 
 def _connect_generation(store, generation: int, rank: int, world_size: int, timeout: float):
     """Starts connecting this rank's backend of generation ``generation`` (every rank of it
-    calls this): a future backend for _form_generation."""
+    calls this): a future backend for _form_generation. Over a client of the store of its own:
+    a TCPStore client serves one call at a time, and the caller's waits (a joiner's for the
+    period's end) must not hold the connect's back."""
+    try:
+        store = store.clone()
+    except (AttributeError, RuntimeError):  # a store that cannot clone its client: share it
+        pass
     backend_store = dist.PrefixStore("backend/", _generation_store(store, generation))
     return connect_ahead(backend_store, rank, world_size, timedelta(seconds=timeout))
 
@@ -77,18 +83,17 @@ class DiLoCoOptimizer:
     and the DiLoCo state (pickled by ``torch.save``); ``load_state_dict`` resumes both.
 
     Joining (``store``): a process started later, or restarted, joins the running job with
-    :meth:`join`. At the end of every period the ranks agree through the store on the join
+    :meth:`join`. At the start of every period the ranks agree through the store on the join
     requests made until then; when there are some, the joiners are invited and every rank
-    connects the group's next generation, with the joiners as its last ranks, while the
-    period's round runs (over a fresh prefix of the store); right after the round it replaces
+    connects the group's next generation, with the joiners as its last ranks (over a fresh
+    prefix of the store), while the period trains; right after the period's round it replaces
     the default group (``destroy_process_group``, and ``init_process_group`` takes the
     connected backend). The joiners get the options and counters through the store, and
     theta_global and the outer momentum from one of the other ranks, and start from
     theta_global with zero residuals and a fresh inner optimizer. Re-split the data over
-    ``dist.get_world_size()`` after it. A rank lost in that round leaves the joiners out: they
-    fail after ``join_timeout`` (join again). Needs the default group and ``overlap="none"``;
-    the store must outlive every rank (a launcher's or torchrun's), and joiners reach it by
-    address.
+    ``dist.get_world_size()`` after it. A rank lost in that period leaves the joiners out: they
+    ask again. Needs the default group and ``overlap="none"``; the store must outlive every
+    rank (a launcher's or torchrun's), and joiners reach it by address.
 
     Args:
         module: the model (its parameters that require gradients take part).
@@ -115,6 +120,7 @@ class DiLoCoOptimizer:
         self.process_group = process_group
         self.store = store
         self.join_timeout = join_timeout
+        self._joining = None  # with a store: the join requests this period's end answers
         # Each admission here: {"joiners", "world_size" after it, "seconds" it took, and its
         # phases: "form_s" (the new group) and "state_s" (theta_global and momentum to joiners)}.
         self.admissions = []
@@ -132,10 +138,11 @@ class DiLoCoOptimizer:
     @classmethod
     def join(cls, module, optimizer, store, timeout: float = 300.0, join_timeout: float = 60.0):
         """Joins a running job whose DiLoCoOptimizer has this ``store``: asks to be admitted,
-        waits (up to ``timeout`` seconds) for the end of the job's next period, joins the
-        re-formed default group (``init_process_group``; none may be initialised here) and
-        receives the job's options, counters, theta_global and outer momentum. Returns the
-        optimizer; ``state.iteration`` is the job's step count.
+        waits (up to ``timeout`` seconds) for the end of the period after its request was
+        counted (the next period's start), joins the re-formed default group
+        (``init_process_group``; none may be initialised here) and receives the job's options,
+        counters, theta_global and outer momentum. Returns the optimizer; ``state.iteration``
+        is the job's step count.
 
         Example::
 
@@ -143,27 +150,35 @@ class DiLoCoOptimizer:
             >>> for step in range(opt.state.iteration, total): ...
         """
         what = "torch_ringdist.hooks.DiLoCoOptimizer.join"
-        ticket = store.add(_JOIN + "requests", 1) - 1
-        key = _JOIN + f"invite/{ticket}"
-        try:
-            store.wait([key], timedelta(seconds=timeout))
-        except Exception as exc:  # noqa: BLE001 (the store's timeout error, re-raised with context)
-            raise RuntimeError(f"{what}: join request {ticket} not admitted within {timeout} s "
-                               f"(is the job running with store=?): {exc}") from exc
-        invite = json.loads(store.get(key))
-        generation = invite["generation"]
-        connecting = _connect_generation(store, generation, invite["rank"],
-                                         invite["world_size"], join_timeout)
-        # The members write what a joiner takes besides the tensors once their round ended.
-        header_key = _JOIN + f"header/{generation}"
-        try:
-            store.wait([header_key], timedelta(seconds=join_timeout))
-        except Exception as exc:  # noqa: BLE001
+        deadline = time.monotonic() + timeout
+        while True:  # a request left out (the group shrank in that round) asks again
+            ticket = store.add(_JOIN + "requests", 1) - 1
+            key = _JOIN + f"invite/{ticket}"
+            try:
+                store.wait([key], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+            except Exception as exc:  # noqa: BLE001 (the store's timeout error, re-raised)
+                raise RuntimeError(f"{what}: join request {ticket} not admitted within "
+                                   f"{timeout} s (is the job running with store=?): {exc}") from exc
+            invite = json.loads(store.get(key))
+            generation = invite["generation"]
+            connecting = _connect_generation(store, generation, invite["rank"],
+                                             invite["world_size"], join_timeout)
+            # The members write what a joiner takes besides the tensors once their round ended.
+            header_key = _JOIN + f"header/{generation}"
+            try:
+                store.wait([header_key], timedelta(seconds=max(deadline - time.monotonic(),
+                                                               0.001)))
+            except Exception as exc:  # noqa: BLE001
+                _discard(connecting)
+                raise RuntimeError(f"{what}: invited into generation {generation}, but its "
+                                   f"period did not end within {timeout} s of the request: "
+                                   f"{exc}") from exc
+            header = json.loads(store.get(header_key))
+            if not header.get("left_out"):
+                break
             _discard(connecting)
-            raise RuntimeError(f"{what}: invited into generation {generation}, but its members "
-                               f"did not form it within {join_timeout} s (a member lost in "
-                               f"that round: join again): {exc}") from exc
-        header = json.loads(store.get(header_key))
+            logger.warning("%s: request %s was left out (the group shrank in that round); "
+                           "asking again", what, ticket)
         _form_generation(store, invite, connecting, join_timeout)
         state = DiLoCoState(**header["options"])
         opt = cls(module, optimizer, state=state, store=store, join_timeout=join_timeout)
@@ -173,14 +188,14 @@ class DiLoCoOptimizer:
         return opt
 
     def _count_joiners(self) -> "concurrent.futures.Future":
-        """Starts agreeing on how many join requests this period end admits: one answer for
-        every rank, through the store (the first rank's count), not a collective: a peer that
-        went silent must not hang the others here; the round's exchange drops it
-        (exchange_timeout). With some, the first rank invites the joiners and every rank starts
-        connecting the next generation of the group. All on a thread of its own, so the store
-        and network round trips overlap the round's exchange; requests made later wait for the
-        next period. The future: (joiners, the next generation's backend connecting or None,
-        the group's shrinks so far)."""
+        """At a period's start: starts agreeing on how many join requests the period's end
+        admits: one answer for every rank, through the store (the first rank's count), not a
+        collective: a peer that went silent must not hang the others here; the round's exchange
+        drops it (exchange_timeout). With some, the first rank invites the joiners and every
+        rank starts connecting the group's next generation. All on a thread of its own, so its
+        store and network round trips overlap the period's training; requests made later wait
+        for the next period. The future: (joiners, the next generation's backend connecting or
+        None, the group's shrinks so far)."""
         state = self.state
         key = f"{_JOIN}count/{state.generation}/{state.iteration}"
         rank, world, generation = dist.get_rank(), dist.get_world_size(), state.generation + 1
@@ -208,23 +223,27 @@ class DiLoCoOptimizer:
         return future
 
     def _admit_joiners(self, count: "concurrent.futures.Future") -> None:
-        """At the end of a period: when join requests wait (`count`: _count_joiners), re-forms
-        the default group with the joiners as its last ranks and shares the state with them.
-        When the round shrank the group instead, the joiners invited are left out: their
-        generation never forms, and they fail (join again)."""
+        """At the end of a period: when join requests were counted at its start (`count`:
+        _count_joiners), makes the generation connected since the default group (the joiners
+        its last ranks) and shares the state with them.
+        When the round shrank the group instead, the joiners invited are left out (their
+        invites name ranks that changed): told so through the store, they ask again."""
         state = self.state
         newcomers, connecting, shrinks = count.result(timeout=self.join_timeout)
         if newcomers <= 0:
             return
-        state.admitted += newcomers  # these requests are answered, admitted or left out
-        if state.shrinks != shrinks:
+        # These requests are answered, admitted or left out, and the generation is used.
+        state.admitted += newcomers
+        generation = state.generation = state.generation + 1
+        if state.shrinks != shrinks:  # the joiners' invites name ranks that changed
             _discard(connecting)
+            self.store.compare_set(_JOIN + f"header/{generation}", "",
+                                   json.dumps({"left_out": True}))
             logger.warning("diloco: the group shrank in the round that was to admit %s "
-                           "joiner(s); they are left out and must join again", newcomers)
+                           "joiner(s); they are left out and ask again", newcomers)
             return
         start = time.monotonic()
         rank, world = dist.get_rank(), dist.get_world_size()
-        generation = state.generation + 1
         if rank == 0:
             # What a joiner takes besides the tensors travels through the store (JSON: the
             # store is not trusted with pickles), so the new group carries only the tensors.
@@ -232,13 +251,11 @@ class DiLoCoOptimizer:
                       "counters": {k: getattr(state, k) for k in _SHARED_COUNTERS},
                       "anchor": state.anchor is not None,
                       "momentum": sorted(state.momentum_buffers)}
-            header["counters"].update(generation=generation)
             self.store.set(_JOIN + f"header/{generation}", json.dumps(header))
         _form_generation(self.store, {"generation": generation, "rank": rank,
                                       "world_size": world + newcomers}, connecting,
                          self.join_timeout)
         formed = time.monotonic()
-        state.generation = generation
         state.process_group = self.process_group = None
         self._share_state(world)
         seconds = time.monotonic() - start
@@ -314,15 +331,15 @@ class DiLoCoOptimizer:
         state = self.state
         if state.iteration < state.start_step:
             self._average_gradients()
+        if self.store is not None and self._joining is None:
+            self._joining = self._count_joiners()  # requests made until now join at period end
         loss = self.optimizer.step(closure)
         state.iteration += 1
         local = state.iteration - state.start_step
-        check = None
-        if self.store is not None and local > 0 and local % state.period == 0:
-            check = self._count_joiners()  # its store round trips overlap the round
         state.after_step()
-        if check is not None:
-            self._admit_joiners(check)
+        if self._joining is not None and local > 0 and local % state.period == 0:
+            self._admit_joiners(self._joining)
+            self._joining = self._count_joiners()  # for the next period's end
         return loss
 
     @torch.no_grad()
