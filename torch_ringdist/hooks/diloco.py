@@ -165,7 +165,7 @@ class DiLoCoState(HookState):
                  "on_failure", "lost_wait", "exchange_timeout", "momentum_buffers",
                  "residuals", "averaged_at",
                  "rounds", "in_flight", "sent", "shrinks", "admitted", "generation", "recoveries",
-                 "_model", "_hook_handle", "_scratch")
+                 "_model", "_hook_handle", "_scratch", "kept_averages")
     _saved = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
               "fragments", "start_step", "overlap", "tau", "alpha", "on_failure", "lost_wait",
               "exchange_timeout", "anchor", "momentum_buffers", "residuals", "averaged_at",
@@ -259,6 +259,8 @@ class DiLoCoState(HookState):
         self._scratch = {}  # fragment -> flat float32 work buffer, kept between rounds
         # {"lost": ranks, "failed_at": time.time() of the failed wait, "seconds": to the redo}
         self.recoveries = []
+        # None, or fragment -> a copy of its last round's average (DiLoCoOptimizer's joins)
+        self.kept_averages = None
 
     def bind(self, ddp_model, optimizer=None) -> None:
         super().bind(ddp_model)
@@ -424,6 +426,8 @@ class DiLoCoState(HookState):
         if plain:
             theta = flat
         else:
+            if self.kept_averages is not None:
+                self.kept_averages[fragment] = flat.clone()
             self._outer_step(fragment, theta, flat)
         _scatter(theta, params)
         self.rounds += 1

@@ -71,6 +71,45 @@ def _discard(connecting) -> None:
     connecting.add_done_callback(close)
 
 
+# Tags of the point-to-point transfers of a join: the state sent ahead, the round's average.
+_AHEAD_TAG, _AVERAGE_TAG = 1, 2
+
+
+class _Ahead:
+    """theta_global and the outer momentum as they were at the start of the admitting period,
+    sent (a member) or received (a joiner) over the next generation's backend as soon as it
+    is connected, while the period trains; the joiner then needs only the period's round's
+    average to take the outer step every member takes. Posted once: from the connect's
+    thread when it completes, or by the admission, whichever comes first."""
+
+    def __init__(self, tensors: list, peers: list, send: bool):
+        self.tensors, self.peers, self.send = tensors, peers, send
+        self._works = None
+        self._lock = threading.Lock()
+
+    def post(self, backend) -> list:
+        with self._lock:
+            if self._works is None:
+                op = backend.send if self.send else backend.recv
+                self._works = [op([t], peer, _AHEAD_TAG) for peer in self.peers
+                               for t in self.tensors]
+            return self._works
+
+    def post_when_connected(self, connecting) -> None:
+        connecting.add_done_callback(
+            lambda future: future.exception() is None and self.post(future.result()))
+
+
+class _Admission:
+    """What a period's start agreed on (DiLoCoOptimizer._count_joiners)."""
+
+    def __init__(self, joiners: int, shrinks: int):
+        self.joiners = joiners
+        self.shrinks = shrinks  # the group's shrinks then: another one leaves the joiners out
+        self.connecting = None  # the next generation's backend, connecting
+        self.ahead = None  # an _Ahead, when the state is sent ahead
+
+
 class DiLoCoOptimizer:
     """DiLoCo on a plain module, without DDP (no gradient buckets, no hook): wraps the inner
     optimizer, and ``step()`` runs the inner step and then, when due, the round of
@@ -151,7 +190,7 @@ class DiLoCoOptimizer:
         """
         what = "torch_ringdist.hooks.DiLoCoOptimizer.join"
         deadline = time.monotonic() + timeout
-        while True:  # a request left out (the group shrank in that round) asks again
+        while True:  # a request left out (the group shrank in that period) asks again
             ticket = store.add(_JOIN + "requests", 1) - 1
             key = _JOIN + f"invite/{ticket}"
             try:
@@ -161,9 +200,12 @@ class DiLoCoOptimizer:
                                    f"{timeout} s (is the job running with store=?): {exc}") from exc
             invite = json.loads(store.get(key))
             generation = invite["generation"]
+            state = DiLoCoState(**invite["options"])
+            opt = cls(module, optimizer, state=state, store=store, join_timeout=join_timeout)
             connecting = _connect_generation(store, generation, invite["rank"],
                                              invite["world_size"], join_timeout)
-            # The members write what a joiner takes besides the tensors once their round ended.
+            ahead = opt._receive_ahead(invite, connecting)
+            # The members write the counters once the period's round ended.
             header_key = _JOIN + f"header/{generation}"
             try:
                 store.wait([header_key], timedelta(seconds=max(deadline - time.monotonic(),
@@ -177,105 +219,169 @@ class DiLoCoOptimizer:
             if not header.get("left_out"):
                 break
             _discard(connecting)
-            logger.warning("%s: request %s was left out (the group shrank in that round); "
+            logger.warning("%s: request %s was left out (the group shrank in that period); "
                            "asking again", what, ticket)
         _form_generation(store, invite, connecting, join_timeout)
-        state = DiLoCoState(**header["options"])
-        opt = cls(module, optimizer, state=state, store=store, join_timeout=join_timeout)
         for k, v in header["counters"].items():
             setattr(state, k, v)
-        opt._share_state(invite["members"], header)
+        opt._share_state(invite["members"], header, ahead)
         return opt
+
+    @torch.no_grad()
+    def _receive_ahead(self, invite: dict, connecting):
+        """A joiner invited with the state sent ahead: its buffers (theta_global, the momentum
+        of the fragments that have one), received from its member once connected."""
+        state = self.state
+        if not invite["ahead"]:
+            return None
+        state._set_anchor()  # allocated here, received ahead
+        tensors = [state.anchor[0]]
+        for f in invite["momentum"]:
+            tensors.append(state.momentum_buffers.setdefault(f, torch.zeros_like(tensors[0])))
+        members = invite["members"]
+        ahead = _Ahead(tensors, [(invite["rank"] - members) % members], send=False)
+        ahead.post_when_connected(connecting)
+        return ahead
 
     def _count_joiners(self) -> "concurrent.futures.Future":
         """At a period's start: starts agreeing on how many join requests the period's end
         admits: one answer for every rank, through the store (the first rank's count), not a
         collective: a peer that went silent must not hang the others here; the round's exchange
-        drops it (exchange_timeout). With some, the first rank invites the joiners and every
-        rank starts connecting the group's next generation. All on a thread of its own, so its
-        store and network round trips overlap the period's training; requests made later wait
-        for the next period. The future: (joiners, the next generation's backend connecting or
-        None, the group's shrinks so far)."""
+        drops it (exchange_timeout). With some, the first rank invites the joiners, every rank
+        starts connecting the group's next generation, and each member that serves a joiner
+        sends it the state as it is now once connected (_Ahead). All on a thread of its own, so
+        its store and network round trips overlap the period's training; requests made later
+        wait for the next period. The future: an _Admission."""
         state = self.state
         key = f"{_JOIN}count/{state.generation}/{state.iteration}"
         rank, world, generation = dist.get_rank(), dist.get_world_size(), state.generation + 1
-        admitted, shrinks = state.admitted, state.shrinks
+        admitted = state.admitted
+        admission = _Admission(0, state.shrinks)
         future = concurrent.futures.Future()
 
         def count():
             try:
                 seen = str(self.store.add(_JOIN + "requests", 0))
-                newcomers = int(self.store.compare_set(key, "", seen)) - admitted
-                connecting = None
-                if newcomers > 0:
+                joiners = int(self.store.compare_set(key, "", seen)) - admitted
+                if joiners > 0:
+                    admission.joiners = joiners
+                    ahead = self._snapshot()
                     if rank == 0:
-                        for i in range(newcomers):
-                            invite = {"generation": generation, "rank": world + i,
-                                      "world_size": world + newcomers, "members": world}
-                            self.store.set(_JOIN + f"invite/{admitted + i}", json.dumps(invite))
-                    connecting = _connect_generation(self.store, generation, rank,
-                                                     world + newcomers, self.join_timeout)
-                future.set_result((newcomers, connecting, shrinks))
+                        invite = {"generation": generation, "world_size": world + joiners,
+                                  "members": world, "ahead": ahead is not None,
+                                  "options": {k: getattr(state, k) for k in state._options},
+                                  "momentum": sorted(state.momentum_buffers)}
+                        for i in range(joiners):
+                            self.store.set(_JOIN + f"invite/{admitted + i}",
+                                           json.dumps({**invite, "rank": world + i}))
+                    admission.connecting = _connect_generation(self.store, generation, rank,
+                                                               world + joiners, self.join_timeout)
+                    if ahead is not None:
+                        served = [j for j in range(world, world + joiners)
+                                  if (j - world) % world == rank]
+                        admission.ahead = _Ahead(ahead, served, send=True)
+                        admission.ahead.post_when_connected(admission.connecting)
+                future.set_result(admission)
             except Exception as exc:  # noqa: BLE001 (raised on the training thread, in result())
                 future.set_exception(exc)
 
         threading.Thread(target=count, name="ringdist-join-count", daemon=True).start()
         return future
 
-    def _admit_joiners(self, count: "concurrent.futures.Future") -> None:
-        """At the end of a period: when join requests were counted at its start (`count`:
-        _count_joiners), makes the generation connected since the default group (the joiners
-        its last ranks) and shares the state with them.
-        When the round shrank the group instead, the joiners invited are left out (their
-        invites name ranks that changed): told so through the store, they ask again."""
+    @torch.no_grad()
+    def _snapshot(self):
+        """Copies of theta_global and the outer momentum as they are, to send ahead: None where
+        a joiner cannot finish from them with the round's average alone (plain averaging,
+        before the first round, or several fragments, whose rounds fall mid-period)."""
         state = self.state
-        newcomers, connecting, shrinks = count.result(timeout=self.join_timeout)
-        if newcomers <= 0:
+        if state.anchor is None or state.fragments != 1 or state._plain_average():
+            return None
+        return [state.anchor[0].clone()] + [state.momentum_buffers[f].clone()
+                                            for f in sorted(state.momentum_buffers)]
+
+    def _admit_joiners(self, admission: _Admission) -> None:
+        """At the end of a period: when join requests were counted at its start, makes the
+        generation connected since the default group (the joiners its last ranks) and shares
+        the state with them. When the round shrank the group instead, the joiners invited are
+        left out (their invites name ranks that changed): told so through the store, they ask
+        again."""
+        state = self.state
+        kept, state.kept_averages = state.kept_averages, None
+        if admission.joiners <= 0:
             return
         # These requests are answered, admitted or left out, and the generation is used.
-        state.admitted += newcomers
+        state.admitted += admission.joiners
         generation = state.generation = state.generation + 1
-        if state.shrinks != shrinks:  # the joiners' invites name ranks that changed
-            _discard(connecting)
+        if state.shrinks != admission.shrinks:  # the joiners' invites name ranks that changed
+            _discard(admission.connecting)
             self.store.compare_set(_JOIN + f"header/{generation}", "",
                                    json.dumps({"left_out": True}))
-            logger.warning("diloco: the group shrank in the round that was to admit %s "
-                           "joiner(s); they are left out and ask again", newcomers)
+            logger.warning("diloco: the group shrank in the period that was to admit %s "
+                           "joiner(s); they are left out and ask again", admission.joiners)
             return
         start = time.monotonic()
         rank, world = dist.get_rank(), dist.get_world_size()
         if rank == 0:
-            # What a joiner takes besides the tensors travels through the store (JSON: the
-            # store is not trusted with pickles), so the new group carries only the tensors.
-            header = {"options": {k: getattr(state, k) for k in state._options},
-                      "counters": {k: getattr(state, k) for k in _SHARED_COUNTERS},
+            # The counters travel through the store (JSON: the store is not trusted with
+            # pickles), so the new group carries only the tensors.
+            header = {"counters": {k: getattr(state, k) for k in _SHARED_COUNTERS},
                       "anchor": state.anchor is not None,
                       "momentum": sorted(state.momentum_buffers)}
             self.store.set(_JOIN + f"header/{generation}", json.dumps(header))
         _form_generation(self.store, {"generation": generation, "rank": rank,
-                                      "world_size": world + newcomers}, connecting,
-                         self.join_timeout)
+                                      "world_size": world + admission.joiners},
+                         admission.connecting, self.join_timeout)
         formed = time.monotonic()
         state.process_group = self.process_group = None
-        self._share_state(world)
+        self._share_state(world, None, admission.ahead, kept)
         seconds = time.monotonic() - start
-        self.admissions.append({"joiners": newcomers, "world_size": dist.get_world_size(),
+        self.admissions.append({"joiners": admission.joiners, "world_size": dist.get_world_size(),
                                 "seconds": seconds, "form_s": formed - start,
-                                "state_s": start + seconds - formed})
+                                "state_s": start + seconds - formed,
+                                "ahead": admission.ahead is not None})
         logger.warning("diloco: admitted %s joiner(s); the group has %s ranks (%.0f ms)",
-                       newcomers, dist.get_world_size(), seconds * 1000)
+                       admission.joiners, dist.get_world_size(), seconds * 1000)
 
     @torch.no_grad()
-    def _share_state(self, members: int, header: dict | None = None) -> None:
+    def _share_state(self, members: int, header: dict | None, ahead: _Ahead | None,
+                     kept: dict | None = None) -> None:
         """theta_global and the outer momentum from the group's first `members` ranks (which
         hold the same) to the joiners (the ranks after them), each joiner's from one member (in
         turn, so several joiners load several members' links): new connections from several
         members into one joiner's link start up against each other, which took longer than
-        one. Joiners (`header`: what their invite carried) start from theta_global."""
+        one. Sent ahead (`ahead`): the state of the period's start is on its way, and the
+        round's average (`kept`, a member's) follows it; the joiner takes the outer step the
+        members took. Else the state itself. Joiners (`header`: what the members wrote after
+        the round) start from theta_global."""
         state = self.state
         rank, world = dist.get_rank(), dist.get_world_size()
         joining = rank >= members
-        if joining and header["anchor"] and state.anchor is None:
+        backend = ringdist_backend(None, "torch_ringdist.hooks.DiLoCoOptimizer")
+        if ahead is not None:
+            works = list(ahead.post(backend))
+            if joining:
+                average = state._work_buffer(0).resize_as_(state.anchor[0])
+                works.append(dist.irecv(average, src=(rank - members) % members,
+                                        tag=_AVERAGE_TAG))
+            else:
+                works.extend(dist.isend(kept[0], dst=j, tag=_AVERAGE_TAG) for j in ahead.peers)
+            for work in works:
+                work.wait()
+            if joining:
+                state._outer_step(0, state.anchor[0], average)
+                _scatter(state.anchor[0], state._fragment_tensors(0))
+        else:
+            self._send_state(members, header)
+        # A send completes once the kernel holds its bytes: the members go on only when every
+        # joiner holds the state, so the next round does not wait for a joiner still receiving.
+        dist.barrier()
+
+    def _send_state(self, members: int, header: dict | None) -> None:
+        """The state itself, after the round (see _share_state)."""
+        state = self.state
+        rank, world = dist.get_rank(), dist.get_world_size()
+        joining = rank >= members
+        if joining and state.anchor is None and header["anchor"]:
             state._set_anchor()  # allocated here, received below
         momentum = header["momentum"] if joining else sorted(state.momentum_buffers)
         works, received = [], []
@@ -305,9 +411,6 @@ class DiLoCoOptimizer:
             work.wait()
         for theta, tensors in received:
             _scatter(theta, tensors)
-        # A send completes once the kernel holds its bytes: the members go on only when every
-        # joiner holds the state, so the next round does not wait for a joiner still receiving.
-        dist.barrier()
 
     @torch.no_grad()
     def _broadcast_parameters(self) -> None:
@@ -336,9 +439,14 @@ class DiLoCoOptimizer:
         loss = self.optimizer.step(closure)
         state.iteration += 1
         local = state.iteration - state.start_step
-        state.after_step()
+        admission = None
         if self._joining is not None and local > 0 and local % state.period == 0:
-            self._admit_joiners(self._joining)
+            admission = self._joining.result(timeout=self.join_timeout)  # its snapshot taken
+            if admission.ahead is not None:
+                state.kept_averages = {}  # the joiners take the round's average
+        state.after_step()
+        if admission is not None:
+            self._admit_joiners(admission)
             self._joining = self._count_joiners()  # for the next period's end
         return loss
 
