@@ -542,6 +542,12 @@ SCENARIOS = {
     "diloco_wan_loss_n4.json": (DILOCO, "the same, N=4 (one rank per host)", ddp_steps),
     "diloco_wan_loss_n4_rerun.json": (DILOCO, "the same, N=4, a second run", ddp_steps),
     "diloco_wan_loss_n4_rerun2.json": (DILOCO, "the same, N=4, a third run", ddp_steps),
+    "diloco_wan_loss_n4_direct.json": (DILOCO, "the same, N=4, streaming, the compressed "
+                                       "allreduce by the direct exchange", ddp_steps),
+    "diloco_wan_loss_n4_direct_rerun.json": (DILOCO, "the same, direct exchange, a second run",
+                                             ddp_steps),
+    "diloco_wan_loss_n4_direct_rerun2.json": (DILOCO, "the same, direct exchange, a third run",
+                                              ddp_steps),
     "diloco_wan_loss_2x2.json": (DILOCO, "the same, N=4 as 2 hosts x 2 ranks", ddp_steps),
     "diloco_wan_loss_2x2_rerun.json": (DILOCO, "the same, 2 hosts x 2 ranks, a second run",
                                        ddp_steps),

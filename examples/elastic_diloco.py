@@ -58,6 +58,9 @@ def parse_args(argv=None):
     p.add_argument("--join", action="append", type=int, default=[], metavar="STEP",
                    help="a new process joins on node 0 when training reaches STEP (repeatable; "
                         "other nodes ignore it, so every node may get the same command)")
+    p.add_argument("--send-ahead", action="store_true",
+                   help="send a joiner the state while the period trains, then the round's "
+                        "average (DiLoCoOptimizer's send_ahead)")
     args = parse_launch_args(p, argv)
     args.join = sorted(args.join) if args.node_rank == 0 else []
     # Losses by step: ("kill" or "stop", original rank).
@@ -97,7 +100,8 @@ def worker(rank, args, port, progress):
         opt = hooks.DiLoCoOptimizer(model, inner, period=args.period, store=store,
                                     codec=None if args.codec == "none" else args.codec,
                                     on_failure="shrink", lost_wait=args.wait,
-                                    exchange_timeout=args.exchange_timeout)
+                                    exchange_timeout=args.exchange_timeout,
+                                    send_ahead=args.send_ahead)
     for step in range(opt.state.iteration, args.steps):
         x, y = batch(train_ds, step, args.seed)
         opt.zero_grad()

@@ -38,13 +38,20 @@ def run(*args):
 def test_diloco_survives_a_lost_rank_and_admits_a_new_one(record_property):
     """4 ranks, original rank 3 SIGKILLed at step 35 (mid-period: rounds after steps 10, 20,
     ...): the round after step 40 fails, the 3 survivors redo it among themselves; a new process
-    asks to join at step 75 and is admitted after step 80. Every one of the 20 rounds runs
-    exactly once (the joiner takes the count), all 4 end with one model, in the band of an
-    uninterrupted 3-rank run (M was 4, 3, then 4)."""
+    asks to join at step 75, is counted at the start of the period after step 80 and admitted
+    after step 90. Every one of the 20 rounds runs exactly once (the joiner takes the count),
+    all 4 end with one model, in the band of an uninterrupted 3-rank run (M was 4, 3, then 4),
+    and the same one whether the joiner's state was sent ahead or after the round."""
     out = run("--nproc", "4", "--kill", "3@35", "--join", "75")
     loss, acc, world, rounds, recoveries, joins, spread = FINAL.findall(out)[0]
     assert (world, rounds, recoveries, joins) == ("4", "20", "1", "1"), out[-3000:]
     assert float(spread) == 0.0, out[-3000:]
+    # send_ahead: the joiner gets the state of the period's start while the period trains,
+    # then the round's average, and takes the outer step: the same bits as the state itself.
+    assert "the state sent ahead" not in out, out[-3000:]
+    ahead = run("--nproc", "4", "--kill", "3@35", "--join", "75", "--send-ahead")
+    assert "the state sent ahead" in ahead, ahead[-3000:]
+    assert FINAL.findall(ahead)[0] == (loss, acc, world, rounds, recoveries, joins, spread)
     lost, failed_ms, back_ms = RECOVERY.findall(out)[0]
     assert lost == "3", out[-3000:]
     join_ms = int(JOIN.findall(out)[0])

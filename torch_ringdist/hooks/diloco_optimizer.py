@@ -127,8 +127,10 @@ class DiLoCoOptimizer:
     connects the group's next generation, with the joiners as its last ranks (over a fresh
     prefix of the store), while the period trains; right after the period's round it replaces
     the default group (``destroy_process_group``, and ``init_process_group`` takes the
-    connected backend). The joiners get the options and counters through the store, and
-    theta_global and the outer momentum from one of the other ranks, and start from
+    connected backend). The joiners get the options and counters through the store, and from
+    one of the other ranks theta_global and the outer momentum (``send_ahead``: as they were
+    at the period's start, sent while the period trains, and after the round the round's
+    average, from which they take the outer step the members took); they start from
     theta_global with zero residuals and a fresh inner optimizer. Re-split the data over
     ``dist.get_world_size()`` after it. A rank lost in that period leaves the joiners out: they
     ask again. Needs the default group and ``overlap="none"``; the store must outlive every
@@ -141,6 +143,11 @@ class DiLoCoOptimizer:
         state: a :class:`DiLoCoState` to resume (then no options).
         store: a ``dist.Store`` every rank and joiner reaches: admits joiners (above).
         join_timeout: seconds the re-formed group's creation may take.
+        send_ahead: send each joiner theta_global and the momentum of the period's start
+            while the period trains, and after the round only the round's average (one
+            fragment, not plain averaging; every rank the same). It pays where the period
+            lasts longer than the state takes on a joiner's link; on a shorter one the state
+            is still on its way at the period's end, and the average follows it.
         **options: :class:`DiLoCoState`'s options.
 
     Example::
@@ -150,7 +157,7 @@ class DiLoCoOptimizer:
     """
 
     def __init__(self, module, optimizer, process_group=None, state=None, store=None,
-                 join_timeout: float = 60.0, **options):
+                 join_timeout: float = 60.0, send_ahead: bool = False, **options):
         what = "torch_ringdist.hooks.DiLoCoOptimizer"
         if state is not None and options:
             raise ValueError(f"{what}: pass either a state or options")
@@ -160,6 +167,7 @@ class DiLoCoOptimizer:
         self.store = store
         self.join_timeout = join_timeout
         self._joining = None  # with a store: the join requests this period's end answers
+        self.send_ahead = send_ahead
         # Each admission here: {"joiners", "world_size" after it, "seconds" it took, and its
         # phases: "form_s" (the new group) and "state_s" (theta_global and momentum to joiners)}.
         self.admissions = []
@@ -257,6 +265,7 @@ class DiLoCoOptimizer:
         rank, world, generation = dist.get_rank(), dist.get_world_size(), state.generation + 1
         admitted = state.admitted
         admission = _Admission(0, state.shrinks)
+        ahead = self._can_send_ahead()
         future = concurrent.futures.Future()
 
         def count():
@@ -265,10 +274,9 @@ class DiLoCoOptimizer:
                 joiners = int(self.store.compare_set(key, "", seen)) - admitted
                 if joiners > 0:
                     admission.joiners = joiners
-                    ahead = self._snapshot()
                     if rank == 0:
                         invite = {"generation": generation, "world_size": world + joiners,
-                                  "members": world, "ahead": ahead is not None,
+                                  "members": world, "ahead": ahead,
                                   "options": {k: getattr(state, k) for k in state._options},
                                   "momentum": sorted(state.momentum_buffers)}
                         for i in range(joiners):
@@ -276,10 +284,10 @@ class DiLoCoOptimizer:
                                            json.dumps({**invite, "rank": world + i}))
                     admission.connecting = _connect_generation(self.store, generation, rank,
                                                                world + joiners, self.join_timeout)
-                    if ahead is not None:
-                        served = [j for j in range(world, world + joiners)
-                                  if (j - world) % world == rank]
-                        admission.ahead = _Ahead(ahead, served, send=True)
+                    served = [j for j in range(world, world + joiners)
+                              if (j - world) % world == rank]
+                    if ahead and served:
+                        admission.ahead = _Ahead(self._snapshot(), served, send=True)
                         admission.ahead.post_when_connected(admission.connecting)
                 future.set_result(admission)
             except Exception as exc:  # noqa: BLE001 (raised on the training thread, in result())
@@ -288,14 +296,17 @@ class DiLoCoOptimizer:
         threading.Thread(target=count, name="ringdist-join-count", daemon=True).start()
         return future
 
-    @torch.no_grad()
-    def _snapshot(self):
-        """Copies of theta_global and the outer momentum as they are, to send ahead: None where
-        a joiner cannot finish from them with the round's average alone (plain averaging,
-        before the first round, or several fragments, whose rounds fall mid-period)."""
+    def _can_send_ahead(self) -> bool:
+        """Whether a joiner can finish from the state sent ahead with the round's average alone
+        (one fragment, an anchor, not plain averaging), and send_ahead asks for it."""
         state = self.state
-        if state.anchor is None or state.fragments != 1 or state._plain_average():
-            return None
+        return self.send_ahead and state.anchor is not None and state.fragments == 1 and \
+            not state._plain_average()
+
+    @torch.no_grad()
+    def _snapshot(self) -> list:
+        """Copies of theta_global and the outer momentum as they are, to send ahead."""
+        state = self.state
         return [state.anchor[0].clone()] + [state.momentum_buffers[f].clone()
                                             for f in sorted(state.momentum_buffers)]
 
@@ -339,8 +350,9 @@ class DiLoCoOptimizer:
                                 "seconds": seconds, "form_s": formed - start,
                                 "state_s": start + seconds - formed,
                                 "ahead": admission.ahead is not None})
-        logger.warning("diloco: admitted %s joiner(s); the group has %s ranks (%.0f ms)",
-                       admission.joiners, dist.get_world_size(), seconds * 1000)
+        logger.warning("diloco: admitted %s joiner(s); the group has %s ranks (%.0f ms%s)",
+                       admission.joiners, dist.get_world_size(), seconds * 1000,
+                       ", the state sent ahead" if admission.ahead is not None else "")
 
     @torch.no_grad()
     def _share_state(self, members: int, header: dict | None, ahead: _Ahead | None,
