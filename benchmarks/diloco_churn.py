@@ -97,7 +97,8 @@ def train(args):
         opt = hooks.DiLoCoOptimizer(model, inner, store=store, period=args.period,
                                     codec=args.codec, on_failure="shrink",
                                     lost_wait=args.lost_wait,
-                                    exchange_timeout=args.exchange_timeout)
+                                    exchange_timeout=args.exchange_timeout,
+                                    send_ahead=args.send_ahead)
     teacher = torch.randn(args.width, args.width, generator=torch.Generator().manual_seed(1))
     state, seen = opt.state, [0, 0]
     try:
@@ -386,6 +387,9 @@ def main(argv=None):
     p.add_argument("--codec", default="int4")
     p.add_argument("--lost-wait", type=float, default=1.0)
     p.add_argument("--exchange-timeout", type=float, default=3.0)
+    p.add_argument("--send-ahead", action="store_true",
+                   help="DiLoCoOptimizer's send_ahead: joiners get the state while the period "
+                        "trains (pays where the period outlasts the state on the link)")
     # In the hosts.
     p.add_argument("--role", default="controller", choices=("controller", "store", "train"))
     p.add_argument("--host", type=int, default=0)
@@ -401,7 +405,8 @@ def main(argv=None):
                     "--period", str(args.period), "--width", str(args.width),
                     "--batch", str(args.batch), "--codec", args.codec,
                     "--lost-wait", str(args.lost_wait),
-                    "--exchange-timeout", str(args.exchange_timeout)]
+                    "--exchange-timeout", str(args.exchange_timeout)] + \
+        (["--send-ahead"] if args.send_ahead else [])
     if args.role == "store":
         return serve_store(args)
     if args.role == "train":

@@ -112,7 +112,7 @@ class CompressedAllreduce {
   }
 
  private:
-  using Tickets = std::vector<std::vector<uint64_t>>;  // [peer or step][segment]
+  using Tickets = std::vector<std::vector<uint64_t>>;  // [ring position][segment]
 
   void postReceives();
   // The allgather's receives of chunk c, from rank `from`.

@@ -209,7 +209,8 @@ class DiLoCoOptimizer:
             invite = json.loads(store.get(key))
             generation = invite["generation"]
             state = DiLoCoState(**invite["options"])
-            opt = cls(module, optimizer, state=state, store=store, join_timeout=join_timeout)
+            opt = cls(module, optimizer, state=state, store=store, join_timeout=join_timeout,
+                      send_ahead=invite["send_ahead"])  # as every member, once admitted
             connecting = _connect_generation(store, generation, invite["rank"],
                                              invite["world_size"], join_timeout)
             ahead = opt._receive_ahead(invite, connecting)
@@ -277,6 +278,7 @@ class DiLoCoOptimizer:
                     if rank == 0:
                         invite = {"generation": generation, "world_size": world + joiners,
                                   "members": world, "ahead": ahead,
+                                  "send_ahead": self.send_ahead,
                                   "options": {k: getattr(state, k) for k in state._options},
                                   "momentum": sorted(state.momentum_buffers)}
                         for i in range(joiners):
