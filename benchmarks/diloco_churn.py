@@ -319,6 +319,8 @@ def controller(args):
         sys.exit("needs root (network namespaces)")
     link = emulator.HostLink(args.rtt_s / 2, args.rate_bps, loss=args.loss)
     with emulator.Wan(args.hosts, link, timeout=args.timeout + 120) as wan:
+        if args.sysctl:
+            wan.sysctl(*args.sysctl)
         run = Run(wan, args)
         try:
             report = run_and_check(run, args)
@@ -378,6 +380,9 @@ def main(argv=None):
                    help="then host 1's link at a tenth of its rate for this many rounds")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--out")
+    p.add_argument("--sysctl", action="append", default=[], metavar="NAME=VALUE",
+                   help="a kernel setting in every host's namespace (repeatable), e.g. "
+                        "net.ipv4.tcp_slow_start_after_idle=0")
     p.add_argument("--logs", help="where the processes' records and output are kept "
                    "(default: --out's name + .logs, else ./diloco_churn.logs)")
     # What every process of the job runs with (passed on).
