@@ -571,6 +571,8 @@ SCENARIOS = {
                                  "0.1% loss: 10 losses, 10 joins", churn),
     "diloco_churn_wan_n4_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_rerun2.json": (DILOCO, "the same, a third run", churn),
+    "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
+                                                 "20 rounds, 2 losses, 2 joins", churn),
     "diloco_convergence_n4_p50.json": (DILOCO, "convergence, N=4, period 50: int4 and streaming "
                                        "int4 against exact DiLoCo", convergence),
     "sparse_allreduce_n2.json": (OTHER, "sparse allreduce, N=2", sparse),
