@@ -37,12 +37,17 @@ def _shutdown_at_exit():
         gc.freeze()
 
 
-def _create_backend(store, rank, world_size, timeout):
-    global _exit_hook_registered, _ahead
-    ext = load()
+def _register_exit_hook():
+    global _exit_hook_registered
     if not _exit_hook_registered:
         atexit.register(_shutdown_at_exit)
         _exit_hook_registered = True
+
+
+def _create_backend(store, rank, world_size, timeout):
+    global _ahead
+    ext = load()
+    _register_exit_hook()
     if _ahead is not None:
         connecting, _ahead = _ahead, None
         backend = connecting.result(timeout=timeout.total_seconds())
@@ -61,6 +66,7 @@ def connect_ahead(store, rank: int, world_size: int, timeout) -> "concurrent.fut
     calls this with the same ``store``), on a thread: the connect's store and network round
     trips overlap what the caller does meanwhile. Returns the future backend, for
     :func:`adopting`."""
+    _register_exit_hook()
     future = concurrent.futures.Future()
 
     def connect():

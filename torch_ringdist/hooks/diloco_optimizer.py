@@ -168,8 +168,9 @@ class DiLoCoOptimizer:
         self.join_timeout = join_timeout
         self._joining = None  # with a store: the join requests this period's end answers
         self.send_ahead = send_ahead
-        # Each admission here: {"joiners", "world_size" after it, "seconds" it took, and its
-        # phases: "form_s" (the new group) and "state_s" (theta_global and momentum to joiners)}.
+        # Each admission here: {"joiners", "world_size" after it, "seconds" it took, its phases
+        # "form_s" (the new group) and "state_s" (theta_global and momentum to joiners), and
+        # "ahead" (whether this rank sent the state ahead)}.
         self.admissions = []
         if state is None:
             state = DiLoCoState(process_group=process_group, **options)
