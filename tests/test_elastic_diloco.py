@@ -66,12 +66,12 @@ def test_diloco_survives_a_lost_rank_and_admits_a_new_one(record_property):
 
 
 def test_a_joiner_left_out_by_a_shrink_asks_again():
-    """A new process asks to join at step 25: counted at the start of the period after step
+    """A new process asks to join at step 21: counted at the start of the period after step
     30, it is invited and the next generation connects while that period trains. Rank 3 is
     SIGKILLed at step 35, the round after step 40 fails and the 3 survivors shrink: the invite
     named ranks that changed, so the joiner is told it was left out, asks again and is
     admitted a period or two later. Every round runs once and all 4 end with one model."""
-    out = run("--nproc", "4", "--kill", "3@35", "--join", "25")
+    out = run("--nproc", "4", "--kill", "3@35", "--join", "21")
     loss, acc, world, rounds, recoveries, answered, spread = FINAL.findall(out)[0]
     # Two requests answered: the one left out and the one admitted.
     assert (world, rounds, recoveries, answered) == ("4", "20", "1", "2"), out[-3000:]
