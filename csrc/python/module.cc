@@ -99,7 +99,8 @@ PYBIND11_MODULE(_C, m) {
       .def("reset_stats", &ringdist::ProcessGroupRingdist::resetStats)
       .def("_close_without_waiting", &ringdist::ProcessGroupRingdist::closeWithoutWaiting)
       .def("_dead_peers", &ringdist::ProcessGroupRingdist::deadPeers,
-           "Ranks whose process is known to be gone: same-host ranks by pid, others refused at their kept listener.")
+           "Ranks whose process is known to be gone: same-host ranks by pid, others refused "
+           "at their kept listener.")
       .def("_trace_pickle", [](const ringdist::ProcessGroupRingdist& pg) {
         return py::bytes(pg.tracePickle());
       }, "The group's last operations in torch's flight-recorder dump format (pickled).");

@@ -574,14 +574,14 @@ class DiLoCoState(HookState):
             left = deadline - time.monotonic()
             try:
                 work.wait(timedelta(seconds=min(_CHECK_POLL, max(left, 0.001))))
-                return not (waited and check_open(self.process_group, check))
             except dist.DistBackendError:
-                if work.is_completed():  # it failed, or completed just after the poll ran out
-                    work.wait()  # raises its own error, if any
-                    return not (waited and check_open(self.process_group, check))
-            waited = True
-            if left <= _CHECK_POLL or check_open(self.process_group, check):
-                return False
+                if not work.is_completed():  # the poll ran out; the exchange runs on
+                    waited = True
+                    if left <= _CHECK_POLL or check_open(self.process_group, check):
+                        return False
+                    continue
+                work.wait()  # it failed (its own error), or completed just after the poll
+            return not (waited and check_open(self.process_group, check))
 
     def _shrink_and_redo(self, fragment: int, flat: torch.Tensor, work, check: str,
                          round_key: str) -> tuple[list, dict]:

@@ -71,6 +71,12 @@ def _discard(connecting) -> None:
     connecting.add_done_callback(close)
 
 
+def _serving_member(joiner: int, members: int) -> int:
+    """The member that sends joiner rank ``joiner`` the state: in turn across the joiners, so
+    several joiners load several members' links."""
+    return (joiner - members) % members
+
+
 # Tags of the point-to-point transfers of a join: the state sent ahead, the round's average.
 _AHEAD_TAG, _AVERAGE_TAG = 1, 2
 
@@ -249,7 +255,7 @@ class DiLoCoOptimizer:
         for f in invite["momentum"]:
             tensors.append(state.momentum_buffers.setdefault(f, torch.zeros_like(tensors[0])))
         members = invite["members"]
-        ahead = _Ahead(tensors, [(invite["rank"] - members) % members], send=False)
+        ahead = _Ahead(tensors, [_serving_member(invite["rank"], members)], send=False)
         ahead.post_when_connected(connecting)
         return ahead
 
@@ -288,7 +294,7 @@ class DiLoCoOptimizer:
                     admission.connecting = _connect_generation(self.store, generation, rank,
                                                                world + joiners, self.join_timeout)
                     served = [j for j in range(world, world + joiners)
-                              if (j - world) % world == rank]
+                              if _serving_member(j, world) == rank]
                     if ahead and served:
                         admission.ahead = _Ahead(self._snapshot(), served, send=True)
                         admission.ahead.post_when_connected(admission.connecting)
@@ -361,22 +367,20 @@ class DiLoCoOptimizer:
     def _share_state(self, members: int, header: dict | None, ahead: _Ahead | None,
                      kept: dict | None = None) -> None:
         """theta_global and the outer momentum from the group's first `members` ranks (which
-        hold the same) to the joiners (the ranks after them), each joiner's from one member (in
-        turn, so several joiners load several members' links): new connections from several
-        members into one joiner's link start up against each other, which took longer than
-        one. Sent ahead (`ahead`): the state of the period's start is on its way, and the
-        round's average (`kept`, a member's) follows it; the joiner takes the outer step the
-        members took. Else the state itself. Joiners (`header`: what the members wrote after
-        the round) start from theta_global."""
+        hold the same) to the joiners (the ranks after them), each joiner's from one member
+        (_serving_member): new connections from several members into one joiner's link start
+        up against each other, which took longer than one. Sent ahead (`ahead`): the state of
+        the period's start is on its way, and the round's average (`kept`, a member's) follows
+        it; the joiner takes the outer step the members took. Else the state itself. Joiners
+        (`header`: what the members wrote after the round) start from theta_global."""
         state = self.state
-        rank, world = dist.get_rank(), dist.get_world_size()
+        rank = dist.get_rank()
         joining = rank >= members
-        backend = ringdist_backend(None, "torch_ringdist.hooks.DiLoCoOptimizer")
         if ahead is not None:
-            works = list(ahead.post(backend))
+            works = list(ahead.post(ringdist_backend(None, "torch_ringdist.hooks.DiLoCoOptimizer")))
             if joining:
                 average = state._work_buffer(0).resize_as_(state.anchor[0])
-                works.append(dist.irecv(average, src=(rank - members) % members,
+                works.append(dist.irecv(average, src=_serving_member(rank, members),
                                         tag=_AVERAGE_TAG))
             else:
                 works.extend(dist.isend(kept[0], dst=j, tag=_AVERAGE_TAG) for j in ahead.peers)
@@ -416,10 +420,10 @@ class DiLoCoOptimizer:
                 buffers.append(buf)
             for buf in buffers:
                 if joining:
-                    works.append(dist.irecv(buf, src=(rank - members) % members))
+                    works.append(dist.irecv(buf, src=_serving_member(rank, members)))
                 else:
                     works.extend(dist.isend(buf, dst=j) for j in range(members, world)
-                                 if (j - members) % members == rank)
+                                 if _serving_member(j, members) == rank)
             if joining:
                 received.append((theta, tensors))
         for work in works:
