@@ -22,11 +22,11 @@ register_backend()
 from torch_ringdist._collectives import (  # noqa: E402
     all_reduce, direct_all_gather, direct_all_reduce, reset_stats, stats, trace)
 # After a failure: which ranks to pass to dist.shrink_group.
-from torch_ringdist._recovery import lost_ranks  # noqa: E402
+from torch_ringdist._recovery import ExcludedError, lost_ranks  # noqa: E402
 
 __all__ = ["BACKEND_NAME", "register_backend", "reduce_kernel_family", "all_reduce",
            "direct_all_reduce", "direct_all_gather", "stats",
-           "reset_stats", "lost_ranks", "trace", "hooks", "cmake_prefix_path"]
+           "reset_stats", "lost_ranks", "ExcludedError", "trace", "hooks", "cmake_prefix_path"]
 
 # For C++ users: what to pass as CMAKE_PREFIX_PATH so that CMake's
 # find_package(TorchRingdist) finds lib/cmake/TorchRingdist/ (README, "Using ringdist from C++").

@@ -15,6 +15,12 @@ import torch.distributed as dist
 _ROUNDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+class ExcludedError(RuntimeError):
+    """This rank was excluded from its group by the others: it checked in after they decided
+    it was lost, or they dropped it as the slow peer (DiLoCo's ``slow_peer="drop"``). It
+    must leave the group, or join it again."""
+
+
 def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=None,
                done: str | None = None) -> list[int]:
     """The ranks of ``group`` that are gone, as agreed by the ranks that call this.
@@ -47,6 +53,19 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
         ... except dist.DistBackendError:
         ...     dist.shrink_group(torch_ringdist.lost_ranks(wait=0.5))
     """
+    return decide(group, wait, key, settled, done)["lost"]
+
+
+def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
+           done: str | None = None, rates=None, behind: str | None = None) -> dict:
+    """:func:`lost_ranks`'s decision: {"lost": ranks to drop, "slow": those of them dropped as
+    the slow peer, "rates": the rates reported (rank -> its links' MB/s)}. ``rates`` (with ``done``): a callable giving the rate (MB/s, None where
+    unmeasured) at which each of this rank's links delivered the operation's bytes; every
+    caller and every rank that marked the operation done reports its own, and a rank whose
+    links run at less than 1/``SLOW_FACTOR`` of the others' (:func:`slow_peer`) is dropped
+    too. ``behind``: the check of the operation before; ranks that checked in there and
+    not here are alive and still on it (this rank completed it and moved on), not lost.
+    This rank, when dropped, gets an :class:`ExcludedError`."""
     pg, store = _group_store(group)
     rank, size = pg.rank(), pg.size()
     if key is None:
@@ -57,6 +76,8 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
 
     # Every store round trip counts (across a WAN, tens of milliseconds each): a caller checks
     # in by adding its bit to a mask, which then reads who is here in one round trip.
+    if rates is not None:  # reported before checking in: whoever decides finds it there
+        _report_rates(store, _prefix(pg, done), rank, rates())
     arrived = _checked_in(store, prefix, size, rank)
     deadline = time.monotonic() + wait
     decided = False
@@ -72,20 +93,34 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
             break
         time.sleep(0.002)
         arrived = _checked_in(store, prefix, size)
-    if decided or (settled is not None and settled()):
-        proposal = []  # ignored when a decision exists: the first one stored stands
-    else:
+    proposal = {"lost": [], "slow": [], "rates": {}}  # with a decision stored, it stands
+    if not (decided or (settled is not None and settled())):
         missing = set(range(size)) - arrived
         if done is not None:  # alive after all: completed the operation, then moved on
             marked = _prefix(pg, done) + "done/"
             missing -= {r for r in missing - gone if store.check([marked + str(r)])}
-        proposal = sorted(missing)
+        if behind is not None and missing - gone:
+            missing -= _checked_in(store, _prefix(pg, behind), size) - gone
+        slow, reported = None, {}
+        if rates is not None and not missing:
+            reported = _reported_rates(store, _prefix(pg, done), size)
+            slow = slow_peer(reported, size)
+        proposal = {"lost": sorted(missing | {slow} - {None}),
+                    "slow": [] if slow is None else [slow], "rates": reported}
     # The first proposal stored wins; later callers get it back.
     decided = json.loads(store.compare_set(decision_key, "", json.dumps(proposal)))
-    if rank in decided:
-        raise RuntimeError(f"torch_ringdist.lost_ranks: rank {rank} checked in after the other "
-                           f"ranks decided that ranks {decided} are lost (more than {wait} s after "
-                           "them); this rank is excluded and must leave")
+    if rank in decided["slow"]:
+        raise ExcludedError(f"torch_ringdist: rank {rank}'s links delivered the operation's "
+                            "bytes at a fraction of the others' rate: the other ranks dropped "
+                            "it as the slow peer; it must leave or join again")
+    if rank in decided["lost"]:
+        raise ExcludedError(f"torch_ringdist.lost_ranks: rank {rank} checked in after the other "
+                            f"ranks decided that ranks {decided['lost']} are lost (more than "
+                            f"{wait} s after them); this rank is excluded and must leave")
+    for r in decided["slow"]:
+        # Before this rank aborts the group: the dropped rank, which may have completed the
+        # operation and moved on, learns why its next one fails (excluded()).
+        store.set(_prefix(pg, "excluded") + str(r), "1")
     return decided
 
 
@@ -116,14 +151,81 @@ def check_open(group, key: str) -> bool:
     return any(store.check([_prefix(pg, key) + f"here/{block}"]) for block in _blocks(pg.size()))
 
 
-def mark_done(group, key: str) -> None:
+def mark_done(group, key: str, rates: list | None = None) -> None:
     """Records in ``group``'s store that this rank completed the operation ``key``: a
-    :func:`lost_ranks` check with ``done=key`` counts it as alive without its answer. The
-    group is resolved here; the store round trip runs on a daemon thread (off the caller's
-    path, and a store gone at exit cannot hold the process)."""
+    :func:`lost_ranks` check with ``done=key`` counts it as alive without its answer, and
+    takes ``rates`` (:func:`decide`) as its report. The group is resolved here; the store
+    round trips run on a daemon thread (off the caller's path, and a store gone at exit
+    cannot hold the process)."""
     pg, store = _group_store(group)
-    threading.Thread(target=store.set, args=(_prefix(pg, key) + f"done/{pg.rank()}", b"1"),
-                     name="ringdist-mark-done", daemon=True).start()
+    prefix, rank = _prefix(pg, key), pg.rank()
+
+    def mark():
+        if rates is not None:
+            _report_rates(store, prefix, rank, rates)
+        store.set(prefix + f"done/{rank}", b"1")
+
+    threading.Thread(target=mark, name="ringdist-mark-done", daemon=True).start()
+
+
+def excluded(group) -> bool:
+    """Whether the other ranks of ``group`` dropped this one as the slow peer (:func:`decide`)."""
+    pg, store = _group_store(group)
+    return store.check([_prefix(pg, "excluded") + str(pg.rank())])
+
+
+# A rank is the slow peer when the links it sends on, or the links to it, deliver at less than
+# 1/SLOW_FACTOR of the rate of the links between the other ranks (medians). A link at a tenth
+# of its rate measures at about a third of the others' on a round of a few hundred KB per link
+# at 100 ms, where the round trips weigh as much as the bytes.
+SLOW_FACTOR = 2.0
+
+
+def slow_peer(rates: dict, size: int) -> int | None:
+    """The rank of a group of ``size`` that the rates reported (``rates[r][q]``: MB/s from r
+    to q, None where not measured; the ranks that reported) name as the slow peer, or None.
+    Needs three ranks or more: between two, either end of the link could be the slow one.
+    Unmeasured links count as fast (nothing waited on them)."""
+    if size < 3 or len(rates) < 2:
+        return None
+
+    def rate(r, q):
+        value = rates[r][q] if r in rates else None
+        return float("inf") if value is None else value
+
+    def median(values):
+        values = sorted(values)
+        return values[len(values) // 2] if values else None
+
+    ranks = range(size)
+    worst, worst_ratio = None, 1.0 / SLOW_FACTOR
+    for p in ranks:
+        others = [r for r in ranks if r != p]
+        reference = median([rate(r, q) for r in others for q in others if q != r])
+        if reference is None:
+            continue
+        sending = median([rate(p, q) for q in others]) if p in rates else float("inf")
+        receiving = median([rate(r, p) for r in others])
+        slowest = min(sending, receiving)
+        if slowest == float("inf"):
+            continue  # nothing measured waiting on p's links
+        ratio = slowest / reference  # 0 where the others' links had nothing waiting
+        if ratio < worst_ratio:
+            worst, worst_ratio = p, ratio
+    return worst
+
+
+def _report_rates(store, prefix: str, rank: int, rates: list) -> None:
+    """Appends this rank's link rates to the operation's reports (one round trip)."""
+    store.append(prefix + "rates", json.dumps({"rank": rank, "rates": rates}) + "\n")
+
+
+def _reported_rates(store, prefix: str, size: int) -> dict:
+    """rank -> its reported link rates, for the ranks that reported (one round trip)."""
+    text = store.compare_set(prefix + "rates", "", "")  # "" (and created) where none reported
+    text = text.decode() if isinstance(text, bytes) else text
+    reports = [json.loads(line) for line in text.splitlines() if line]
+    return {r["rank"]: r["rates"] for r in reports if 0 <= r["rank"] < size}
 
 
 def _group_store(group):

@@ -287,6 +287,16 @@ void ProcessGroupRingdist::resetStats() { worker_->resetStats(); }
 
 void ProcessGroupRingdist::closeWithoutWaiting() { worker_->closeWithoutWaiting(); }
 
+std::vector<std::array<uint64_t, 2>> ProcessGroupRingdist::linkSends() const {
+  std::vector<std::array<uint64_t, 2>> sends;
+  for (const auto& totals : worker_->sendTotals()) sends.push_back({totals.bytesAcked, totals.busyUs});
+  return sends;
+}
+
+int ProcessGroupRingdist::capSendRate(uint64_t bytesPerSecond) {
+  return worker_->capSendRate(bytesPerSecond);
+}
+
 std::vector<int> ProcessGroupRingdist::deadPeers() const {
   std::vector<int> dead = worker_->deadPeers();
   if (door_ == nullptr) return dead;

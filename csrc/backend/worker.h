@@ -103,6 +103,8 @@ class Worker {
 
   std::map<std::string, OpStats> stats() const;
   std::vector<int> deadPeers() const { return comm_->deadPeers(); }
+  std::vector<Channel::SendTotals> sendTotals() const { return comm_->sendTotals(); }
+  int capSendRate(uint64_t bytesPerSecond) { return comm_->capSendRate(bytesPerSecond); }
   void resetStats();
 
   // Runs what is queued, then closes the connections (orderly teardown).

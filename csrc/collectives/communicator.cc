@@ -448,6 +448,32 @@ std::vector<int> Communicator::deadPeers() const {
   return dead;
 }
 
+std::vector<Channel::SendTotals> Communicator::sendTotals() const {
+  std::vector<Channel::SendTotals> totals(static_cast<size_t>(size_));  // lanes after size_
+  for (size_t r = 0; r < totals.size(); ++r) {
+    if (!channels_[r]) continue;
+    for (const Channel* link : lanesOf_[r]) {
+      const auto lane = link->sendTotals();
+      totals[r].bytesAcked += lane.bytesAcked;
+      totals[r].busyUs += lane.busyUs;
+    }
+    const auto first = channels_[r]->sendTotals();
+    totals[r].bytesAcked += first.bytesAcked;
+    totals[r].busyUs += first.busyUs;
+  }
+  return totals;
+}
+
+int Communicator::capSendRate(uint64_t bytesPerSecond) {
+  int capped = 0;
+  for (size_t r = 0; r < static_cast<size_t>(size_); ++r) {
+    if (!channels_[r]) continue;
+    capped += channels_[r]->capSendRate(bytesPerSecond);
+    for (Channel* lane : lanesOf_[r]) capped += lane->capSendRate(bytesPerSecond);
+  }
+  return capped;
+}
+
 int64_t Communicator::addBy(const std::string& key, int64_t delta, Clock::time_point deadline) {
   // At least kStoreOnErrorMs for the one add each rank makes at a zero-wait close.
   const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),

@@ -248,6 +248,10 @@ class Communicator {
   bool aborted() const { return aborted_; }
   // Peers whose process is known to be gone (Channel::peerDead); any thread.
   std::vector<int> deadPeers() const;
+  // Per rank: Channel::sendTotals summed over its lanes; any thread.
+  std::vector<Channel::SendTotals> sendTotals() const;
+  // Caps every link's sending rate (Channel::capSendRate); returns the links capped. Any thread.
+  int capSendRate(uint64_t bytesPerSecond);
   const std::string& abortReason() const { return abortReason_; }
   // Adds "ringdist <op>: rank R: " and the peers known dead.
   std::string describeError(const std::string& what);

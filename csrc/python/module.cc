@@ -101,6 +101,13 @@ PYBIND11_MODULE(_C, m) {
       .def("_dead_peers", &ringdist::ProcessGroupRingdist::deadPeers,
            "Ranks whose process is known to be gone: same-host ranks by pid, others refused "
            "at their kept listener.")
+      .def("_link_sends", &ringdist::ProcessGroupRingdist::linkSends,
+           "Per rank: [bytes it acknowledged, microseconds with bytes unacknowledged] on the "
+           "TCP links to it ([0, 0] for shared memory and this rank); any thread")
+      .def("_cap_send_rate", &ringdist::ProcessGroupRingdist::capSendRate,
+           py::arg("bytes_per_second"),
+           "Caps this rank's sending rate on each TCP link (0: no cap); returns the links "
+           "capped. For tests: a slow link on one machine.")
       .def("_trace_pickle", [](const ringdist::ProcessGroupRingdist& pg) {
         return py::bytes(pg.tracePickle());
       }, "The group's last operations in torch's flight-recorder dump format (pickled).");

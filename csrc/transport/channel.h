@@ -103,6 +103,22 @@ class Channel {
   // the wire; collectives that must not overlap two transfers on one link
   // wait for this to drain. 0 where a done send is already readable.
   virtual size_t unacknowledgedBytes() const { return 0; }
+  // Any thread (the worker may be sending): the bytes the peer acknowledged since the link
+  // opened, and the microseconds the link spent with bytes unacknowledged (TCP_INFO's
+  // bytes_acked and busy_time): their ratio is the rate the path delivers while there is
+  // something to deliver, also where the sender idles in between. {0, 0} where not measured
+  // (shared memory) or once closed.
+  struct SendTotals {
+    uint64_t bytesAcked = 0;
+    uint64_t busyUs = 0;
+  };
+  virtual SendTotals sendTotals() const { return {}; }
+  // Any thread: caps the rate this link sends at (bytes per second; 0 lifts the cap), for
+  // tests and emulation of a slow link (TCP: the kernel paces it). False where unsupported.
+  virtual bool capSendRate(uint64_t bytesPerSecond) {
+    (void)bytesPerSecond;
+    return false;
+  }
   // Channels without a pollable fd return their Doorbell instead.
   virtual Doorbell* doorbell() const { return nullptr; }
   // The CPU the peer last began an op or a wait on (Doorbell::publishCpu), -1 if

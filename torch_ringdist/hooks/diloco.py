@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 # has begun a check of who is alive (one store round trip each time): the others' check waits
 # lost_wait for it.
 _CHECK_POLL = 0.25
+# A link's rate counts once bytes waited on it this long (microseconds) during the exchange.
+_BUSY_US = 20_000
 
 
 def _new_flat(dtype=torch.float32) -> torch.Tensor:
@@ -109,7 +111,13 @@ class DiLoCoState(HookState):
     that many seconds after its round began waiting asks who is alive the same way. Every rank
     waiting for that exchange answers (each looks every 0.5 s); those that do not answer within
     ``lost_wait`` are dropped as above. When every rank answers, the exchange is only slow and
-    the round waits on: a slow link is waited for, never dropped. A rank still computing then
+    the round waits on: a slow link is waited for (``slow_peer="wait"``). With
+    ``slow_peer="drop"`` every rank also reports the rate at which each of its links
+    delivered the exchange's bytes so far (the kernel's count of bytes acknowledged over the
+    time bytes waited on the link), and a rank whose links, out or in, run at less than half
+    the rate of the links between the others is dropped as above (3 ranks or more). The
+    dropped rank gets a :class:`torch_ringdist.ExcludedError` at its next exchange;
+    :class:`DiLoCoOptimizer` with a store then joins the job again (``rejoin_after``). A rank still computing then
     cannot answer, so ``exchange_timeout + lost_wait`` must exceed how far the ranks' compute
     drifts apart within a period, and ``lost_wait`` 0.5 s plus a few store round trips.
     Re-split the data over ``dist.get_world_size()`` after a shrink. Each
@@ -151,6 +159,9 @@ class DiLoCoState(HookState):
             checks for silent peers (None: never; a silent peer then fails the exchange only at
             the group's timeout). Tested on ringdist groups, whose exchange keeps running when
             a wait for it times out.
+        slow_peer: ``"wait"`` (default) or ``"drop"`` (above; needs ``exchange_timeout``):
+            what that check does with a peer that answers but whose link holds the exchange
+            back.
         process_group: group (None: the DDP model's group).
 
     Example::
@@ -162,28 +173,30 @@ class DiLoCoState(HookState):
 
     __slots__ = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
                  "fragments", "start_step", "overlap", "tau", "alpha", "anchor",
-                 "on_failure", "lost_wait", "exchange_timeout", "momentum_buffers",
-                 "residuals", "averaged_at",
+                 "on_failure", "lost_wait", "exchange_timeout", "slow_peer", "momentum_buffers",
+                 "residuals", "averaged_at", "_sends_at",
                  "rounds", "in_flight", "sent", "shrinks", "admitted", "generation", "recoveries",
                  "_model", "_hook_handle", "_scratch", "kept_averages")
     _saved = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
               "fragments", "start_step", "overlap", "tau", "alpha", "on_failure", "lost_wait",
-              "exchange_timeout", "anchor", "momentum_buffers", "residuals", "averaged_at",
+              "exchange_timeout", "slow_peer", "anchor", "momentum_buffers", "residuals", "averaged_at",
               "rounds", "in_flight", "sent", "shrinks", "admitted", "generation")
     # Fields newer than the first saved states, with the values those states ran with.
-    _defaults = {"on_failure": "raise", "lost_wait": 1.0, "exchange_timeout": None, "sent": {},
+    _defaults = {"on_failure": "raise", "lost_wait": 1.0, "exchange_timeout": None,
+                 "slow_peer": "wait", "sent": {},
                  "shrinks": 0, "admitted": 0, "generation": 0}
     # The options a joining process takes from the job (DiLoCoOptimizer.join).
     _options = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
                 "fragments", "start_step", "overlap", "tau", "alpha", "on_failure", "lost_wait",
-                "exchange_timeout")
+                "exchange_timeout", "slow_peer")
     _name = "diloco"
 
     def __init__(self, period: int = 500, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  nesterov: bool = True, codec: str | None = None, error_feedback: bool = True,
                  fragments: int = 1, start_step: int = 0, overlap: str = "none", tau: int = 1,
                  alpha: float = 0.5, on_failure: str = "raise", lost_wait: float = 1.0,
-                 exchange_timeout: float | None = None, process_group=None):
+                 exchange_timeout: float | None = None, slow_peer: str = "wait",
+                 process_group=None):
         super().__init__(process_group)
         what = f"torch_ringdist.hooks.{self._name}"
         if not isinstance(period, int) or period < 1:
@@ -219,6 +232,10 @@ class DiLoCoState(HookState):
             raise ValueError(f"{what}: exchange_timeout must be None or > 0 seconds, with "
                              f"on_failure='shrink'; got {exchange_timeout!r} with "
                              f"on_failure={on_failure!r}")
+        if slow_peer not in ("wait", "drop") or (slow_peer == "drop" and exchange_timeout is None):
+            raise ValueError(f"{what}: slow_peer must be 'wait' or 'drop' (with an "
+                             f"exchange_timeout), got {slow_peer!r} with exchange_timeout="
+                             f"{exchange_timeout!r}")
         if overlap != "none" and self._plain_average_for(codec, outer_lr, outer_momentum):
             raise ValueError(f"{what}: overlap={overlap!r} needs a theta_global to step: "
                              "a codec, outer_lr != 1 or outer_momentum > 0")
@@ -236,6 +253,7 @@ class DiLoCoState(HookState):
         self.on_failure = on_failure
         self.lost_wait = float(lost_wait)
         self.exchange_timeout = None if exchange_timeout is None else float(exchange_timeout)
+        self.slow_peer = slow_peer
         self.anchor = None           # fragment -> flat float32 theta_global (None: plain averaging)
         self.momentum_buffers = {}   # fragment -> float32 outer momentum
         self.residuals = {}          # fragment -> float32 error-feedback residual
@@ -257,6 +275,7 @@ class DiLoCoState(HookState):
         self._model = None
         self._hook_handle = None
         self._scratch = {}  # fragment -> flat float32 work buffer, kept between rounds
+        self._sends_at = None  # the links' send totals when the last exchange began (drop)
         # {"lost": ranks, "failed_at": time.time() of the failed wait, "seconds": to the redo}
         self.recoveries = []
         # None, or fragment -> a copy of its last round's average (DiLoCoOptimizer's joins)
@@ -553,7 +572,8 @@ class DiLoCoState(HookState):
             return
         from torch_ringdist._recovery import mark_done
 
-        mark_done(self.process_group, round_key)
+        mark_done(self.process_group, round_key,
+                  self._link_rates() if self.slow_peer == "drop" else None)
 
     def _wait_until(self, work, deadline, check: str) -> bool:
         """Waits for `work` (raising its error). True: it completed. False: this rank must take
@@ -593,11 +613,19 @@ class DiLoCoState(HookState):
         marked `round_key` done (alive), and an exchange that completes during the check
         settles it: nobody is lost. Returns the lost ranks ([]: none, nothing done) and the
         seconds each phase took."""
-        from torch_ringdist._recovery import lost_ranks
+        from torch_ringdist._recovery import ExcludedError, decide, excluded
 
         start = time.monotonic()
-        lost = lost_ranks(self.process_group, wait=self.lost_wait, key=check,
-                          settled=lambda: _completed_ok(work), done=round_key)
+        drop = self.slow_peer == "drop"
+        if drop and excluded(self.process_group):  # dropped after its last exchange completed
+            raise ExcludedError(f"torch_ringdist.hooks.{self._name}: rank "
+                                f"{dist.get_rank(self.process_group)} was dropped as the slow "
+                                "peer; it must leave or join again")
+        decision = decide(self.process_group, wait=self.lost_wait, key=check,
+                          settled=lambda: _completed_ok(work), done=round_key,
+                          rates=self._link_rates if drop else None,
+                          behind=f"round{self.rounds - 1}.0")
+        lost = decision["lost"]
         if not lost:
             return lost, {}
         agreed = time.monotonic()
@@ -616,9 +644,10 @@ class DiLoCoState(HookState):
             except dist.DistBackendError:
                 pass
         self.shrinks += 1
-        logger.warning("%s: rank(s) %s lost; the group shrank to %s ranks, redoing %s "
-                       "exchange(s)", self._name, lost, dist.get_world_size(self.process_group),
-                       len(redo))
+        logger.warning("%s: rank(s) %s %s; the group shrank to %s ranks, redoing %s "
+                       "exchange(s)", self._name, lost,
+                       "dropped as the slow peer" if decision["slow"] else "lost",
+                       dist.get_world_size(self.process_group), len(redo))
         works = []
         for f in sorted(redo):
             redo[f].copy_(self.sent[f])  # with the residual it was sent with
@@ -628,17 +657,34 @@ class DiLoCoState(HookState):
         for work in works:
             work.wait()
         return lost, {"agree_s": agreed - start, "shrink_s": shrunk - agreed,
-                      "redo_s": time.monotonic() - shrunk}
+                      "redo_s": time.monotonic() - shrunk, "slow": decision["slow"],
+                      "rates": decision["rates"]}
 
     def _allreduce(self, fragment: int, flat: torch.Tensor):
         """Starts flat <- its average over the group, in the codec; with error feedback, flat
         plus the fragment's residual, which then gets what the codec lost. Returns the Work."""
+        if self.slow_peer == "drop":
+            self._sends_at = self._link_sends()
         if self.codec is None:
             return dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.process_group,
                                    async_op=True)
         residual = self.residuals.get(fragment) if self.error_feedback else None
         return ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}") \
             .allreduce_compressed(flat, self.codec, True, residual=residual)
+
+    def _link_sends(self) -> list:
+        """[bytes acknowledged, microseconds busy] per rank on this rank's links."""
+        return ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}") \
+            ._link_sends()
+
+    def _link_rates(self) -> list:
+        """MB/s at which each of this rank's links delivered since the last exchange began
+        (None: nothing waited on it)."""
+        before, now = self._sends_at, self._link_sends()
+        if before is None or len(before) != len(now):
+            return [None] * len(now)
+        return [(b - a) / (u - t) if u - t >= _BUSY_US else None
+                for (a, t), (b, u) in zip(before, now)]
 
     def _outer_step(self, fragment: int, theta: torch.Tensor, avg_d: torch.Tensor) -> None:
         """theta <- an SGD step with gradient -avg_d, as torch.optim.SGD(foreach=False) does."""

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from torch_ringdist._collectives import ringdist_backend
+from torch_ringdist._recovery import ExcludedError
 from torch_ringdist._registration import adopting, connect_ahead
 from torch_ringdist.hooks.compress import compressed_bucket
 from torch_ringdist.hooks.diloco import DiLoCoState, _gather, _new_flat, _scatter
@@ -140,7 +141,11 @@ class DiLoCoOptimizer:
     theta_global with zero residuals and a fresh inner optimizer. Re-split the data over
     ``dist.get_world_size()`` after it. A rank lost in that period leaves the joiners out: they
     ask again. Needs the default group and ``overlap="none"``; the store must outlive every
-    rank (a launcher's or torchrun's), and joiners reach it by address.
+    rank (a launcher's or torchrun's), and joiners reach it by address. A rank the others drop
+    as the slow peer (``slow_peer="drop"``) leaves the group in the ``step()`` that finds out
+    (or counted as lost, having answered too late) leaves the group in the ``step()`` that
+    finds out and joins again the same way ``rejoin_after`` seconds later; that ``step()``
+    returns with ``state.iteration`` the job's step count.
 
     Args:
         module: the model (its parameters that require gradients take part).
@@ -149,6 +154,10 @@ class DiLoCoOptimizer:
         state: a :class:`DiLoCoState` to resume (then no options).
         store: a ``dist.Store`` every rank and joiner reaches: admits joiners (above).
         join_timeout: seconds the re-formed group's creation may take.
+        rejoin_after: with a store and ``slow_peer="drop"``, seconds a rank dropped as the
+            slow peer waits before it asks to join again (default 30): its state then comes
+            over its own link, and the members wait for it at the admission, so asking while
+            the link is still slow costs them what dropping it saved.
         send_ahead: send each joiner theta_global and the momentum of the period's start
             while the period trains, and after the round only the round's average (one
             fragment, not plain averaging; every rank the same). It pays where the period
@@ -163,7 +172,8 @@ class DiLoCoOptimizer:
     """
 
     def __init__(self, module, optimizer, process_group=None, state=None, store=None,
-                 join_timeout: float = 60.0, send_ahead: bool = False, **options):
+                 join_timeout: float = 60.0, send_ahead: bool = False, rejoin_after: float = 30.0,
+                 **options):
         what = "torch_ringdist.hooks.DiLoCoOptimizer"
         if state is not None and options:
             raise ValueError(f"{what}: pass either a state or options")
@@ -174,6 +184,10 @@ class DiLoCoOptimizer:
         self.join_timeout = join_timeout
         self._joining = None  # with a store: the join requests this period's end answers
         self.send_ahead = send_ahead
+        self.rejoin_after = float(rejoin_after)
+        # Each time the others excluded this rank and it joined again: {"iteration" it was
+        # excluded at, "rejoined_at" (the job's iteration), "seconds" away}.
+        self.rejoins = []
         # Each admission here: {"joiners", "world_size" after it, "seconds" it took, its phases
         # "form_s" (the new group) and "state_s" (theta_global and momentum to joiners), and
         # "ahead" (whether this rank sent the state ahead)}.
@@ -217,7 +231,8 @@ class DiLoCoOptimizer:
             generation = invite["generation"]
             state = DiLoCoState(**invite["options"])
             opt = cls(module, optimizer, state=state, store=store, join_timeout=join_timeout,
-                      send_ahead=invite["send_ahead"])  # as every member, once admitted
+                      send_ahead=invite["send_ahead"],  # as every member, once admitted
+                      rejoin_after=invite["rejoin_after"])
             connecting = _connect_generation(store, generation, invite["rank"],
                                              invite["world_size"], join_timeout)
             ahead = opt._receive_ahead(invite, connecting)
@@ -286,6 +301,7 @@ class DiLoCoOptimizer:
                         invite = {"generation": generation, "world_size": world + joiners,
                                   "members": world, "ahead": ahead,
                                   "send_ahead": self.send_ahead,
+                                  "rejoin_after": self.rejoin_after,
                                   "options": {k: getattr(state, k) for k in state._options},
                                   "momentum": sorted(state.momentum_buffers)}
                         for i in range(joiners):
@@ -463,11 +479,38 @@ class DiLoCoOptimizer:
             admission = self._joining.result(timeout=self.join_timeout)  # its snapshot taken
             if admission.ahead is not None:
                 state.kept_averages = {}  # the joiners take the round's average
-        state.after_step()
+        try:
+            state.after_step()
+        except ExcludedError as exc:
+            if self.store is None:
+                raise
+            self._rejoin(exc)
+            return loss
         if admission is not None:
             self._admit_joiners(admission)
             self._joining = self._count_joiners()  # for the next period's end
         return loss
+
+    def _rejoin(self, reason: ExcludedError) -> None:
+        """The others excluded this rank (dropped as the slow peer, or counted as lost): it
+        leaves its group and, rejoin_after seconds later, joins the job again as a new process
+        does (join), keeping its inner optimizer."""
+        start, dropped_at = time.monotonic(), self.state.iteration
+        joining, self._joining = self._joining, None
+        if joining is not None:  # a generation this rank was connecting as a member
+            joining.add_done_callback(lambda f: f.exception() is None and
+                                      f.result().connecting is not None and
+                                      _discard(f.result().connecting))
+        ringdist_backend(None, "torch_ringdist.hooks.DiLoCoOptimizer")._close_without_waiting()
+        dist.destroy_process_group()
+        logger.warning("diloco: excluded at step %s (%s); asking to join again in %.1f s",
+                       dropped_at, reason, self.rejoin_after)
+        time.sleep(self.rejoin_after)
+        fresh = DiLoCoOptimizer.join(self.module, self.optimizer, self.store,
+                                     join_timeout=self.join_timeout)
+        self.state, self.send_ahead = fresh.state, fresh.send_ahead
+        self.rejoins.append({"iteration": dropped_at, "rejoined_at": self.state.iteration,
+                             "seconds": time.monotonic() - start})
 
     @torch.no_grad()
     def _average_gradients(self) -> None:

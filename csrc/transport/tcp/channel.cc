@@ -85,7 +85,10 @@ bool TcpChannel::received(ssize_t n) {
 }
 
 void TcpChannel::fail(const char* what, int err) {
-  socket_.reset();
+  {
+    std::lock_guard<std::mutex> lock(socketMutex_);
+    socket_.reset();
+  }
   if (err == 0) {
     RINGDIST_FAIL("connection to rank ", peer_, " closed by the peer (", what, ")");
   }
@@ -208,6 +211,19 @@ size_t TcpChannel::unacknowledgedBytes() const {
   return static_cast<size_t>(queued);
 }
 
+Channel::SendTotals TcpChannel::sendTotals() const {
+  std::lock_guard<std::mutex> lock(socketMutex_);
+  return sendTotalsOf(socket_.fd());
+}
+
+bool TcpChannel::capSendRate(uint64_t bytesPerSecond) {
+  std::lock_guard<std::mutex> lock(socketMutex_);
+  // Without the fq qdisc TCP paces itself once a maximum pacing rate is set (Linux 4.13).
+  uint64_t rate = bytesPerSecond == 0 ? ~uint64_t{0} : bytesPerSecond;
+  return socket_.fd() >= 0 &&
+         ::setsockopt(socket_.fd(), SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)) == 0;
+}
+
 short TcpChannel::pollEvents() const {
   short events = POLLRDHUP;
   if (!recvs_.empty()) {
@@ -220,7 +236,10 @@ short TcpChannel::pollEvents() const {
 }
 
 void TcpChannel::close() {
-  socket_.reset();
+  {
+    std::lock_guard<std::mutex> lock(socketMutex_);
+    socket_.reset();
+  }
   clearQueues();
 }
 

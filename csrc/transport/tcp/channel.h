@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "csrc/transport/queued_channel.h"
@@ -31,6 +32,8 @@ class TcpChannel final : public QueuedChannel {
   int pollFd() const override;
   short pollEvents() const override;
   size_t unacknowledgedBytes() const override;
+  SendTotals sendTotals() const override;
+  bool capSendRate(uint64_t bytesPerSecond) override;
   bool bufferedInput() const override { return reader_ != nullptr && reader_->buffered(); }
   uint32_t roundTripUs() const override { return minRoundTripUs(socket_.fd()); }
   void close() override;
@@ -57,6 +60,9 @@ class TcpChannel final : public QueuedChannel {
   [[noreturn]] void fail(const char* what, int err);
 
   Socket socket_;
+  // Held where the socket closes and by the any-thread calls, which must not use its
+  // descriptor once closed (the number may already name another file).
+  mutable std::mutex socketMutex_;
   std::map<std::string, std::string> details_;  // as the socket reported it when connected
   std::unique_ptr<RecordWriter> writer_;  // both null on a plaintext link
   std::unique_ptr<RecordReader> reader_;

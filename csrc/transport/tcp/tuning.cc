@@ -165,5 +165,15 @@ uint32_t minRoundTripUs(int fd) {
   return info.tcpi_min_rtt;
 }
 
+Channel::SendTotals sendTotalsOf(int fd) {
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (fd < 0 || ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      len < offsetof(tcp_info, tcpi_busy_time) + sizeof(info.tcpi_busy_time)) {
+    return {};
+  }
+  return {info.tcpi_bytes_acked, info.tcpi_busy_time};
+}
+
 }  // namespace tcp
 }  // namespace ringdist

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "csrc/common/options.h"
+#include "csrc/transport/channel.h"
 
 namespace ringdist {
 namespace tcp {
@@ -37,6 +38,8 @@ std::map<std::string, std::string> describeSocket(int fd, const SocketTuning& tu
 // (TCP_INFO min_rtt, microseconds; from the SYN on, so a connected socket has
 // one); 0 if unknown.
 uint32_t minRoundTripUs(int fd);
+// TCP_INFO's bytes_acked and busy_time (Channel::sendTotals); {0, 0} if unknown.
+Channel::SendTotals sendTotalsOf(int fd);
 
 }  // namespace tcp
 }  // namespace ringdist
