@@ -20,7 +20,9 @@ first is the one after the round it joined at), and at every round all replicas 
 digest.
 
 Then host 1's link runs at a tenth of its rate for --slow-rounds rounds: a slow peer is waited
-for (never dropped), and the report gives the round time before, during and after.
+for (``--slow-peer wait``), or dropped and let back in --rejoin-after seconds later (``drop``;
+its rounds from the one it was dropped in until it rejoined are not the job's and are not
+checked), and the report gives the round time before, during and after, and the drop.
 
 Reports per loss the time from the kill or stop to the survivors training again (and from the
 failed exchange), and per join the admission time (from the round's end to every rank holding
@@ -98,22 +100,30 @@ def train(args):
                                     codec=args.codec, on_failure="shrink",
                                     lost_wait=args.lost_wait,
                                     exchange_timeout=args.exchange_timeout,
-                                    send_ahead=args.send_ahead)
+                                    send_ahead=args.send_ahead, slow_peer=args.slow_peer,
+                                    rejoin_after=args.rejoin_after)
     teacher = torch.randn(args.width, args.width, generator=torch.Generator().manual_seed(1))
-    state, seen = opt.state, [0, 0]
+    seen = [0, 0, 0]
     try:
-        while state.iteration < args.rounds * args.period:
+        while opt.state.iteration < args.rounds * args.period:
+            state = opt.state  # a rank dropped as the slow peer rejoins with a new one
             g = torch.Generator().manual_seed(state.iteration * 1000 + args.host)
             x = torch.randn(args.batch, args.width, generator=g)
             opt.zero_grad()
             F.mse_loss(model(x), torch.tanh(x @ teacher)).backward()
             opt.step()
+            if len(opt.rejoins) > seen[2]:  # dropped as the slow peer, then joined again
+                seen = [0, 0, len(opt.rejoins)]
+                state = opt.state
+                record("rejoined", rounds=state.rounds, world=dist.get_world_size(),
+                       **opt.rejoins[-1])
+                continue
             if state.iteration % args.period == 0:  # this step ended with a round
                 record("round", round=state.rounds, world=dist.get_world_size(),
                        rank=dist.get_rank(), digest=digest(state),
                        recoveries=state.recoveries[seen[0]:],
                        admissions=opt.admissions[seen[1]:])
-                seen = [len(state.recoveries), len(opt.admissions)]
+                seen = [len(state.recoveries), len(opt.admissions), seen[2]]
     except RuntimeError as e:  # excluded after arriving late (lost_ranks): leaves
         record("left", error=str(e)[:300])
         raise
@@ -243,14 +253,23 @@ def slow_link(run, args, link):
     run.wan.set_links(link)
     run.wait_for(lambda: run.last_round() >= slow_to + 3, "rounds after the slow link",
                  args.timeout)
+    rejoined = None
+    if args.slow_peer == "drop":  # the dropped rank asks again rejoin_after seconds later
+        rejoined = run.wait_for(lambda: [r for r in run.records if r["event"] == "rejoined"],
+                                "the dropped rank's rejoin", args.timeout)[0]
     ends = round_starts(run.records)
+    drops = [{"round": r["round"], "lost": rec["lost"], "seconds": rec["seconds"],
+              "rates": rec.get("rates")} for r in run.records
+             if r["event"] == "round" and r["rank"] == 0 for rec in r["recoveries"]
+             if rec.get("slow")]
 
     def median_round(first, last):  # rounds first+1 .. last
         return statistics.median(ends[n] - ends[n - 1] for n in range(first + 1, last + 1))
     return {"host": 1, "rate_bps": slow.rate_bps, "rounds": [slow_from + 1, slow_to],
             "before_s": median_round(slow_from - 3, slow_from),
             "slow_s": median_round(slow_from + 1, slow_to),
-            "after_s": median_round(slow_to + 1, slow_to + 3)}
+            "after_s": median_round(slow_to + 1, slow_to + 3),
+            "drops": drops, "rejoined": rejoined}
 
 
 def check_rounds(records, total):
@@ -260,16 +279,19 @@ def check_rounds(records, total):
     for r in records:
         by_pid.setdefault(r["pid"], []).append(r)
     for pid, rs in by_pid.items():
-        rounds = [r["round"] for r in rs if r["event"] == "round"]
-        joined = [r["rounds"] for r in rs if r["event"] == "joined"]
-        expected = list(range(joined[0] + 1 if joined else 1, (joined[0] if joined else 0)
-                              + len(rounds) + 1))
+        kept = {id(r) for r in _kept_rounds(rs)}
+        rounds, expected, first = [], [], 1
+        for r in rs:  # consecutive from 1, from a join's round + 1, and again after a rejoin
+            if r["event"] in ("joined", "rejoined"):
+                first = r["rounds"] + 1
+            elif id(r) in kept:
+                by_round.setdefault(r["round"], set()).add(r["digest"])
+                rounds.append(r["round"])
+                expected.append(first)
+                first += 1
         if rounds != expected:
             problems.append(f"process {pid}: rounds {rounds[:5]}... not consecutive from "
                             f"{expected[:1]}")
-        for r in rs:
-            if r["event"] == "round":
-                by_round.setdefault(r["round"], set()).add(r["digest"])
     missing = [n for n in range(1, total + 1) if n not in by_round]
     split = {n: sorted(d) for n, d in by_round.items() if len(d) > 1}
     if missing:
@@ -279,6 +301,19 @@ def check_rounds(records, total):
     replicas = sum(1 for r in records if r["event"] == "round")
     return {"rounds": len(by_round), "replica_round_digests": replicas,
             "processes": len(by_pid), "problems": problems}
+
+
+def _kept_rounds(rs):
+    """A process's round records, less those a rejoin discarded: a rank dropped as the slow
+    peer in round N completed its own round N (and any after) before it found out, with
+    results that were not the job's."""
+    kept = []
+    for r in rs:
+        if r["event"] == "round":
+            kept.append(r)
+        elif r["event"] == "rejoined" and r.get("round") is not None:
+            kept = [k for k in kept if k["round"] < r["round"]]
+    return kept
 
 
 def summarize(events, records, args, params):
@@ -392,6 +427,10 @@ def main(argv=None):
     p.add_argument("--codec", default="int4")
     p.add_argument("--lost-wait", type=float, default=1.0)
     p.add_argument("--exchange-timeout", type=float, default=3.0)
+    p.add_argument("--slow-peer", default="wait", choices=("wait", "drop"),
+                   help="DiLoCoState's slow_peer: wait for a slow peer, or drop it (it rejoins "
+                        "--rejoin-after seconds later)")
+    p.add_argument("--rejoin-after", type=float, default=30.0)
     p.add_argument("--send-ahead", action="store_true",
                    help="DiLoCoOptimizer's send_ahead: joiners get the state while the period "
                         "trains (pays where the period outlasts the state on the link)")
@@ -410,7 +449,8 @@ def main(argv=None):
                     "--period", str(args.period), "--width", str(args.width),
                     "--batch", str(args.batch), "--codec", args.codec,
                     "--lost-wait", str(args.lost_wait),
-                    "--exchange-timeout", str(args.exchange_timeout)] + \
+                    "--exchange-timeout", str(args.exchange_timeout),
+                    "--slow-peer", args.slow_peer, "--rejoin-after", str(args.rejoin_after)] + \
         (["--send-ahead"] if args.send_ahead else [])
     if args.role == "store":
         return serve_store(args)

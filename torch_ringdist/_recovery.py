@@ -18,7 +18,12 @@ _ROUNDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 class ExcludedError(RuntimeError):
     """This rank was excluded from its group by the others: it checked in after they decided
     it was lost, or they dropped it as the slow peer (DiLoCo's ``slow_peer="drop"``). It
-    must leave the group, or join it again."""
+    must leave the group, or join it again. ``operation``: the key of the operation whose
+    check excluded it (DiLoCo: ``"round<N>"``), where known."""
+
+    def __init__(self, message: str, operation: str | None = None):
+        super().__init__(message)
+        self.operation = operation
 
 
 def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=None,
@@ -109,18 +114,20 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
                     "slow": [] if slow is None else [slow], "rates": reported}
     # The first proposal stored wins; later callers get it back.
     decided = json.loads(store.compare_set(decision_key, "", json.dumps(proposal)))
+    operation = done if done is not None else key
     if rank in decided["slow"]:
         raise ExcludedError(f"torch_ringdist: rank {rank}'s links delivered the operation's "
                             "bytes at a fraction of the others' rate: the other ranks dropped "
-                            "it as the slow peer; it must leave or join again")
+                            "it as the slow peer; it must leave or join again", operation)
     if rank in decided["lost"]:
         raise ExcludedError(f"torch_ringdist.lost_ranks: rank {rank} checked in after the other "
                             f"ranks decided that ranks {decided['lost']} are lost (more than "
-                            f"{wait} s after them); this rank is excluded and must leave")
+                            f"{wait} s after them); this rank is excluded and must leave",
+                            operation)
     for r in decided["slow"]:
         # Before this rank aborts the group: the dropped rank, which may have completed the
         # operation and moved on, learns why its next one fails (excluded()).
-        store.set(_prefix(pg, "excluded") + str(r), "1")
+        store.set(_prefix(pg, "excluded") + str(r), operation)
     return decided
 
 
@@ -168,10 +175,15 @@ def mark_done(group, key: str, rates: list | None = None) -> None:
     threading.Thread(target=mark, name="ringdist-mark-done", daemon=True).start()
 
 
-def excluded(group) -> bool:
-    """Whether the other ranks of ``group`` dropped this one as the slow peer (:func:`decide`)."""
+def excluded(group) -> str | None:
+    """The operation whose check dropped this rank of ``group`` as the slow peer
+    (:func:`decide`), or None."""
     pg, store = _group_store(group)
-    return store.check([_prefix(pg, "excluded") + str(pg.rank())])
+    key = _prefix(pg, "excluded") + str(pg.rank())
+    if not store.check([key]):
+        return None
+    value = store.get(key)
+    return value.decode() if isinstance(value, bytes) else value
 
 
 # A rank is the slow peer when the links it sends on, or the links to it, deliver at less than

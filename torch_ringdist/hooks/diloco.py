@@ -617,10 +617,11 @@ class DiLoCoState(HookState):
 
         start = time.monotonic()
         drop = self.slow_peer == "drop"
-        if drop and excluded(self.process_group):  # dropped after its last exchange completed
+        operation = excluded(self.process_group) if drop else None
+        if operation is not None:  # dropped after its exchange of that round completed here
             raise ExcludedError(f"torch_ringdist.hooks.{self._name}: rank "
                                 f"{dist.get_rank(self.process_group)} was dropped as the slow "
-                                "peer; it must leave or join again")
+                                f"peer in {operation}; it must leave or join again", operation)
         decision = decide(self.process_group, wait=self.lost_wait, key=check,
                           settled=lambda: _completed_ok(work), done=round_key,
                           rates=self._link_rates if drop else None,

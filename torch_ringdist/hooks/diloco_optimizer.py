@@ -72,6 +72,14 @@ def _discard(connecting) -> None:
     connecting.add_done_callback(close)
 
 
+def _round_of(operation: str | None) -> int | None:
+    """The round (numbered from 1, as state.rounds counts them once done) a DiLoCo check's
+    operation key "roundN" names: the exchange that N rounds preceded."""
+    if operation is None or not operation.startswith("round"):
+        return None
+    return int(operation[len("round"):].split(".")[0]) + 1
+
+
 def _serving_member(joiner: int, members: int) -> int:
     """The member that sends joiner rank ``joiner`` the state: in turn across the joiners, so
     several joiners load several members' links."""
@@ -186,7 +194,9 @@ class DiLoCoOptimizer:
         self.send_ahead = send_ahead
         self.rejoin_after = float(rejoin_after)
         # Each time the others excluded this rank and it joined again: {"iteration" it was
-        # excluded at, "rejoined_at" (the job's iteration), "seconds" away}.
+        # excluded at, "round": the round (numbered as state.rounds counts) whose check
+        # excluded it: its own results from that round on were not the job's (None where
+        # unknown), "rejoined_at" (the job's iteration), "seconds" away}.
         self.rejoins = []
         # Each admission here: {"joiners", "world_size" after it, "seconds" it took, its phases
         # "form_s" (the new group) and "state_s" (theta_global and momentum to joiners), and
@@ -509,7 +519,8 @@ class DiLoCoOptimizer:
         fresh = DiLoCoOptimizer.join(self.module, self.optimizer, self.store,
                                      join_timeout=self.join_timeout)
         self.state, self.send_ahead = fresh.state, fresh.send_ahead
-        self.rejoins.append({"iteration": dropped_at, "rejoined_at": self.state.iteration,
+        self.rejoins.append({"iteration": dropped_at, "round": _round_of(reason.operation),
+                             "rejoined_at": self.state.iteration,
                              "seconds": time.monotonic() - start})
 
     @torch.no_grad()
