@@ -287,9 +287,9 @@ void ProcessGroupRingdist::resetStats() { worker_->resetStats(); }
 
 void ProcessGroupRingdist::closeWithoutWaiting() { worker_->closeWithoutWaiting(); }
 
-std::vector<std::array<uint64_t, 2>> ProcessGroupRingdist::linkSends() const {
-  std::vector<std::array<uint64_t, 2>> sends;
-  for (const auto& totals : worker_->sendTotals()) sends.push_back({totals.bytesAcked, totals.busyUs});
+std::vector<std::array<uint64_t, 3>> ProcessGroupRingdist::linkSends() const {
+  std::vector<std::array<uint64_t, 3>> sends;
+  for (const auto& t : worker_->sendTotals()) sends.push_back({t.bytesAcked, t.busyUs, t.roundTripUs});
   return sends;
 }
 

@@ -452,14 +452,12 @@ std::vector<Channel::SendTotals> Communicator::sendTotals() const {
   std::vector<Channel::SendTotals> totals(static_cast<size_t>(size_));  // lanes after size_
   for (size_t r = 0; r < totals.size(); ++r) {
     if (!channels_[r]) continue;
-    for (const Channel* link : lanesOf_[r]) {
+    totals[r] = channels_[r]->sendTotals();
+    for (const Channel* link : lanesOf_[r]) {  // the lanes run beside it: busy in parallel
       const auto lane = link->sendTotals();
       totals[r].bytesAcked += lane.bytesAcked;
-      totals[r].busyUs += lane.busyUs;
+      totals[r].busyUs = std::max(totals[r].busyUs, lane.busyUs);
     }
-    const auto first = channels_[r]->sendTotals();
-    totals[r].bytesAcked += first.bytesAcked;
-    totals[r].busyUs += first.busyUs;
   }
   return totals;
 }

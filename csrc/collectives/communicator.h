@@ -248,7 +248,8 @@ class Communicator {
   bool aborted() const { return aborted_; }
   // Peers whose process is known to be gone (Channel::peerDead); any thread.
   std::vector<int> deadPeers() const;
-  // Per rank: Channel::sendTotals summed over its lanes; any thread.
+  // Per rank: Channel::sendTotals of its links, the bytes of its lanes added (their busy
+  // times overlap: the longest counts); any thread.
   std::vector<Channel::SendTotals> sendTotals() const;
   // Caps every link's sending rate (Channel::capSendRate); returns the links capped. Any thread.
   int capSendRate(uint64_t bytesPerSecond);

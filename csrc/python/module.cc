@@ -102,8 +102,9 @@ PYBIND11_MODULE(_C, m) {
            "Ranks whose process is known to be gone: same-host ranks by pid, others refused "
            "at their kept listener.")
       .def("_link_sends", &ringdist::ProcessGroupRingdist::linkSends,
-           "Per rank: [bytes it acknowledged, microseconds with bytes unacknowledged] on the "
-           "TCP links to it ([0, 0] for shared memory and this rank); any thread")
+           "Per rank: [bytes it acknowledged, microseconds with bytes unacknowledged, smallest "
+           "round trip in microseconds] on the TCP links to it (zeros for shared memory and "
+           "this rank); any thread")
       .def("_cap_send_rate", &ringdist::ProcessGroupRingdist::capSendRate,
            py::arg("bytes_per_second"),
            "Caps this rank's sending rate on each TCP link (0: no cap); returns the links "

@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 # has begun a check of who is alive (one store round trip each time): the others' check waits
 # lost_wait for it.
 _CHECK_POLL = 0.25
-# A link's rate counts once bytes waited on it this long (microseconds) during the exchange.
-_BUSY_US = 20_000
+# A link's rate counts once bytes waited on it this long during the exchange: microseconds, and
+# round trips of the link (slow start and the first acknowledgements take a few).
+_BUSY_US, _BUSY_ROUND_TRIPS = 20_000, 4
 
 
 def _new_flat(dtype=torch.float32) -> torch.Tensor:
@@ -674,18 +675,20 @@ class DiLoCoState(HookState):
             .allreduce_compressed(flat, self.codec, True, residual=residual)
 
     def _link_sends(self) -> list:
-        """[bytes acknowledged, microseconds busy] per rank on this rank's links."""
+        """[bytes acknowledged, microseconds busy, smallest round trip] per rank on this
+        rank's links."""
         return ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}") \
             ._link_sends()
 
     def _link_rates(self) -> list:
-        """MB/s at which each of this rank's links delivered since the last exchange began
-        (None: nothing waited on it)."""
+        """MB/s at which each of this rank's links delivered since the last exchange began;
+        None where bytes waited on it for less than _BUSY_ROUND_TRIPS round trips (nothing to
+        tell a slow link by: a rank whose exchange just began, a link that drained at once)."""
         before, now = self._sends_at, self._link_sends()
         if before is None or len(before) != len(now):
             return [None] * len(now)
-        return [(b - a) / (u - t) if u - t >= _BUSY_US else None
-                for (a, t), (b, u) in zip(before, now)]
+        return [(b - a) / (u - t) if u - t >= max(_BUSY_US, _BUSY_ROUND_TRIPS * rtt) else None
+                for (a, t, _), (b, u, rtt) in zip(before, now)]
 
     def _outer_step(self, fragment: int, theta: torch.Tensor, avg_d: torch.Tensor) -> None:
         """theta <- an SGD step with gradient -avg_d, as torch.optim.SGD(foreach=False) does."""

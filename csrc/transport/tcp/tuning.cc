@@ -172,7 +172,8 @@ Channel::SendTotals sendTotalsOf(int fd) {
       len < offsetof(tcp_info, tcpi_busy_time) + sizeof(info.tcpi_busy_time)) {
     return {};
   }
-  return {info.tcpi_bytes_acked, info.tcpi_busy_time};
+  return {info.tcpi_bytes_acked, info.tcpi_busy_time,
+          info.tcpi_min_rtt == ~0U ? 0 : info.tcpi_min_rtt};
 }
 
 }  // namespace tcp

@@ -38,7 +38,7 @@ std::map<std::string, std::string> describeSocket(int fd, const SocketTuning& tu
 // (TCP_INFO min_rtt, microseconds; from the SYN on, so a connected socket has
 // one); 0 if unknown.
 uint32_t minRoundTripUs(int fd);
-// TCP_INFO's bytes_acked and busy_time (Channel::sendTotals); {0, 0} if unknown.
+// TCP_INFO's bytes_acked, busy_time and min_rtt (Channel::sendTotals); zeros if unknown.
 Channel::SendTotals sendTotalsOf(int fd);
 
 }  // namespace tcp
