@@ -14,30 +14,38 @@ from harness.spawned import Spawned
 
 from torch_ringdist._recovery import slow_peer
 
-FAST, SLOW = 12.0, 0.4  # MB/s: a link's rate, and a tenth of it with the round trips in
+FAST, SLOW, DRAINED = 12.0, 0.4, float("inf")  # MB/s; DRAINED: delivered within a few RTTs
 
 
-def _table(n, slow_out=(), slow_in=(), unmeasured=()):
-    """rates[r][q] for n ranks: FAST, SLOW on links out of slow_out or into slow_in, None on
-    links out of `unmeasured` ranks and on r == q."""
-    return {r: [None if q == r or r in unmeasured else
-                SLOW if r in slow_out or q in slow_in else FAST for q in range(n)]
+def _table(n, slow_out=(), slow_in=(), unknown=(), fast=FAST):
+    """rates[r][q] for n ranks: `fast`, SLOW on links out of slow_out or into slow_in, None
+    (not known yet) on links out of `unknown` ranks and on r == q."""
+    return {r: [None if q == r or r in unknown else
+                SLOW if r in slow_out or q in slow_in else fast for q in range(n)]
             for r in range(n)}
 
 
 def test_slow_peer_names_the_rank_whose_links_are_slow():
-    # Its sends slow (its uplink), or the sends to it (its downlink), at N = 3, 4 and 8.
+    # Its sends slow (its uplink), or the sends to it (its downlink), at N = 3, 4 and 8; the
+    # others' links measured, or drained within a few round trips (loopback, fast links).
     for n in (3, 4, 8):
-        assert slow_peer(_table(n, slow_out={1}), n) == 1
-        assert slow_peer(_table(n, slow_in={2}), n) == 2
-        assert slow_peer(_table(n), n) is None
+        for fast in (FAST, DRAINED):
+            assert slow_peer(_table(n, slow_out={1}, fast=fast), n) == 1
+            assert slow_peer(_table(n, slow_in={2}, fast=fast), n) == 2
+            assert slow_peer(_table(n, fast=fast), n) is None
     # A rank that did not report (it completed and moved on before the check) is named by
-    # the others' links to it; unmeasured links (nothing waited on them) count as fast.
+    # the others' links to it.
     rates = _table(4, slow_in={3})
     del rates[3]
     assert slow_peer(rates, 4) == 3
-    assert slow_peer(_table(3, slow_out={0}, unmeasured={1, 2}), 3) == 0
-    # One slow link between two fast ranks names nobody: a majority of a rank's links must be.
+    # A fast rank whose only link known yet is the one to the slow rank is not named.
+    rates = _table(4, slow_in={1}, slow_out={1})
+    rates[2] = [SLOW, None, None, None]
+    assert slow_peer(rates, 4) == 1
+    # Nothing known between the others (they began their exchange just now): nobody, however
+    # slow the one rank that measured looks.
+    assert slow_peer(_table(4, slow_out={0}, unknown={1, 2, 3}), 4) is None
+    # One slow link between two fast ranks names nobody: most of a rank's links must be.
     one = _table(4)
     one[0][1] = SLOW
     assert slow_peer(one, 4) is None

@@ -186,44 +186,43 @@ def excluded(group) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-# A rank is the slow peer when the links it sends on, or the links to it, deliver at less than
-# 1/SLOW_FACTOR of the rate of the links between the other ranks (medians). A link at a tenth
-# of its rate measures at about a third of the others' on a round of a few hundred KB per link
-# at 100 ms, where the round trips weigh as much as the bytes.
+# A rank is the slow peer when most of the links it sends on, or most of the links to it,
+# deliver at less than 1/SLOW_FACTOR of the median rate of the links between the other ranks.
+# A link at a tenth of its rate measures at a fifth to a third of the others' on a round of a
+# few hundred KB per link at 100 ms, where the round trips weigh as much as the bytes.
 SLOW_FACTOR = 2.0
 
 
 def slow_peer(rates: dict, size: int) -> int | None:
     """The rank of a group of ``size`` that the rates reported (``rates[r][q]``: MB/s from r
-    to q, None where not measured; the ranks that reported) name as the slow peer, or None.
-    Needs three ranks or more: between two, either end of the link could be the slow one.
-    Unmeasured links count as fast (nothing waited on them)."""
-    if size < 3 or len(rates) < 2:
+    to q; infinite for a link that delivered everything within a few round trips; None where
+    that cannot be told yet) name as the slow peer, or None. Ranks that did not report count
+    as unknown. Needs three ranks or more (between two, either end of the link could be the
+    slow one) and a known rate between the others to compare with; of several, the one with
+    the most slow links, then the slowest."""
+    if size < 3:
         return None
 
     def rate(r, q):
-        value = rates[r][q] if r in rates else None
-        return float("inf") if value is None else value
+        return rates[r][q] if r in rates and q < len(rates[r]) else None
 
     def median(values):
-        values = sorted(values)
+        values = sorted(v for v in values if v is not None)
         return values[len(values) // 2] if values else None
 
-    ranks = range(size)
-    worst, worst_ratio = None, 1.0 / SLOW_FACTOR
-    for p in ranks:
-        others = [r for r in ranks if r != p]
+    worst, worst_key = None, None
+    for p in range(size):
+        others = [r for r in range(size) if r != p]
         reference = median([rate(r, q) for r in others for q in others if q != r])
         if reference is None:
             continue
-        sending = median([rate(p, q) for q in others]) if p in rates else float("inf")
-        receiving = median([rate(r, p) for r in others])
-        slowest = min(sending, receiving)
-        if slowest == float("inf"):
-            continue  # nothing measured waiting on p's links
-        ratio = slowest / reference  # 0 where the others' links had nothing waiting
-        if ratio < worst_ratio:
-            worst, worst_ratio = p, ratio
+        limit = reference / SLOW_FACTOR
+        for links in ([rate(p, q) for q in others], [rate(r, p) for r in others]):
+            slow = [v for v in links if v is not None and v < limit]
+            if 2 * len(slow) > len(others):
+                key = (len(slow), -median(slow))
+                if worst_key is None or key > worst_key:
+                    worst, worst_key = p, key
     return worst
 
 

@@ -287,9 +287,11 @@ void ProcessGroupRingdist::resetStats() { worker_->resetStats(); }
 
 void ProcessGroupRingdist::closeWithoutWaiting() { worker_->closeWithoutWaiting(); }
 
-std::vector<std::array<uint64_t, 3>> ProcessGroupRingdist::linkSends() const {
-  std::vector<std::array<uint64_t, 3>> sends;
-  for (const auto& t : worker_->sendTotals()) sends.push_back({t.bytesAcked, t.busyUs, t.roundTripUs});
+std::vector<std::array<uint64_t, 4>> ProcessGroupRingdist::linkSends() const {
+  std::vector<std::array<uint64_t, 4>> sends;
+  for (const auto& t : worker_->sendTotals()) {
+    sends.push_back({t.bytesAcked, t.busyUs, t.roundTripUs, t.unacknowledged});
+  }
   return sends;
 }
 

@@ -187,11 +187,11 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // two round trips); others: unknown.
   std::vector<int> deadPeers() const;
   // Per rank: [bytes it acknowledged, microseconds with bytes unacknowledged, smallest round
-  // trip in microseconds] on this rank's TCP links to it (Channel::sendTotals; zeros for
-  // shared memory and this rank).
+  // trip in microseconds, bytes unacknowledged now] on this rank's TCP links to it
+  // (Channel::sendTotals; zeros for shared memory and this rank).
   // Any thread, also while an operation runs: DiLoCo's slow_peer="drop" takes the rate each
   // link delivered during a round from it.
-  std::vector<std::array<uint64_t, 3>> linkSends() const;
+  std::vector<std::array<uint64_t, 4>> linkSends() const;
   // Caps the rate this rank sends at on each of its TCP links (bytes per second, 0: no
   // cap); returns the links capped. For tests: a slow link on one machine.
   int capSendRate(uint64_t bytesPerSecond);

@@ -457,6 +457,7 @@ std::vector<Channel::SendTotals> Communicator::sendTotals() const {
       const auto lane = link->sendTotals();
       totals[r].bytesAcked += lane.bytesAcked;
       totals[r].busyUs = std::max(totals[r].busyUs, lane.busyUs);
+      totals[r].unacknowledged += lane.unacknowledged;
     }
   }
   return totals;

@@ -103,8 +103,8 @@ PYBIND11_MODULE(_C, m) {
            "at their kept listener.")
       .def("_link_sends", &ringdist::ProcessGroupRingdist::linkSends,
            "Per rank: [bytes it acknowledged, microseconds with bytes unacknowledged, smallest "
-           "round trip in microseconds] on the TCP links to it (zeros for shared memory and "
-           "this rank); any thread")
+           "round trip in microseconds, bytes unacknowledged now] on the TCP links to it "
+           "(zeros for shared memory and this rank); any thread")
       .def("_cap_send_rate", &ringdist::ProcessGroupRingdist::capSendRate,
            py::arg("bytes_per_second"),
            "Caps this rank's sending rate on each TCP link (0: no cap); returns the links "

@@ -106,13 +106,15 @@ class Channel {
   // Any thread (the worker may be sending): the bytes the peer acknowledged since the link
   // opened, and the microseconds the link spent with bytes unacknowledged (TCP_INFO's
   // bytes_acked and busy_time): their ratio is the rate the path delivers while there is
-  // something to deliver, also where the sender idles in between; and the link's smallest
-  // round trip (min_rtt), against which a busy time means something. Zeros where not
-  // measured (shared memory) or once closed.
+  // something to deliver, also where the sender idles in between; the link's smallest
+  // round trip (min_rtt), against which a busy time means something; and the bytes not
+  // acknowledged yet (unacknowledgedBytes). Zeros where not measured (shared memory) or once
+  // closed.
   struct SendTotals {
     uint64_t bytesAcked = 0;
     uint64_t busyUs = 0;
     uint64_t roundTripUs = 0;
+    uint64_t unacknowledged = 0;
   };
   virtual SendTotals sendTotals() const { return {}; }
   // Any thread: caps the rate this link sends at (bytes per second; 0 lifts the cap), for

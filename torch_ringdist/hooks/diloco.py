@@ -675,20 +675,26 @@ class DiLoCoState(HookState):
             .allreduce_compressed(flat, self.codec, True, residual=residual)
 
     def _link_sends(self) -> list:
-        """[bytes acknowledged, microseconds busy, smallest round trip] per rank on this
-        rank's links."""
+        """[bytes acknowledged, microseconds busy, smallest round trip, bytes unacknowledged]
+        per rank on this rank's links."""
         return ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}") \
             ._link_sends()
 
     def _link_rates(self) -> list:
-        """MB/s at which each of this rank's links delivered since the last exchange began;
-        None where bytes waited on it for less than _BUSY_ROUND_TRIPS round trips (nothing to
-        tell a slow link by: a rank whose exchange just began, a link that drained at once)."""
+        """MB/s at which each of this rank's links delivered since the last exchange began,
+        once bytes waited on it for _BUSY_ROUND_TRIPS round trips; infinite for a link that
+        delivered everything sooner; None where that cannot be told yet (bytes still on
+        their way after less waiting: a rank whose exchange just began)."""
         before, now = self._sends_at, self._link_sends()
         if before is None or len(before) != len(now):
             return [None] * len(now)
-        return [(b - a) / (u - t) if u - t >= max(_BUSY_US, _BUSY_ROUND_TRIPS * rtt) else None
-                for (a, t, _), (b, u, rtt) in zip(before, now)]
+        rates = []
+        for (acked, busy, _, _), (acked_now, busy_now, rtt, unacked) in zip(before, now):
+            if busy_now - busy >= max(_BUSY_US, _BUSY_ROUND_TRIPS * rtt):
+                rates.append((acked_now - acked) / (busy_now - busy))
+            else:
+                rates.append(float("inf") if acked_now > acked and unacked == 0 else None)
+        return rates
 
     def _outer_step(self, fragment: int, theta: torch.Tensor, avg_d: torch.Tensor) -> None:
         """theta <- an SGD step with gradient -avg_d, as torch.optim.SGD(foreach=False) does."""

@@ -213,7 +213,9 @@ size_t TcpChannel::unacknowledgedBytes() const {
 
 Channel::SendTotals TcpChannel::sendTotals() const {
   std::lock_guard<std::mutex> lock(socketMutex_);
-  return sendTotalsOf(socket_.fd());
+  auto totals = sendTotalsOf(socket_.fd());
+  totals.unacknowledged = unacknowledgedBytes();
+  return totals;
 }
 
 bool TcpChannel::capSendRate(uint64_t bytesPerSecond) {
