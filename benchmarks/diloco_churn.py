@@ -259,7 +259,7 @@ def slow_link(run, args, link):
                                 "the dropped rank's rejoin", args.timeout)[0]
     ends = round_starts(run.records)
     drops = [{"round": r["round"], "lost": rec["lost"], "seconds": rec["seconds"],
-              "rates": rec.get("rates")} for r in run.records
+              "ratios": rec.get("ratios")} for r in run.records
              if r["event"] == "round" and r["rank"] == 0 for rec in r["recoveries"]
              if rec.get("slow")]
 

@@ -62,15 +62,16 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
 
 
 def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
-           done: str | None = None, rates=None, behind: str | None = None) -> dict:
+           done: str | None = None, ratios=None, behind: str | None = None) -> dict:
     """:func:`lost_ranks`'s decision: {"lost": ranks to drop, "slow": those of them dropped as
-    the slow peer, "rates": the rates reported (rank -> its links' MB/s)}. ``rates`` (with ``done``): a callable giving the rate (MB/s, None where
-    unmeasured) at which each of this rank's links delivered the operation's bytes; every
-    caller and every rank that marked the operation done reports its own, and a rank whose
-    links run at less than 1/``SLOW_FACTOR`` of the others' (:func:`slow_peer`) is dropped
-    too. ``behind``: the check of the operation before; ranks that checked in there and
-    not here are alive and still on it (this rank completed it and moved on), not lost.
-    This rank, when dropped, gets an :class:`ExcludedError`."""
+    the slow peer, "ratios": those reported (rank -> its links')}. ``ratios`` (with ``done``):
+    a callable giving, for each of this rank's links, the rate at which it delivered the
+    operation's bytes over its usual rate (None where unknown); every caller and every rank
+    that marked the operation done reports its own, and a rank most of whose links, out or
+    in, run at less than 1/``SLOW_FACTOR`` of their usual rate (:func:`slow_peer`) is dropped
+    too. ``behind``: the check of the operation before; ranks that checked in there and not
+    here are alive and still on it (this rank completed it and moved on), not lost. This
+    rank, when dropped, gets an :class:`ExcludedError`."""
     pg, store = _group_store(group)
     rank, size = pg.rank(), pg.size()
     if key is None:
@@ -81,8 +82,8 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
 
     # Every store round trip counts (across a WAN, tens of milliseconds each): a caller checks
     # in by adding its bit to a mask, which then reads who is here in one round trip.
-    if rates is not None:  # reported before checking in: whoever decides finds it there
-        _report_rates(store, _prefix(pg, done), rank, rates())
+    if ratios is not None:  # reported before checking in: whoever decides finds it there
+        _report_ratios(store, _prefix(pg, done), rank, ratios())
     arrived = _checked_in(store, prefix, size, rank)
     deadline = time.monotonic() + wait
     decided = False
@@ -98,7 +99,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
             break
         time.sleep(0.002)
         arrived = _checked_in(store, prefix, size)
-    proposal = {"lost": [], "slow": [], "rates": {}}  # with a decision stored, it stands
+    proposal = {"lost": [], "slow": [], "ratios": {}}  # with a decision stored, it stands
     if not (decided or (settled is not None and settled())):
         missing = set(range(size)) - arrived
         if done is not None:  # alive after all: completed the operation, then moved on
@@ -107,11 +108,11 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         if behind is not None and missing - gone:
             missing -= _checked_in(store, _prefix(pg, behind), size) - gone
         slow, reported = None, {}
-        if rates is not None and not missing:
-            reported = _reported_rates(store, _prefix(pg, done), size)
+        if ratios is not None and not missing:
+            reported = _reported_ratios(store, _prefix(pg, done), size)
             slow = slow_peer(reported, size)
         proposal = {"lost": sorted(missing | {slow} - {None}),
-                    "slow": [] if slow is None else [slow], "rates": reported}
+                    "slow": [] if slow is None else [slow], "ratios": reported}
     # The first proposal stored wins; later callers get it back.
     decided = json.loads(store.compare_set(decision_key, "", json.dumps(proposal)))
     operation = done if done is not None else key
@@ -158,18 +159,18 @@ def check_open(group, key: str) -> bool:
     return any(store.check([_prefix(pg, key) + f"here/{block}"]) for block in _blocks(pg.size()))
 
 
-def mark_done(group, key: str, rates: list | None = None) -> None:
+def mark_done(group, key: str, ratios: list | None = None) -> None:
     """Records in ``group``'s store that this rank completed the operation ``key``: a
     :func:`lost_ranks` check with ``done=key`` counts it as alive without its answer, and
-    takes ``rates`` (:func:`decide`) as its report. The group is resolved here; the store
+    takes ``ratios`` (:func:`decide`) as its report. The group is resolved here; the store
     round trips run on a daemon thread (off the caller's path, and a store gone at exit
     cannot hold the process)."""
     pg, store = _group_store(group)
     prefix, rank = _prefix(pg, key), pg.rank()
 
     def mark():
-        if rates is not None:
-            _report_rates(store, prefix, rank, rates)
+        if ratios is not None:
+            _report_ratios(store, prefix, rank, ratios)
         store.set(prefix + f"done/{rank}", b"1")
 
     threading.Thread(target=mark, name="ringdist-mark-done", daemon=True).start()
@@ -186,57 +187,48 @@ def excluded(group) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-# A rank is the slow peer when most of the links it sends on, or most of the links to it,
-# deliver at less than 1/SLOW_FACTOR of the median rate of the links between the other ranks.
-# A link at a tenth of its rate measures at a fifth to a third of the others' on a round of a
-# few hundred KB per link at 100 ms, where the round trips weigh as much as the bytes.
+# A link is slow when it delivers at less than 1/SLOW_FACTOR of its own usual rate, and a rank
+# is the slow peer when most of the links it sends on, or most of the links to it, are. A link
+# at a tenth of its rate measures at a fifth to a third of its usual rate on a round of a few
+# hundred KB per link at 100 ms, where the round trips weigh as much as the bytes.
 SLOW_FACTOR = 2.0
 
 
-def slow_peer(rates: dict, size: int) -> int | None:
-    """The rank of a group of ``size`` that the rates reported (``rates[r][q]``: MB/s from r
-    to q; infinite for a link that delivered everything within a few round trips; None where
-    that cannot be told yet) name as the slow peer, or None. Ranks that did not report count
-    as unknown. Needs three ranks or more (between two, either end of the link could be the
-    slow one) and a known rate between the others to compare with; of several, the one with
-    the most slow links, then the slowest."""
+def slow_peer(ratios: dict, size: int) -> int | None:
+    """The rank of a group of ``size`` that the ratios reported (``ratios[r][q]``: the rate of
+    the link from r to q in this operation over its usual rate; None where not known; the
+    ranks that reported) name as the slow peer, or None. Needs three ranks or more: between
+    two, either end of the link could be the slow one. Of several, the one with the most slow
+    links, then the slowest."""
     if size < 3:
         return None
 
-    def rate(r, q):
-        return rates[r][q] if r in rates and q < len(rates[r]) else None
-
-    def median(values):
-        values = sorted(v for v in values if v is not None)
-        return values[len(values) // 2] if values else None
+    def ratio(r, q):
+        return ratios[r][q] if r in ratios and q < len(ratios[r]) else None
 
     worst, worst_key = None, None
     for p in range(size):
         others = [r for r in range(size) if r != p]
-        reference = median([rate(r, q) for r in others for q in others if q != r])
-        if reference is None:
-            continue
-        limit = reference / SLOW_FACTOR
-        for links in ([rate(p, q) for q in others], [rate(r, p) for r in others]):
-            slow = [v for v in links if v is not None and v < limit]
+        for links in ([ratio(p, q) for q in others], [ratio(r, p) for r in others]):
+            slow = sorted(v for v in links if v is not None and v < 1.0 / SLOW_FACTOR)
             if 2 * len(slow) > len(others):
-                key = (len(slow), -median(slow))
+                key = (len(slow), -slow[len(slow) // 2])
                 if worst_key is None or key > worst_key:
                     worst, worst_key = p, key
     return worst
 
 
-def _report_rates(store, prefix: str, rank: int, rates: list) -> None:
-    """Appends this rank's link rates to the operation's reports (one round trip)."""
-    store.append(prefix + "rates", json.dumps({"rank": rank, "rates": rates}) + "\n")
+def _report_ratios(store, prefix: str, rank: int, ratios: list) -> None:
+    """Appends this rank's links' ratios to the operation's reports (one round trip)."""
+    store.append(prefix + "ratios", json.dumps({"rank": rank, "ratios": ratios}) + "\n")
 
 
-def _reported_rates(store, prefix: str, size: int) -> dict:
-    """rank -> its reported link rates, for the ranks that reported (one round trip)."""
-    text = store.compare_set(prefix + "rates", "", "")  # "" (and created) where none reported
+def _reported_ratios(store, prefix: str, size: int) -> dict:
+    """rank -> its links' reported ratios, for the ranks that reported (one round trip)."""
+    text = store.compare_set(prefix + "ratios", "", "")  # "" (and created) where none reported
     text = text.decode() if isinstance(text, bytes) else text
     reports = [json.loads(line) for line in text.splitlines() if line]
-    return {r["rank"]: r["rates"] for r in reports if 0 <= r["rank"] < size}
+    return {r["rank"]: r["ratios"] for r in reports if 0 <= r["rank"] < size}
 
 
 def _group_store(group):

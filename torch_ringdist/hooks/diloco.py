@@ -35,6 +35,8 @@ _CHECK_POLL = 0.25
 # A link's rate counts once bytes waited on it this long during the exchange: microseconds, and
 # round trips of the link (slow start and the first acknowledgements take a few).
 _BUSY_US, _BUSY_ROUND_TRIPS = 20_000, 4
+# Rounds of each link's rates kept (slow_peer="drop"): its best of them is its usual rate.
+_HISTORY = 8
 
 
 def _new_flat(dtype=torch.float32) -> torch.Tensor:
@@ -175,7 +177,7 @@ class DiLoCoState(HookState):
     __slots__ = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
                  "fragments", "start_step", "overlap", "tau", "alpha", "anchor",
                  "on_failure", "lost_wait", "exchange_timeout", "slow_peer", "momentum_buffers",
-                 "residuals", "averaged_at", "_sends_at",
+                 "residuals", "averaged_at", "_sends_at", "_link_history",
                  "rounds", "in_flight", "sent", "shrinks", "admitted", "generation", "recoveries",
                  "_model", "_hook_handle", "_scratch", "kept_averages")
     _saved = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
@@ -277,6 +279,7 @@ class DiLoCoState(HookState):
         self._hook_handle = None
         self._scratch = {}  # fragment -> flat float32 work buffer, kept between rounds
         self._sends_at = None  # the links' send totals when the last exchange began (drop)
+        self._link_history = None  # (backend, per rank: its link's last rates) (drop)
         # {"lost": ranks, "failed_at": time.time() of the failed wait, "seconds": to the redo}
         self.recoveries = []
         # None, or fragment -> a copy of its last round's average (DiLoCoOptimizer's joins)
@@ -574,7 +577,7 @@ class DiLoCoState(HookState):
         from torch_ringdist._recovery import mark_done
 
         mark_done(self.process_group, round_key,
-                  self._link_rates() if self.slow_peer == "drop" else None)
+                  self._link_ratios(remember=True) if self.slow_peer == "drop" else None)
 
     def _wait_until(self, work, deadline, check: str) -> bool:
         """Waits for `work` (raising its error). True: it completed. False: this rank must take
@@ -625,7 +628,7 @@ class DiLoCoState(HookState):
                                 f"peer in {operation}; it must leave or join again", operation)
         decision = decide(self.process_group, wait=self.lost_wait, key=check,
                           settled=lambda: _completed_ok(work), done=round_key,
-                          rates=self._link_rates if drop else None,
+                          ratios=(lambda: self._link_ratios(remember=False)) if drop else None,
                           behind=f"round{self.rounds - 1}.0")
         lost = decision["lost"]
         if not lost:
@@ -660,7 +663,7 @@ class DiLoCoState(HookState):
             work.wait()
         return lost, {"agree_s": agreed - start, "shrink_s": shrunk - agreed,
                       "redo_s": time.monotonic() - shrunk, "slow": decision["slow"],
-                      "rates": decision["rates"]}
+                      "ratios": decision["ratios"]}
 
     def _allreduce(self, fragment: int, flat: torch.Tensor):
         """Starts flat <- its average over the group, in the codec; with error feedback, flat
@@ -681,20 +684,37 @@ class DiLoCoState(HookState):
             ._link_sends()
 
     def _link_rates(self) -> list:
-        """MB/s at which each of this rank's links delivered since the last exchange began,
-        once bytes waited on it for _BUSY_ROUND_TRIPS round trips; infinite for a link that
-        delivered everything sooner; None where that cannot be told yet (bytes still on
-        their way after less waiting: a rank whose exchange just began)."""
+        """MB/s at which each of this rank's links delivered since the last exchange began:
+        the bytes acknowledged over the time bytes waited, that time counted as at least
+        _BUSY_ROUND_TRIPS round trips (a link that delivered everything sooner gets that
+        bound); None where bytes still wait after less (a rank whose exchange just began)."""
         before, now = self._sends_at, self._link_sends()
         if before is None or len(before) != len(now):
             return [None] * len(now)
         rates = []
         for (acked, busy, _, _), (acked_now, busy_now, rtt, unacked) in zip(before, now):
-            if busy_now - busy >= max(_BUSY_US, _BUSY_ROUND_TRIPS * rtt):
-                rates.append((acked_now - acked) / (busy_now - busy))
-            else:
-                rates.append(float("inf") if acked_now > acked and unacked == 0 else None)
+            floor = max(_BUSY_US, _BUSY_ROUND_TRIPS * rtt)
+            waited = busy_now - busy
+            known = waited >= floor or (acked_now > acked and unacked == 0)
+            rates.append((acked_now - acked) / max(waited, floor) if known else None)
         return rates
+
+    def _link_ratios(self, remember: bool) -> list:
+        """Each link's rate in this exchange (_link_rates) over the best of its last
+        _HISTORY rates in this group (the same exchange, so the same bytes and round trips),
+        None where either is unknown; with `remember`, the rates join those."""
+        rates = self._link_rates()
+        backend = ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}")
+        if self._link_history is None or self._link_history[0] is not backend:
+            self._link_history = (backend, [[] for _ in rates])  # new links, new history
+        history = self._link_history[1]
+        ratios = [rate / max(past) if rate is not None and past and max(past) > 0 else None
+                  for rate, past in zip(rates, history)]
+        if remember:
+            for rate, past in zip(rates, history):
+                if rate is not None:
+                    past[:] = (past + [rate])[-_HISTORY:]
+        return ratios
 
     def _outer_step(self, fragment: int, theta: torch.Tensor, avg_d: torch.Tensor) -> None:
         """theta <- an SGD step with gradient -avg_d, as torch.optim.SGD(foreach=False) does."""
