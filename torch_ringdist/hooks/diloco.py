@@ -684,34 +684,37 @@ class DiLoCoState(HookState):
             ._link_sends()
 
     def _link_rates(self) -> list:
-        """MB/s at which each of this rank's links delivered since the last exchange began:
-        the bytes acknowledged over the time bytes waited, that time counted as at least
-        _BUSY_ROUND_TRIPS round trips (a link that delivered everything sooner gets that
-        bound); None where bytes still wait after less (a rank whose exchange just began)."""
+        """For each of this rank's links since the last exchange began: (MB/s, measured). The
+        bytes acknowledged over the time bytes waited, once that is _BUSY_ROUND_TRIPS round
+        trips (measured); for a link that delivered everything sooner, those bytes over that
+        time (a bound, not measured: it names no link slow); None where bytes still wait after
+        less (a rank whose exchange just began)."""
         before, now = self._sends_at, self._link_sends()
         if before is None or len(before) != len(now):
-            return [None] * len(now)
+            return [(None, False)] * len(now)
         rates = []
         for (acked, busy, _, _), (acked_now, busy_now, rtt, unacked) in zip(before, now):
             floor = max(_BUSY_US, _BUSY_ROUND_TRIPS * rtt)
-            waited = busy_now - busy
-            known = waited >= floor or (acked_now > acked and unacked == 0)
-            rates.append((acked_now - acked) / max(waited, floor) if known else None)
+            waited, sent = busy_now - busy, acked_now - acked
+            if waited >= floor:
+                rates.append((sent / waited, True))
+            else:
+                rates.append((sent / floor if sent > 0 and unacked == 0 else None, False))
         return rates
 
     def _link_ratios(self, remember: bool) -> list:
-        """Each link's rate in this exchange (_link_rates) over the best of its last
+        """Each link's measured rate in this exchange (_link_rates) over the best of its last
         _HISTORY rates in this group (the same exchange, so the same bytes and round trips),
-        None where either is unknown; with `remember`, the rates join those."""
+        None where either is unknown; with `remember`, the rates (bounds too) join those."""
         rates = self._link_rates()
         backend = ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}")
         if self._link_history is None or self._link_history[0] is not backend:
             self._link_history = (backend, [[] for _ in rates])  # new links, new history
         history = self._link_history[1]
-        ratios = [rate / max(past) if rate is not None and past and max(past) > 0 else None
-                  for rate, past in zip(rates, history)]
+        ratios = [rate / max(past) if measured and past and max(past) > 0 else None
+                  for (rate, measured), past in zip(rates, history)]
         if remember:
-            for rate, past in zip(rates, history):
+            for (rate, _), past in zip(rates, history):
                 if rate is not None:
                     past[:] = (past + [rate])[-_HISTORY:]
         return ratios
