@@ -35,6 +35,9 @@ _CHECK_POLL = 0.25
 # A link's rate counts once bytes waited on it this long during the exchange: microseconds, and
 # round trips of the link (slow start and the first acknowledgements take a few).
 _BUSY_US, _BUSY_ROUND_TRIPS = 20_000, 4
+# The job's first round waits this many exchange_timeouts before it checks who is alive: the
+# ranks' first steps (allocations, warm-up) drift apart by more than later periods do.
+_FIRST_ROUND_SLACK = 4
 # Rounds of each link's rates kept (slow_peer="drop"): its best of them is its usual rate.
 _HISTORY = 8
 
@@ -160,7 +163,7 @@ class DiLoCoState(HookState):
         lost_wait: seconds the survivors wait for each other's answer after a failure (1.0).
         exchange_timeout: with ``"shrink"``, seconds a round waits for its exchange before it
             checks for silent peers (None: never; a silent peer then fails the exchange only at
-            the group's timeout). Tested on ringdist groups, whose exchange keeps running when
+            the group's timeout; the job's first round waits 4 times as long). Tested on ringdist groups, whose exchange keeps running when
             a wait for it times out.
         slow_peer: ``"wait"`` (default) or ``"drop"`` (above; needs ``exchange_timeout``):
             what that check does with a peer that answers but whose link holds the exchange
@@ -542,6 +545,8 @@ class DiLoCoState(HookState):
         if work is None:
             return
         limit = self.exchange_timeout
+        if limit is not None and self.rounds == 0:
+            limit *= _FIRST_ROUND_SLACK  # the ranks' first steps take unequal time
         deadline = None if limit is None else time.monotonic() + limit
         round_key = f"round{self.rounds}"  # the same on every rank
         for attempt in itertools.count():
