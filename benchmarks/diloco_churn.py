@@ -253,15 +253,15 @@ def slow_link(run, args, link):
     run.wan.set_links(link)
     run.wait_for(lambda: run.last_round() >= slow_to + 3, "rounds after the slow link",
                  args.timeout)
-    rejoined = None
-    if args.slow_peer == "drop":  # the dropped rank asks again rejoin_after seconds later
-        rejoined = run.wait_for(lambda: [r for r in run.records if r["event"] == "rejoined"],
-                                "the dropped rank's rejoin", args.timeout)[0]
-    ends = round_starts(run.records)
     drops = [{"round": r["round"], "lost": rec["lost"], "seconds": rec["seconds"],
               "ratios": rec.get("ratios")} for r in run.records
              if r["event"] == "round" and r["rank"] == 0 for rec in r["recoveries"]
              if rec.get("slow")]
+    rejoined = None
+    if drops:  # the dropped rank asks again rejoin_after seconds later
+        rejoined = run.wait_for(lambda: [r for r in run.records if r["event"] == "rejoined"],
+                                "the dropped rank's rejoin", args.rejoin_after + 120)[0]
+    ends = round_starts(run.records)
 
     def median_round(first, last):  # rounds first+1 .. last
         return statistics.median(ends[n] - ends[n - 1] for n in range(first + 1, last + 1))
@@ -270,6 +270,22 @@ def slow_link(run, args, link):
             "slow_s": median_round(slow_from + 1, slow_to),
             "after_s": median_round(slow_to + 1, slow_to + 3),
             "drops": drops, "rejoined": rejoined}
+
+
+def end_training(run, grace=30.0):
+    """Waits (bounded) for every process to end after the last round; a process dropped as the
+    slow peer late in the run may still wait for an admission no period will give: ended, its
+    host returned. Returns those hosts."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(p.poll() is None for p in run.procs.values()):
+        time.sleep(0.1)
+    waiting = [h for h, p in run.procs.items() if p.poll() is None]
+    for h in waiting:
+        run.gone.add(h)
+        os.killpg(run.procs[h].pid, signal.SIGKILL)
+        run.procs[h].wait()
+    run.poll()
+    return waiting
 
 
 def check_rounds(records, total):
@@ -384,11 +400,12 @@ def run_and_check(run, args):
     start = time.monotonic()
     events = run_schedule(run, args)
     slowed = slow_link(run, args, run.wan.links[0])
-    run.wait_for(lambda: all(p.poll() is not None for p in run.procs.values()),
-                 "the end of training", args.timeout)
+    run.wait_for(lambda: run.last_round() >= args.rounds, "the last round", args.timeout)
+    waiting = end_training(run)
     seconds = time.monotonic() - start
     run.poll()
     check = check_rounds(run.records, args.rounds)
+    check["waiting_to_rejoin_at_the_end"] = waiting
     if run.failed():
         check["problems"].append(f"processes failed: {run.failed()}")
     params = sum(p.numel() for p in make_model(args.width, args.width, args.width).parameters())

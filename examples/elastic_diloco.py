@@ -102,7 +102,8 @@ def worker(rank, args, port, progress):
                                     on_failure="shrink", lost_wait=args.wait,
                                     exchange_timeout=args.exchange_timeout,
                                     send_ahead=args.send_ahead)
-    for step in range(opt.state.iteration, args.steps):
+    while opt.state.iteration < args.steps:  # an excluded rank rejoins at the job's step
+        step = opt.state.iteration
         x, y = batch(train_ds, step, args.seed)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()

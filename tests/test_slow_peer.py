@@ -48,10 +48,10 @@ def test_slow_peer_names_the_rank_whose_links_are_slow():
     one = _table(4)
     one[0][1] = SLOW
     assert slow_peer(one, 4) is None
-    # Two ranks cannot tell whose end of the link is slow; at 0.6 of its usual rate a link is
+    # Two ranks cannot tell whose end of the link is slow; at 0.4 of its usual rate a link is
     # not slow; of two slow ranks, the one with more slow links, then the slower.
     assert slow_peer(_table(2, slow_out={1}), 2) is None
-    assert slow_peer({r: [None if q == r else 0.6 for q in range(4)] for r in range(4)}, 4) is None
+    assert slow_peer({r: [None if q == r else 0.4 for q in range(4)] for r in range(4)}, 4) is None
     two = _table(5, slow_out={1, 3})
     two[3] = [None if q == 3 else 0.1 for q in range(5)]
     assert slow_peer(two, 5) == 3

@@ -189,9 +189,10 @@ def excluded(group) -> str | None:
 
 # A link is slow when it delivers at less than 1/SLOW_FACTOR of its own usual rate, and a rank
 # is the slow peer when most of the links it sends on, or most of the links to it, are. A link
-# at a tenth of its rate measures at a fifth to a third of its usual rate on a round of a few
-# hundred KB per link at 100 ms, where the round trips weigh as much as the bytes.
-SLOW_FACTOR = 2.0
+# at a tenth of its rate measured at 0.05-0.17 of its best recent rate on a round of a few
+# hundred KB per link at 100 ms (the round trips weigh as much as the bytes), the other links
+# at the same check at 0.29 and more: a round in progress holds them back too.
+SLOW_FACTOR = 3.0
 
 
 def slow_peer(ratios: dict, size: int) -> int | None:

@@ -38,7 +38,7 @@ _BUSY_US, _BUSY_ROUND_TRIPS = 20_000, 4
 # The job's first round waits this many exchange_timeouts before it checks who is alive: the
 # ranks' first steps (allocations, warm-up) drift apart by more than later periods do.
 _FIRST_ROUND_SLACK = 4
-# Rounds of each link's rates kept (slow_peer="drop"): its best of them is its usual rate.
+# Rounds of each link's rates kept (slow_peer="drop"): their median is its usual rate.
 _HISTORY = 8
 
 
@@ -708,16 +708,18 @@ class DiLoCoState(HookState):
         return rates
 
     def _link_ratios(self, remember: bool) -> list:
-        """Each link's measured rate in this exchange (_link_rates) over the best of its last
-        _HISTORY rates in this group (the same exchange, so the same bytes and round trips),
-        None where either is unknown; with `remember`, the rates (bounds too) join those."""
+        """Each link's measured rate in this exchange (_link_rates) over its usual rate, the
+        median of its last _HISTORY rates in this group (the same exchange, so the same bytes
+        and round trips), None where either is unknown; with `remember`, the rates (bounds
+        too) join those."""
         rates = self._link_rates()
         backend = ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}")
         if self._link_history is None or self._link_history[0] is not backend:
             self._link_history = (backend, [[] for _ in rates])  # new links, new history
         history = self._link_history[1]
-        ratios = [rate / max(past) if measured and past and max(past) > 0 else None
-                  for (rate, measured), past in zip(rates, history)]
+        usual = [sorted(past)[len(past) // 2] if past else 0.0 for past in history]
+        ratios = [rate / typical if measured and typical > 0 else None
+                  for (rate, measured), typical in zip(rates, usual)]
         if remember:
             for (rate, _), past in zip(rates, history):
                 if rate is not None:
