@@ -309,7 +309,25 @@ def churn(data):
             Row("silent host excluded, SIGSTOP to training", span(sm["stop_to_training_s"]),
                 "2 s", "-"),
             Row(f"join admitted ({data['state_bytes'] / 1e6:.1f} MB of state)",
-                span(sm["admission_s"]), f"{data['join_bound_s']:.1f} s", "-")]
+                span(sm["admission_s"]), f"{data['join_bound_s']:.1f} s", "-")] + slow_host(data)
+
+
+def slow_host(data):
+    """diloco_churn.py's slow link: host 1 at a tenth of its rate, waited for or dropped."""
+    slow = data.get("slow_link")
+    if not slow:
+        return []
+    policy = data["args"].get("slow_peer", "wait")
+    rows = [Row(f"host 1 at a tenth of its rate ({policy}): median round before / during / "
+                "after", f"{slow['before_s']:.2f} / {slow['slow_s']:.2f} / {slow['after_s']:.2f} s",
+                "-", "-")]
+    for drop in slow.get("drops") or []:
+        rejoined = slow.get("rejoined")
+        rows.append(Row(f"dropped as the slow peer in round {drop['round']}: check to training; "
+                        "back in after", f"{drop['seconds']:.1f} s; "
+                        + (f"{rejoined['seconds']:.1f} s" if rejoined else "not back"),
+                        f"rejoin_after {data['args']['rejoin_after']:.0f} s", "-"))
+    return rows
 
 
 def codec_families(data):
@@ -573,6 +591,11 @@ SCENARIOS = {
     "diloco_churn_wan_n4_rerun2.json": (DILOCO, "the same, a third run", churn),
     "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
                                                  "20 rounds, 2 losses, 2 joins", churn),
+    "diloco_slow_peer_drop_n4.json": (DILOCO, "churn with slow_peer='drop' (36 rounds, 2 losses, "
+                                      "exchange_timeout 1.5 s, lost_wait 2 s), host 1 at a "
+                                      "tenth of its rate for 6 rounds", churn),
+    "diloco_slow_peer_drop_n4_rerun.json": (DILOCO, "the same, a second run", churn),
+    "diloco_slow_peer_drop_n4_rerun2.json": (DILOCO, "the same, a third run", churn),
     "diloco_convergence_n4_p50.json": (DILOCO, "convergence, N=4, period 50: int4 and streaming "
                                        "int4 against exact DiLoCo", convergence),
     "sparse_allreduce_n2.json": (OTHER, "sparse allreduce, N=2", sparse),
