@@ -62,7 +62,8 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
 
 
 def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
-           done: str | None = None, ratios=None, behind: str | None = None) -> dict:
+           done: str | None = None, ratios=None, behind: str | None = None,
+           heartbeat: "Heartbeat | None" = None) -> dict:
     """:func:`lost_ranks`'s decision: {"lost": ranks to drop, "slow": those of them dropped as
     the slow peer, "ratios": those reported (rank -> its links')}. ``ratios`` (with ``done``):
     a callable giving, for each of this rank's links, the rate at which it delivered the
@@ -70,8 +71,11 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     that marked the operation done reports its own, and a rank most of whose links, out or
     in, run at less than 1/``SLOW_FACTOR`` of their usual rate (:func:`slow_peer`) is dropped
     too. ``behind``: the check of the operation before; ranks that checked in there and not
-    here are alive and still on it (this rank completed it and moved on), not lost. This
-    rank, when dropped, gets an :class:`ExcludedError`."""
+    here are alive and still on it (this rank completed it and moved on), not lost.
+    ``heartbeat`` (this group's): a rank whose beat stopped counts as gone at once, one that
+    still beats as alive (still computing: the decision waits for it, up to
+    ``HEARTBEAT_PATIENCE`` times ``wait``). This rank, when dropped, gets an
+    :class:`ExcludedError`."""
     pg, store = _group_store(group)
     rank, size = pg.rank(), pg.size()
     if key is None:
@@ -85,14 +89,17 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     if ratios is not None:  # reported before checking in: whoever decides finds it there
         _report_ratios(store, _prefix(pg, done), rank, ratios())
     arrived = _checked_in(store, prefix, size, rank)
-    deadline = time.monotonic() + wait
+    start = time.monotonic()
     decided = False
     while True:
         # Ranks this one knows dead (same host: the process; another host: refused at its
-        # door) need no waiting for: once every rank has checked in or is known dead, the
-        # decision is final.
-        gone = set(_known_dead(pg)) - arrived
-        if len(arrived) + len(gone) >= size or time.monotonic() >= deadline:
+        # door) or silent (their beat stopped) need no waiting for: once every rank has
+        # checked in or is known gone, the decision is final.
+        silent, beating = heartbeat.view(pg) if heartbeat is not None else (set(), set())
+        gone = (set(_known_dead(pg)) | silent) - arrived
+        late = time.monotonic() - start >= (wait * HEARTBEAT_PATIENCE if beating - arrived
+                                            else wait)
+        if len(arrived) + len(gone) >= size or late:
             break
         decided = store.check([decision_key])
         if decided or (settled is not None and settled()):
@@ -134,6 +141,79 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
 
 # Ranks per check-in mask: their bits sum within a store counter (int64).
 _MASK_BITS = 63
+
+
+# A rank that still beats is waited for this many times longer than `wait` before it counts as
+# lost: it is alive, most likely still computing before its check-in.
+HEARTBEAT_PATIENCE = 4
+# Seconds between two beats of a rank, and between two reads of the others' beats.
+BEAT_INTERVAL = 0.25
+
+
+class Heartbeat:
+    """This rank's beat in its group's store every BEAT_INTERVAL seconds, and the other ranks'
+    beats as read at the same pace, on a daemon thread with a store client of its own: a rank
+    whose beat has not moved for ``silent_after`` seconds is silent (a stopped process, a host
+    cut off) although it may not have failed anything. ``group_of`` gives the group to beat in
+    (it may change: a shrink, a re-formed default group) or raises once there is none; the
+    thread ends when ``alive`` returns False."""
+
+    def __init__(self, group_of, silent_after: float, alive):
+        self.silent_after = silent_after
+        self._group_of, self._alive = group_of, alive
+        self._lock = threading.Lock()
+        self._watched = None  # the group whose beats _moved holds
+        self._moved = {}  # rank -> (its count, time.monotonic() it was seen to change)
+        threading.Thread(target=self._run, name="ringdist-heartbeat", daemon=True).start()
+
+    def view(self, group) -> tuple[set, set]:
+        """(silent, beating) ranks of ``group`` as last read; both empty for another group."""
+        pg = _group_store(group)[0]
+        now = time.monotonic()
+        with self._lock:
+            if self._watched is not pg:
+                return set(), set()
+            silent = {r for r, (_, t) in self._moved.items() if now - t >= self.silent_after}
+            return silent, set(self._moved) - silent
+
+    def _run(self) -> None:
+        clients = {}  # group -> (store client of this thread, beat keys)
+        while self._alive():
+            try:
+                pg = _group_store(self._group_of())[0]
+                if pg not in clients:
+                    clients = {pg: self._connect(pg)}
+                self._beat(pg, clients[pg])
+            except Exception:  # noqa: BLE001 (no group now, or its store gone: beat later)
+                pass
+            time.sleep(BEAT_INTERVAL)
+
+    @staticmethod
+    def _connect(pg):
+        store = _group_store(pg)[1]
+        try:
+            store = store.clone()  # the training thread's client serves one call at a time
+        except (AttributeError, RuntimeError):
+            pass
+        return {"store": store, "keys": [_prefix(pg, "beat/") + str(r) for r in range(pg.size())],
+                "ready": False}
+
+    def _beat(self, pg, client) -> None:
+        """One beat, then the others' counts (two store round trips; three until every rank
+        beat once: multi_get would wait for a missing key)."""
+        store, keys = client["store"], client["keys"]
+        store.add(keys[pg.rank()], 1)
+        client["ready"] = client["ready"] or store.check(keys)
+        if not client["ready"]:
+            return
+        counts = [int(v) for v in store.multi_get(keys)]
+        now = time.monotonic()
+        with self._lock:
+            if self._watched is not pg:
+                self._watched, self._moved = pg, {}
+            for r, count in enumerate(counts):
+                if r != pg.rank() and self._moved.get(r, (None,))[0] != count:
+                    self._moved[r] = (count, now)
 
 
 def _checked_in(store, prefix: str, size: int, rank: int | None = None) -> set:

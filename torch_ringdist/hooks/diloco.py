@@ -180,7 +180,7 @@ class DiLoCoState(HookState):
     __slots__ = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
                  "fragments", "start_step", "overlap", "tau", "alpha", "anchor",
                  "on_failure", "lost_wait", "exchange_timeout", "slow_peer", "momentum_buffers",
-                 "residuals", "averaged_at", "_sends_at", "_link_history",
+                 "residuals", "averaged_at", "_sends_at", "_link_history", "_heartbeat",
                  "rounds", "in_flight", "sent", "shrinks", "admitted", "generation", "recoveries",
                  "_model", "_hook_handle", "_scratch", "kept_averages")
     _saved = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
@@ -283,6 +283,7 @@ class DiLoCoState(HookState):
         self._scratch = {}  # fragment -> flat float32 work buffer, kept between rounds
         self._sends_at = None  # the links' send totals when the last exchange began (drop)
         self._link_history = None  # (backend, per rank: its link's last rates) (drop)
+        self._heartbeat = None  # with exchange_timeout: this rank's beat, the others' (_recovery)
         # {"lost": ranks, "failed_at": time.time() of the failed wait, "seconds": to the redo}
         self.recoveries = []
         # None, or fragment -> a copy of its last round's average (DiLoCoOptimizer's joins)
@@ -545,6 +546,8 @@ class DiLoCoState(HookState):
         if work is None:
             return
         limit = self.exchange_timeout
+        if limit is not None and self._heartbeat is None:
+            self._start_heartbeat()
         if limit is not None and self.rounds == 0:
             limit *= _FIRST_ROUND_SLACK  # the ranks' first steps take unequal time
         deadline = None if limit is None else time.monotonic() + limit
@@ -552,7 +555,7 @@ class DiLoCoState(HookState):
         for attempt in itertools.count():
             check = f"{round_key}.{attempt}"  # this attempt's check of who is alive
             try:
-                if self._wait_until(work, deadline, check):
+                if self._wait_until(work, deadline, check, watch_beats=attempt == 0):
                     self._mark_done(round_key)
                     return
                 error = None
@@ -584,11 +587,23 @@ class DiLoCoState(HookState):
         mark_done(self.process_group, round_key,
                   self._link_ratios(remember=True) if self.slow_peer == "drop" else None)
 
-    def _wait_until(self, work, deadline, check: str) -> bool:
+    def _start_heartbeat(self) -> None:
+        """Beats for this rank and watches the others' beats (_recovery.Heartbeat) for as long
+        as this state lives, in whatever group it is in."""
+        from torch_ringdist._recovery import Heartbeat
+
+        state = weakref.ref(self)
+        self._heartbeat = Heartbeat(lambda: state().process_group, self.lost_wait,
+                                    lambda: state() is not None)
+
+    def _silent_peers(self) -> set:
+        return self._heartbeat.view(self.process_group)[0] if self._heartbeat else set()
+
+    def _wait_until(self, work, deadline, check: str, watch_beats: bool = False) -> bool:
         """Waits for `work` (raising its error). True: it completed. False: this rank must take
-        part in the check of who is alive `check`, because its deadline passed or another
-        rank's did (looked for on beginning to wait, every _CHECK_POLL seconds while waiting,
-        and once more on completing after that)."""
+        part in the check of who is alive `check`, because its deadline passed, another rank's
+        did (looked for on beginning to wait, every _CHECK_POLL seconds while waiting, and once
+        more on completing after that), or (`watch_beats`) a peer's beat stopped."""
         if deadline is None:
             work.wait()
             return True
@@ -596,7 +611,7 @@ class DiLoCoState(HookState):
 
         # A rank whose compute ran late may begin waiting after the others' deadline passed:
         # it joins their check at once (the look overlaps its exchange).
-        if check_open(self.process_group, check):
+        if check_open(self.process_group, check) or (watch_beats and self._silent_peers()):
             return False
         waited = False
         while True:
@@ -606,7 +621,8 @@ class DiLoCoState(HookState):
             except dist.DistBackendError:
                 if not work.is_completed():  # the poll ran out; the exchange runs on
                     waited = True
-                    if left <= _CHECK_POLL or check_open(self.process_group, check):
+                    if left <= _CHECK_POLL or check_open(self.process_group, check) or \
+                            (watch_beats and self._silent_peers()):
                         return False
                     continue
                 work.wait()  # it failed (its own error), or completed just after the poll
@@ -633,6 +649,7 @@ class DiLoCoState(HookState):
                                 f"peer in {operation}; it must leave or join again", operation)
         decision = decide(self.process_group, wait=self.lost_wait, key=check,
                           settled=lambda: _completed_ok(work), done=round_key,
+                          heartbeat=self._heartbeat,
                           ratios=(lambda: self._link_ratios(remember=False)) if drop else None,
                           behind=f"round{self.rounds - 1}.0")
         lost = decision["lost"]
