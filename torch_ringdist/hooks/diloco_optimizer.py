@@ -149,11 +149,11 @@ class DiLoCoOptimizer:
     theta_global with zero residuals and a fresh inner optimizer. Re-split the data over
     ``dist.get_world_size()`` after it. A rank lost in that period leaves the joiners out: they
     ask again. Needs the default group and ``overlap="none"``; the store must outlive every
-    rank (a launcher's or torchrun's), and joiners reach it by address. A rank the others drop
-    as the slow peer (``slow_peer="drop"``) leaves the group in the ``step()`` that finds out
-    (or counted as lost, having answered too late) leaves the group in the ``step()`` that
-    finds out and joins again the same way ``rejoin_after`` seconds later; that ``step()``
-    returns with ``state.iteration`` the job's step count.
+    rank (a launcher's or torchrun's), and joiners reach it by address. A rank the others
+    excluded (dropped as the slow peer with ``slow_peer="drop"``, or counted as lost for
+    answering too late) leaves the group in the ``step()`` that finds out and joins again the
+    same way ``rejoin_after`` seconds later; that ``step()`` returns with ``state.iteration``
+    the job's step count.
 
     Args:
         module: the model (its parameters that require gradients take part).
@@ -162,10 +162,10 @@ class DiLoCoOptimizer:
         state: a :class:`DiLoCoState` to resume (then no options).
         store: a ``dist.Store`` every rank and joiner reaches: admits joiners (above).
         join_timeout: seconds the re-formed group's creation may take.
-        rejoin_after: with a store and ``slow_peer="drop"``, seconds a rank dropped as the
-            slow peer waits before it asks to join again (default 30): its state then comes
-            over its own link, and the members wait for it at the admission, so asking while
-            the link is still slow costs them what dropping it saved.
+        rejoin_after: with a store, seconds an excluded rank waits before it asks to join
+            again (default 30): its state comes over its own link, and the members wait for it
+            at the admission, so asking while the link is still slow costs them what dropping
+            it saved.
         send_ahead: send each joiner theta_global and the momentum of the period's start
             while the period trains, and after the round only the round's average (one
             fragment, not plain averaging; every rank the same). It pays where the period
@@ -242,7 +242,7 @@ class DiLoCoOptimizer:
             state = DiLoCoState(**invite["options"])
             opt = cls(module, optimizer, state=state, store=store, join_timeout=join_timeout,
                       send_ahead=invite["send_ahead"],  # as every member, once admitted
-                      rejoin_after=invite["rejoin_after"])
+                      rejoin_after=invite.get("rejoin_after", 30.0))
             connecting = _connect_generation(store, generation, invite["rank"],
                                              invite["world_size"], join_timeout)
             ahead = opt._receive_ahead(invite, connecting)
