@@ -82,11 +82,11 @@ def test_a_joiner_left_out_by_a_shrink_asks_again():
 def test_diloco_drops_a_silent_rank(record_property):
     """4 ranks, original rank 2 SIGSTOPped at step 35: nothing fails, but its beat in the store
     stops, and once it has not moved for lost_wait (the example's 1 s) the round after step 40
-    asks who is alive without waiting out exchange_timeout; rank 2, silent, is dropped at
-    once; the 3 others redo the round and end with one model. The same run with rank 2
-    SIGKILLed instead ends with the same model (the survivors redo the same round with the
-    same contributions)."""
-    stopped = run("--nproc", "4", "--stop", "2@35", "--exchange-timeout", "1")
+    asks who is alive without waiting out exchange_timeout (5 s); rank 2 does not answer
+    within lost_wait and is dropped; the 3 others redo the round and end with one model. The
+    same run with rank 2 SIGKILLed instead ends with the same model (the survivors redo the
+    same round with the same contributions)."""
+    stopped = run("--nproc", "4", "--stop", "2@35", "--exchange-timeout", "5")
     loss, acc, world, rounds, recoveries, joins, spread = FINAL.findall(stopped)[0]
     assert (world, rounds, recoveries, joins) == ("3", "20", "1", "0"), stopped[-3000:]
     assert float(spread) == 0.0 and float(acc) > 0.9, stopped[-3000:]
@@ -94,8 +94,9 @@ def test_diloco_drops_a_silent_rank(record_property):
     assert lost == "2", stopped[-3000:]
     report(record_property, "silent_ms", {"failed_after_stop": int(failed_ms),
                                           "back_to_training": int(back_ms)})
-    # The check opens once the beat has been still for lost_wait (1 s; read every 0.25 s) and
-    # decides without waiting for the silent rank; CI machines are loaded.
-    assert 700 <= int(failed_ms) < 4000 and int(back_ms) < 900, (failed_ms, back_ms)
-    killed = FINAL.findall(run("--nproc", "4", "--kill", "2@35", "--exchange-timeout", "1"))[0]
+    # The check opens once the beat has been still for lost_wait (1 s, read every 0.25 s), not
+    # 5 s into the round's wait, and waits lost_wait for the silent rank's answer, counted
+    # from the first rank's arrival; CI machines are loaded.
+    assert 700 <= int(failed_ms) < 4000 and 700 <= int(back_ms) < 6000, (failed_ms, back_ms)
+    killed = FINAL.findall(run("--nproc", "4", "--kill", "2@35", "--exchange-timeout", "5"))[0]
     assert killed[0] == loss and killed[2:6] == (world, rounds, recoveries, joins), (killed, loss)

@@ -1,10 +1,12 @@
 """Agreeing on which ranks are gone after a failure, for ``dist.shrink_group``."""
 from __future__ import annotations
 
+import atexit
 import json
 import threading
 import time
 import weakref
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -42,7 +44,7 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
     checked in, and every caller returns that same list (``[]`` when all did).
     ``wait`` must exceed the time a live rank may take to notice the failure
     (the compute between two of its collectives): a rank that arrives after the
-    decision is counted as lost and gets a RuntimeError (it must leave).
+    decision is counted as lost and gets an :class:`ExcludedError` (it must leave).
     The store must survive the failure (torchrun's agent, or a launcher's store).
 
     ``key`` names the check (the same on every rank; default: the group's calls counted).
@@ -72,10 +74,9 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     in, run at less than 1/``SLOW_FACTOR`` of their usual rate (:func:`slow_peer`) is dropped
     too. ``behind``: the check of the operation before; ranks that checked in there and not
     here are alive and still on it (this rank completed it and moved on), not lost.
-    ``heartbeat`` (this group's): a rank whose beat stopped counts as gone at once, one that
-    still beats as alive (still computing: the decision waits for it, up to
-    ``HEARTBEAT_PATIENCE`` times ``wait``). This rank, when dropped, gets an
-    :class:`ExcludedError`."""
+    ``heartbeat`` (this group's): a rank that still beats is alive (still computing: the
+    decision waits for it, up to ``HEARTBEAT_PATIENCE`` times ``wait``). This rank, when
+    dropped, gets an :class:`ExcludedError`."""
     pg, store = _group_store(group)
     rank, size = pg.rank(), pg.size()
     if key is None:
@@ -89,17 +90,23 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     if ratios is not None:  # reported before checking in: whoever decides finds it there
         _report_ratios(store, _prefix(pg, done), rank, ratios())
     arrived = _checked_in(store, prefix, size, rank)
-    start = time.monotonic()
-    decided = False
+    start = looked = time.monotonic()
+    decided, elsewhere = False, set()
     while True:
         # Ranks this one knows dead (same host: the process; another host: refused at its
-        # door) or silent (their beat stopped) need no waiting for: once every rank has
-        # checked in or is known gone, the decision is final.
-        silent, beating = heartbeat.view(pg) if heartbeat is not None else (set(), set())
-        gone = (set(_known_dead(pg)) | silent) - arrived
-        late = time.monotonic() - start >= (wait * HEARTBEAT_PATIENCE if beating - arrived
-                                            else wait)
-        if len(arrived) + len(gone) >= size or late:
+        # door) need no waiting for, nor ranks alive on another operation (elsewhere): once
+        # every rank is here or accounted for, the decision is final. A rank that still beats
+        # is given longer to come; one whose beat stopped, `wait` as any other (its beats
+        # may only be stuck behind a congested link).
+        beating = heartbeat.view(pg)[1] if heartbeat is not None else set()
+        gone = set(_known_dead(pg)) - arrived
+        away = set(range(size)) - arrived - gone - elsewhere
+        if away and time.monotonic() - looked >= _LOOK_ELSEWHERE:
+            elsewhere |= _alive_elsewhere(store, pg, away, done, behind)
+            looked = time.monotonic()
+        away -= elsewhere
+        patience = wait * HEARTBEAT_PATIENCE if away & beating else wait
+        if not away or time.monotonic() - start >= patience:
             break
         decided = store.check([decision_key])
         if decided or (settled is not None and settled()):
@@ -108,12 +115,8 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         arrived = _checked_in(store, prefix, size)
     proposal = {"lost": [], "slow": [], "ratios": {}}  # with a decision stored, it stands
     if not (decided or (settled is not None and settled())):
-        missing = set(range(size)) - arrived
-        if done is not None:  # alive after all: completed the operation, then moved on
-            marked = _prefix(pg, done) + "done/"
-            missing -= {r for r in missing - gone if store.check([marked + str(r)])}
-        if behind is not None and missing - gone:
-            missing -= _checked_in(store, _prefix(pg, behind), size) - gone
+        missing = set(range(size)) - arrived - elsewhere
+        missing -= _alive_elsewhere(store, pg, missing - gone, done, behind)
         slow, reported = None, {}
         if ratios is not None and not missing:
             reported = _reported_ratios(store, _prefix(pg, done), size)
@@ -125,7 +128,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     operation = done if done is not None else key
     if rank in decided["slow"]:
         raise ExcludedError(f"torch_ringdist: rank {rank}'s links delivered the operation's "
-                            "bytes at a fraction of the others' rate: the other ranks dropped "
+                            "bytes at a fraction of their usual rate: the other ranks dropped "
                             "it as the slow peer; it must leave or join again", operation)
     if rank in decided["lost"]:
         raise ExcludedError(f"torch_ringdist.lost_ranks: rank {rank} checked in after the other "
@@ -150,11 +153,31 @@ HEARTBEAT_PATIENCE = 4
 BEAT_INTERVAL = 0.25
 
 
+_HEARTBEATS: "weakref.WeakSet" = weakref.WeakSet()
+# A beat's store call gives up after this long: at exit, and behind a congested link, a call
+# stuck on the store must not outlive the process's teardown.
+_BEAT_TIMEOUT_S = 2.0
+
+
+def _stop_heartbeats() -> None:
+    """At exit, before Python finalizes: a beat thread inside a store call then would be
+    killed there and abort the process."""
+    beats = list(_HEARTBEATS)
+    for beat in beats:
+        beat.stop()
+    for beat in beats:
+        beat.join(_BEAT_TIMEOUT_S + BEAT_INTERVAL)
+
+
+atexit.register(_stop_heartbeats)
+
+
 class Heartbeat:
     """This rank's beat in its group's store every BEAT_INTERVAL seconds, and the other ranks'
     beats as read at the same pace, on a daemon thread with a store client of its own: a rank
-    whose beat has not moved for ``silent_after`` seconds is silent (a stopped process, a host
-    cut off) although it may not have failed anything. ``group_of`` gives the group to beat in
+    whose beat has not moved for ``silent_after`` seconds may be silent (a stopped process, a
+    host cut off) although it may not have failed anything, or its beats stuck behind a
+    congested link: reason to check who is alive, not proof. ``group_of`` gives the group to beat in
     (it may change: a shrink, a re-formed default group) or raises once there is none; the
     thread ends when ``alive`` returns False."""
 
@@ -164,7 +187,16 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._watched = None  # the group whose beats _moved holds
         self._moved = {}  # rank -> (its count, time.monotonic() it was seen to change)
-        threading.Thread(target=self._run, name="ringdist-heartbeat", daemon=True).start()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ringdist-heartbeat", daemon=True)
+        self._thread.start()
+        _HEARTBEATS.add(self)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
 
     def view(self, group) -> tuple[set, set]:
         """(silent, beating) ranks of ``group`` as last read; both empty for another group."""
@@ -178,7 +210,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         clients = {}  # group -> (store client of this thread, beat keys)
-        while self._alive():
+        while self._alive() and not self._stop.is_set():
             try:
                 pg = _group_store(self._group_of())[0]
                 if pg not in clients:
@@ -186,13 +218,14 @@ class Heartbeat:
                 self._beat(pg, clients[pg])
             except Exception:  # noqa: BLE001 (no group now, or its store gone: beat later)
                 pass
-            time.sleep(BEAT_INTERVAL)
+            self._stop.wait(BEAT_INTERVAL)
 
     @staticmethod
     def _connect(pg):
         store = _group_store(pg)[1]
         try:
             store = store.clone()  # the training thread's client serves one call at a time
+            store.set_timeout(timedelta(seconds=_BEAT_TIMEOUT_S))
         except (AttributeError, RuntimeError):
             pass
         return {"store": store, "keys": [_prefix(pg, "beat/") + str(r) for r in range(pg.size())],
@@ -214,6 +247,23 @@ class Heartbeat:
             for r, count in enumerate(counts):
                 if r != pg.rank() and self._moved.get(r, (None,))[0] != count:
                     self._moved[r] = (count, now)
+
+
+# Seconds between two looks, during a check, for the ranks alive on another operation.
+_LOOK_ELSEWHERE = 0.25
+
+
+def _alive_elsewhere(store, pg, ranks: set, done: str | None, behind: str | None) -> set:
+    """Those of ``ranks`` alive on another operation than the check's: they marked the
+    operation ``done`` (completed it, then moved on), or checked in at the check ``behind``
+    (the operation before, which they are still on). One store round trip per rank, and one."""
+    alive = set()
+    if done is not None and ranks:
+        marked = _prefix(pg, done) + "done/"
+        alive = {r for r in ranks if store.check([marked + str(r)])}
+    if behind is not None and ranks - alive:
+        alive |= _checked_in(store, _prefix(pg, behind), pg.size()) & ranks
+    return alive
 
 
 def _checked_in(store, prefix: str, size: int, rank: int | None = None) -> set:
