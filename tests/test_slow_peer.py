@@ -135,9 +135,9 @@ def test_diloco_slow_peer_policy(policy, tmp_path):
             assert out[r]["recoveries"] == [{"lost": [1], "slow": [1]}], (out[r]["ratios"], out)
             assert out[r]["admitted"] == 1, out[r]
         assert len(out[1]["rejoins"]) == 1 and out[1]["rejoins"][0]["iteration"] >= 15, out[1]
-        # The survivors' slowest round: the 1 s wait, the check, the shrink and the redo,
-        # not the wait for rank 1's paced sends (8 s).
-        assert max(out[0]["round_seconds"]) < 6, out[0]["round_seconds"]
+        # The survivors' slowest round: the 1 s wait, the check, the shrink and the redo (1.0 s
+        # here), not the wait for rank 1's paced sends (6.6 s, then 2.2 s with "wait").
+        assert max(out[0]["round_seconds"]) < 4, out[0]["round_seconds"]
     else:
         assert all(r["recoveries"] == [] and r["rejoins"] == [] for r in out), out
         assert max(out[0]["round_seconds"]) > 2, out[0]["round_seconds"]  # it waited
