@@ -120,10 +120,12 @@ class DiLoCoState(HookState):
     the round waits on: a slow link is waited for (``slow_peer="wait"``). With
     ``slow_peer="drop"`` every rank also reports the rate at which each of its links
     delivered the exchange's bytes so far (the kernel's count of bytes acknowledged over the
-    time bytes waited on the link), and a rank whose links, out or in, run at less than half
-    the rate of the links between the others is dropped as above (3 ranks or more). The
-    dropped rank gets a :class:`torch_ringdist.ExcludedError` at its next exchange;
-    :class:`DiLoCoOptimizer` with a store then joins the job again (``rejoin_after``). A rank still computing then
+    time bytes waited on the link) against the link's usual rate, and a rank most of whose
+    links, out or in, run at under a third of their usual rate is dropped as above (3 ranks
+    or more). The dropped rank gets a :class:`torch_ringdist.ExcludedError` at its next
+    exchange; :class:`DiLoCoOptimizer` with a store then joins the job again
+    (``rejoin_after``). With ``exchange_timeout`` every rank also beats in the store, and a
+    peer whose beat stops for ``lost_wait`` opens the check at once. A rank still computing then
     cannot answer, so ``exchange_timeout + lost_wait`` must exceed how far the ranks' compute
     drifts apart within a period, and ``lost_wait`` 0.5 s plus a few store round trips.
     Re-split the data over ``dist.get_world_size()`` after a shrink. Each
@@ -163,8 +165,8 @@ class DiLoCoState(HookState):
         lost_wait: seconds the survivors wait for each other's answer after a failure (1.0).
         exchange_timeout: with ``"shrink"``, seconds a round waits for its exchange before it
             checks for silent peers (None: never; a silent peer then fails the exchange only at
-            the group's timeout; the job's first round waits 4 times as long). Tested on ringdist groups, whose exchange keeps running when
-            a wait for it times out.
+            the group's timeout; the job's first round waits 4 times as long). Tested on
+            ringdist groups, whose exchange keeps running when a wait for it times out.
         slow_peer: ``"wait"`` (default) or ``"drop"`` (above; needs ``exchange_timeout``):
             what that check does with a peer that answers but whose link holds the exchange
             back.
@@ -185,7 +187,8 @@ class DiLoCoState(HookState):
                  "_model", "_hook_handle", "_scratch", "kept_averages")
     _saved = ("period", "outer_lr", "outer_momentum", "nesterov", "codec", "error_feedback",
               "fragments", "start_step", "overlap", "tau", "alpha", "on_failure", "lost_wait",
-              "exchange_timeout", "slow_peer", "anchor", "momentum_buffers", "residuals", "averaged_at",
+              "exchange_timeout", "slow_peer", "anchor", "momentum_buffers", "residuals",
+              "averaged_at",
               "rounds", "in_flight", "sent", "shrinks", "admitted", "generation")
     # Fields newer than the first saved states, with the values those states ran with.
     _defaults = {"on_failure": "raise", "lost_wait": 1.0, "exchange_timeout": None,
