@@ -177,9 +177,9 @@ class Heartbeat:
     beats as read at the same pace, on a daemon thread with a store client of its own: a rank
     whose beat has not moved for ``silent_after`` seconds may be silent (a stopped process, a
     host cut off) although it may not have failed anything, or its beats stuck behind a
-    congested link: reason to check who is alive, not proof. ``group_of`` gives the group to beat in
-    (it may change: a shrink, a re-formed default group) or raises once there is none; the
-    thread ends when ``alive`` returns False."""
+    congested link: reason to check who is alive, not proof. ``group_of`` gives the group to
+    beat in (it may change: a shrink, a re-formed default group) or raises once there is none;
+    the thread ends when ``alive`` returns False."""
 
     def __init__(self, group_of, silent_after: float, alive):
         self.silent_after = silent_after
@@ -209,27 +209,25 @@ class Heartbeat:
             return silent, set(self._moved) - silent
 
     def _run(self) -> None:
-        clients = {}  # group -> (store client of this thread, beat keys)
+        client = None  # this thread's store client and beat keys, for the group client["pg"]
         while self._alive() and not self._stop.is_set():
             try:
                 pg = _group_store(self._group_of())[0]
-                if pg not in clients:
-                    clients = {pg: self._connect(pg)}
-                self._beat(pg, clients[pg])
+                if client is None or client["pg"] is not pg:
+                    client = self._connect(pg)
+                self._beat(pg, client)
             except Exception:  # noqa: BLE001 (no group now, or its store gone: beat later)
                 pass
             self._stop.wait(BEAT_INTERVAL)
 
     @staticmethod
-    def _connect(pg):
-        store = _group_store(pg)[1]
-        try:
-            store = store.clone()  # the training thread's client serves one call at a time
+    def _connect(pg) -> dict:
+        shared = _group_store(pg)[1]
+        store = own_client(shared)
+        if store is not shared:  # bounded here only: the shared client is the caller's
             store.set_timeout(timedelta(seconds=_BEAT_TIMEOUT_S))
-        except (AttributeError, RuntimeError):
-            pass
-        return {"store": store, "keys": [_prefix(pg, "beat/") + str(r) for r in range(pg.size())],
-                "ready": False}
+        return {"pg": pg, "store": store, "ready": False,
+                "keys": [_prefix(pg, "beat/") + str(r) for r in range(pg.size())]}
 
     def _beat(self, pg, client) -> None:
         """One beat, then the others' counts (two store round trips; three until every rank
@@ -319,9 +317,9 @@ def excluded(group) -> str | None:
 
 # A link is slow when it delivers at less than 1/SLOW_FACTOR of its own usual rate, and a rank
 # is the slow peer when most of the links it sends on, or most of the links to it, are. A link
-# at a tenth of its rate measured at 0.05-0.17 of its best recent rate on a round of a few
-# hundred KB per link at 100 ms (the round trips weigh as much as the bytes), the other links
-# at the same check at 0.29 and more: a round in progress holds them back too.
+# at a tenth of its rate measured at 0.04-0.22 of its usual rate on a round of a few hundred
+# KB per link at 100 ms (the round trips weigh as much as the bytes), the other links at the
+# same check at 0.38-0.94: a round in progress holds them back too.
 SLOW_FACTOR = 3.0
 
 
@@ -360,6 +358,16 @@ def _reported_ratios(store, prefix: str, size: int) -> dict:
     text = text.decode() if isinstance(text, bytes) else text
     reports = [json.loads(line) for line in text.splitlines() if line]
     return {r["rank"]: r["ratios"] for r in reports if 0 <= r["rank"] < size}
+
+
+def own_client(store):
+    """A client of ``store`` for the calling thread alone (``store.clone()``): a TCPStore client
+    serves one call at a time, so a thread that waits on the store holds back every other
+    call on a shared one. The store itself where it cannot clone its client."""
+    try:
+        return store.clone()
+    except (AttributeError, RuntimeError):
+        return store
 
 
 def _group_store(group):

@@ -599,8 +599,15 @@ class DiLoCoState(HookState):
         self._heartbeat = Heartbeat(lambda: state().process_group, self.lost_wait,
                                     lambda: state() is not None)
 
-    def _silent_peers(self) -> set:
-        return self._heartbeat.view(self.process_group)[0] if self._heartbeat else set()
+    def _must_check(self, check: str, watch_beats: bool) -> bool:
+        """Whether this rank takes part in the check of who is alive `check` now: another rank
+        began it, or (`watch_beats`) a peer's beat stopped."""
+        from torch_ringdist._recovery import check_open
+
+        if check_open(self.process_group, check):
+            return True
+        return watch_beats and self._heartbeat is not None and \
+            bool(self._heartbeat.view(self.process_group)[0])
 
     def _wait_until(self, work, deadline, check: str, watch_beats: bool = False) -> bool:
         """Waits for `work` (raising its error). True: it completed. False: this rank must take
@@ -610,11 +617,9 @@ class DiLoCoState(HookState):
         if deadline is None:
             work.wait()
             return True
-        from torch_ringdist._recovery import check_open
-
         # A rank whose compute ran late may begin waiting after the others' deadline passed:
         # it joins their check at once (the look overlaps its exchange).
-        if check_open(self.process_group, check) or (watch_beats and self._silent_peers()):
+        if self._must_check(check, watch_beats):
             return False
         waited = False
         while True:
@@ -624,12 +629,11 @@ class DiLoCoState(HookState):
             except dist.DistBackendError:
                 if not work.is_completed():  # the poll ran out; the exchange runs on
                     waited = True
-                    if left <= _CHECK_POLL or check_open(self.process_group, check) or \
-                            (watch_beats and self._silent_peers()):
+                    if left <= _CHECK_POLL or self._must_check(check, watch_beats):
                         return False
                     continue
                 work.wait()  # it failed (its own error), or completed just after the poll
-            return not (waited and check_open(self.process_group, check))
+            return not (waited and self._must_check(check, False))
 
     def _shrink_and_redo(self, fragment: int, flat: torch.Tensor, work, check: str,
                          round_key: str) -> tuple[list, dict]:

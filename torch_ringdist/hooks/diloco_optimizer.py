@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from torch_ringdist._collectives import ringdist_backend
-from torch_ringdist._recovery import ExcludedError
+from torch_ringdist._recovery import ExcludedError, own_client
 from torch_ringdist._registration import adopting, connect_ahead
 from torch_ringdist.hooks.compress import compressed_bucket
 from torch_ringdist.hooks.diloco import DiLoCoState, _gather, _new_flat, _scatter
@@ -41,11 +41,7 @@ def _connect_generation(store, generation: int, rank: int, world_size: int, time
     calls this): a future backend for _form_generation. Over a client of the store of its own:
     a TCPStore client serves one call at a time, and the caller's waits (a joiner's for the
     period's end) must not hold the connect's back."""
-    try:
-        store = store.clone()
-    except (AttributeError, RuntimeError):  # a store that cannot clone its client: share it
-        pass
-    backend_store = dist.PrefixStore("backend/", _generation_store(store, generation))
+    backend_store = dist.PrefixStore("backend/", _generation_store(own_client(store), generation))
     return connect_ahead(backend_store, rank, world_size, timedelta(seconds=timeout))
 
 

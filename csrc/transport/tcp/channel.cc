@@ -84,11 +84,13 @@ bool TcpChannel::received(ssize_t n) {
   return true;
 }
 
+void TcpChannel::closeSocket() {
+  std::lock_guard<std::mutex> lock(socketMutex_);
+  socket_.reset();
+}
+
 void TcpChannel::fail(const char* what, int err) {
-  {
-    std::lock_guard<std::mutex> lock(socketMutex_);
-    socket_.reset();
-  }
+  closeSocket();
   if (err == 0) {
     RINGDIST_FAIL("connection to rank ", peer_, " closed by the peer (", what, ")");
   }
@@ -238,10 +240,7 @@ short TcpChannel::pollEvents() const {
 }
 
 void TcpChannel::close() {
-  {
-    std::lock_guard<std::mutex> lock(socketMutex_);
-    socket_.reset();
-  }
+  closeSocket();
   clearQueues();
 }
 

@@ -58,6 +58,8 @@ class TcpChannel final : public QueuedChannel {
   ssize_t sendSome(const iovec* iov, int count);
   ssize_t readSome(const iovec* iov, int count);
   [[noreturn]] void fail(const char* what, int err);
+  // Closes the socket under socketMutex_ (the any-thread calls read its descriptor).
+  void closeSocket();
 
   Socket socket_;
   // Held where the socket closes and by the any-thread calls, which must not use its
