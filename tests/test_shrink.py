@@ -163,6 +163,51 @@ def test_a_killed_ranks_door_refuses_and_a_stopped_ones_answers(tmp_path, record
         assert (r["size"], r["sum_ok"]) == (2, True), r
 
 
+def checks_behind(rank, ws, store, dist, torch):
+    """3 ranks; every rank checks in at the check of operation "a" (nobody lost). Rank 0 then
+    leaves "a" unmarked and stays away from the check of "b": ranks 1 and 2 count it alive,
+    still on "a". Then all mark "c" done after its check, and rank 0 stays away from "d"'s
+    check: it completed "c" and moved on, so its absence counts: lost."""
+    from torch_ringdist._recovery import _group_store, _prefix, decide, mark_done
+
+    init_group(rank, ws, store, dist)
+    pg, group_store = _group_store(None)
+
+    def mark(operation):
+        mark_done(None, operation)  # on a thread: wait until the mark is in the store
+        key = _prefix(pg, operation) + f"done/{rank}"
+        while not group_store.check([key]):
+            time.sleep(0.01)
+
+    out = {}
+    for before, after, rank0_marks in (("a", "b", False), ("c", "d", True)):
+        first = decide(None, wait=5.0, key=before + ".0", done=before)
+        if rank != 0 or rank0_marks:
+            mark(before)
+        dist.barrier()
+        if rank == 0:
+            time.sleep(1.5)  # away from the next check, alive
+        else:
+            start = time.monotonic()
+            out[after] = decide(None, wait=0.5, key=after + ".0", done=after,
+                                behind=(before + ".0", before))["lost"]
+            out[after + "_s"] = time.monotonic() - start
+        out[before] = first["lost"]
+        dist.barrier()
+    return out
+
+
+def test_a_rank_that_checked_in_at_the_check_before_is_behind_only_until_it_marks_done(tmp_path):
+    with Spawned(checks_behind, 3, tmp_path) as w:
+        got = w.results(120)
+    for rank in (1, 2):
+        r = got[rank]
+        assert r["a"] == [] and r["c"] == [], r
+        assert r["b"] == [] and r["b_s"] < 0.5, r  # still on "a": alive, decided at once
+        assert r["d"] == [0], r  # completed "c" and moved on: away from "d" is lost
+        assert r["d_s"] >= 0.5, r  # after the wait
+
+
 def abort_healthy(rank, ws, store, dist, torch):
     """3 ranks, all alive; ranks 0 and 1 drop rank 2 with SHRINK_ABORT. The survivors get a
     working group at once (no wait for rank 2 at teardown), subgroups made before are gone,

@@ -64,7 +64,7 @@ def lost_ranks(group=None, wait: float = 1.0, key: str | None = None, settled=No
 
 
 def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
-           done: str | None = None, ratios=None, behind: str | None = None,
+           done: str | None = None, ratios=None, behind: tuple[str, str] | None = None,
            heartbeat: "Heartbeat | None" = None) -> dict:
     """:func:`lost_ranks`'s decision: {"lost": ranks to drop, "slow": those of them dropped as
     the slow peer, "ratios": those reported (rank -> its links')}. ``ratios`` (with ``done``):
@@ -72,8 +72,9 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     operation's bytes over its usual rate (None where unknown); every caller and every rank
     that marked the operation done reports its own, and a rank most of whose links, out or
     in, run at less than 1/``SLOW_FACTOR`` of their usual rate (:func:`slow_peer`) is dropped
-    too. ``behind``: the check of the operation before; ranks that checked in there and not
-    here are alive and still on it (this rank completed it and moved on), not lost.
+    too. ``behind``: (the check of the operation before, that operation); ranks that checked in
+    there, have not marked it done and are not here are alive and still on it (this rank
+    completed it and moved on), not lost.
     ``heartbeat`` (this group's): a rank that still beats is alive (still computing: the
     decision waits for it, up to ``HEARTBEAT_PATIENCE`` times ``wait``). This rank, when
     dropped, gets an :class:`ExcludedError`."""
@@ -251,16 +252,23 @@ class Heartbeat:
 _LOOK_ELSEWHERE = 0.25
 
 
-def _alive_elsewhere(store, pg, ranks: set, done: str | None, behind: str | None) -> set:
+def _alive_elsewhere(store, pg, ranks: set, done: str | None,
+                     behind: tuple[str, str] | None) -> set:
     """Those of ``ranks`` alive on another operation than the check's: they marked the
-    operation ``done`` (completed it, then moved on), or checked in at the check ``behind``
-    (the operation before, which they are still on). One store round trip per rank, and one."""
+    operation ``done`` (completed it, then moved on), or checked in at ``behind``'s check of
+    the operation before and have not marked that one done (they are still on it). Store round
+    trips: one, and one per rank asked about."""
     alive = set()
     if done is not None and ranks:
         marked = _prefix(pg, done) + "done/"
         alive = {r for r in ranks if store.check([marked + str(r)])}
     if behind is not None and ranks - alive:
-        alive |= _checked_in(store, _prefix(pg, behind), pg.size()) & ranks
+        check, operation = behind
+        still = _checked_in(store, _prefix(pg, check), pg.size()) & (ranks - alive)
+        # One that checked in there and then completed that operation has moved on: it is not
+        # behind, and its absence here counts.
+        marked = _prefix(pg, operation) + "done/"
+        alive |= {r for r in still if not store.check([marked + str(r)])}
     return alive
 
 

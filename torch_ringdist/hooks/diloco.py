@@ -658,7 +658,7 @@ class DiLoCoState(HookState):
                           settled=lambda: _completed_ok(work), done=round_key,
                           heartbeat=self._heartbeat,
                           ratios=(lambda: self._link_ratios(remember=False)) if drop else None,
-                          behind=f"round{self.rounds - 1}.0")
+                          behind=(f"round{self.rounds - 1}.0", f"round{self.rounds - 1}"))
         lost = decision["lost"]
         if not lost:
             return lost, {}
