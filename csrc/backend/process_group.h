@@ -195,8 +195,9 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // Caps the rate this rank sends at on each of its TCP links (bytes per second, 0: no
   // cap); returns the links capped. For tests: a slow link on one machine.
   int capSendRate(uint64_t bytesPerSecond);
-  // Destroying the group then skips the goodbye through the store: for callers that know
-  // every rank finished the same operations (DiLoCo's re-forming at a period's end).
+  // Destroying the group then skips the goodbye through the store (no store round trip): for
+  // callers that know every rank finished the same operations and closes the same way
+  // (DiLoCo's re-forming at a period's end, a shrink).
   void closeWithoutWaiting();
   // The last operations in torch's flight-recorder dump format (a pickle).
   std::string tracePickle() const;

@@ -259,6 +259,8 @@ class Communicator {
 
   // Orderly teardown: waits (bounded) until every rank reached close, so no
   // rank closes a connection a peer may still read from; rank 0 leaves last.
+  // maxWait 0: closes the links at once, without the store round trips (every
+  // rank closes so: a group re-formed or shrunk away, where nobody waits).
   void close(std::chrono::milliseconds maxWait);
 
  private:
