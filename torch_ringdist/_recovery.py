@@ -368,6 +368,14 @@ def _reported_ratios(store, prefix: str, size: int) -> dict:
     return {r["rank"]: r["ratios"] for r in reports if 0 <= r["rank"] < size}
 
 
+def ready_to_shrink(group) -> None:
+    """Readies what the next ``dist.shrink_group`` of ``group`` needs, off the caller's path: a
+    client of its store (_registration.keep_spare_client)."""
+    from torch_ringdist._registration import keep_spare_client
+
+    keep_spare_client(_group_store(group)[1])
+
+
 def own_client(store):
     """A client of ``store`` for the calling thread alone (``store.clone()``): a TCPStore client
     serves one call at a time, so a thread that waits on the store holds back every other

@@ -106,6 +106,10 @@ def _mend_shrunk_groups(c10d):
         return
 
     def create_shrunk(new_backend, *args, **kwargs):
+        metadata = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
+        spare = _take_spare_client(metadata.get("store"))
+        if spare is not None:  # torch would clone the store here, while training waits
+            args = (args[0], {**metadata, "store": _Cloned(spare)}, *args[2:])
         pg = create(new_backend, *args, **kwargs)
         if new_backend.name() == BACKEND_NAME:
             import torch
@@ -118,6 +122,54 @@ def _mend_shrunk_groups(c10d):
 
     create_shrunk._ringdist_mended = True
     c10d._create_shrunk_process_group = create_shrunk
+
+
+# A shrunk group gets a client of its parent's store of its own: torch clones the store there,
+# a new connection and a round trip (0.2 s at RTT 100 ms) while the survivors wait to train
+# again. keep_spare_client makes that clone ahead, off the caller's path; the next shrink of a
+# group over that store takes it. One spare per process: a group over another store replaces it.
+_spare = {"store": None, "clone": None}
+_spare_lock = threading.Lock()
+
+
+def keep_spare_client(store) -> None:
+    """Makes (on a thread of its own) a client of ``store`` for the next shrink of a group
+    over it, unless there is one."""
+    with _spare_lock:
+        if _spare["store"] is store:
+            return
+        _spare.update(store=store, clone=None)
+
+    def make():
+        try:
+            clone = store.clone()
+        except Exception:  # noqa: BLE001 (the store cannot clone, or is gone: torch clones then)
+            return
+        with _spare_lock:
+            if _spare["store"] is store:
+                _spare["clone"] = clone
+
+    threading.Thread(target=make, name="ringdist-spare-client", daemon=True).start()
+
+
+def _take_spare_client(store):
+    """The spare client of ``store`` made ahead (keep_spare_client), once, or None."""
+    with _spare_lock:
+        if store is None or _spare["store"] is not store or _spare["clone"] is None:
+            return None
+        clone = _spare["clone"]
+        _spare.update(store=None, clone=None)
+        return clone
+
+
+class _Cloned:
+    """Stands for a store in torch's shrink, where the store is only cloned: gives the spare."""
+
+    def __init__(self, clone):
+        self._clone = clone
+
+    def clone(self):
+        return self._clone
 
 
 def register_backend():

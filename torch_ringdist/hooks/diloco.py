@@ -551,6 +551,10 @@ class DiLoCoState(HookState):
         limit = self.exchange_timeout
         if limit is not None and self._heartbeat is None:
             self._start_heartbeat()
+        if self.on_failure == "shrink":
+            from torch_ringdist._recovery import ready_to_shrink
+
+            ready_to_shrink(self.process_group)
         if limit is not None and self.rounds == 0:
             limit *= _FIRST_ROUND_SLACK  # the ranks' first steps take unequal time
         deadline = None if limit is None else time.monotonic() + limit
