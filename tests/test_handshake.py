@@ -177,7 +177,6 @@ def handshake_run(tmp_path_factory):
         p["wrong secret"] = _probe(addrs[0], _hello(secrets.token_bytes(32), 2, ws))
         p["replayed mac for another challenge"] = _probe(
             addrs[0], lambda c: _hello(token, 2, ws)(c[:16] + secrets.token_bytes(48)))
-        p["plaintext hello to an encrypting rank"] = _probe(addrs[0], _hello(token, 2, ws, flags=0))
         p["wrong protocol version"] = _probe(addrs[0], _hello(token, 2, ws, version=99))
         p["duplicate rank 1 (valid secret)"] = _probe(addrs[0], _hello(token, 1, ws))
         p["absurd size 2^31-1"] = _probe(addrs[0], _hello(token, 2, 2**31 - 1))

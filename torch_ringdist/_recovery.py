@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import json
 import threading
 import time
@@ -90,6 +91,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     # in by adding its bit to a mask, which then reads who is here in one round trip.
     if ratios is not None:  # reported before checking in: whoever decides finds it there
         _report_ratios(store, _prefix(pg, done), rank, ratios())
+    probe = _probe_dead(pg)  # its round trip (the doors) alongside the check-in's
     arrived = _checked_in(store, prefix, size, rank)
     start = looked = time.monotonic()
     decided, elsewhere = False, set()
@@ -100,7 +102,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         # is given longer to come; one whose beat stopped, `wait` as any other (its beats
         # may only be stuck behind a congested link).
         beating = heartbeat.view(pg)[1] if heartbeat is not None else set()
-        gone = set(_known_dead(pg)) - arrived
+        gone = set(probe.result()) - arrived
         away = set(range(size)) - arrived - gone - elsewhere
         if away and time.monotonic() - looked >= _LOOK_ELSEWHERE:
             elsewhere |= _alive_elsewhere(store, pg, away, done, behind)
@@ -112,6 +114,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         decided = store.check([decision_key])
         if decided or (settled is not None and settled()):
             break
+        probe = _probe_dead(pg)  # the next look's, alongside the check-ins' round trip
         time.sleep(0.002)
         arrived = _checked_in(store, prefix, size)
     proposal = {"lost": [], "slow": [], "ratios": {}}  # with a decision stored, it stands
@@ -377,9 +380,15 @@ def ready_to_shrink(group) -> None:
 
 
 def own_client(store):
-    """A client of ``store`` for the calling thread alone (``store.clone()``): a TCPStore client
-    serves one call at a time, so a thread that waits on the store holds back every other
-    call on a shared one. The store itself where it cannot clone its client."""
+    """A client of ``store`` for the calling thread alone (``store.clone()``, or one made ahead
+    by keep_spare_client): a TCPStore client serves one call at a time, so a thread that waits
+    on the store holds back every other call on a shared one. The store itself where it cannot
+    clone its client."""
+    from torch_ringdist._registration import take_spare_client
+
+    spare = take_spare_client(store)
+    if spare is not None:
+        return spare
     try:
         return store.clone()
     except (AttributeError, RuntimeError):
@@ -394,6 +403,15 @@ def _group_store(group):
 
 def _prefix(pg, key: str) -> str:
     return f"ringdist/lost/{dist.distributed_c10d._get_process_group_name(pg)}/{key}/"
+
+
+_PROBES = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="ringdist-probe")
+
+
+def _probe_dead(pg) -> "concurrent.futures.Future":
+    """_known_dead(pg), on a thread: its answer in a round trip's time, while the caller's
+    store round trips run."""
+    return _PROBES.submit(_known_dead, pg)
 
 
 def _known_dead(pg) -> list[int]:

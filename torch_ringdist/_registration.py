@@ -107,7 +107,7 @@ def _mend_shrunk_groups(c10d):
 
     def create_shrunk(new_backend, *args, **kwargs):
         metadata = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
-        spare = _take_spare_client(metadata.get("store"))
+        spare = take_spare_client(metadata.get("store"))
         if spare is not None:  # torch would clone the store here, while training waits
             args = (args[0], {**metadata, "store": _Cloned(spare)}, *args[2:])
         pg = create(new_backend, *args, **kwargs)
@@ -124,42 +124,49 @@ def _mend_shrunk_groups(c10d):
     c10d._create_shrunk_process_group = create_shrunk
 
 
-# A shrunk group gets a client of its parent's store of its own: torch clones the store there,
-# a new connection and a round trip (0.2 s at RTT 100 ms) while the survivors wait to train
-# again. keep_spare_client makes that clone ahead, off the caller's path; the next shrink of a
-# group over that store takes it. One spare per process: a group over another store replaces it.
-_spare = {"store": None, "clone": None}
-_spare_lock = threading.Lock()
+# A new connection to the store costs a round trip or two (0.2 s at RTT 100 ms): torch clones
+# the store for a shrunk group while the survivors wait to train again, and a group connected
+# ahead talks to the store over a client of its own. keep_spare_client makes such a clone ahead,
+# off the caller's path, and the next user of that store takes it (take_spare_client). A few
+# stores at most: one more replaces the oldest.
+_spares = {}  # id(store) -> [store, its clone, or None while it is being made]
+_spares_lock = threading.Lock()
+_MAX_SPARES = 4
 
 
 def keep_spare_client(store) -> None:
-    """Makes (on a thread of its own) a client of ``store`` for the next shrink of a group
-    over it, unless there is one."""
-    with _spare_lock:
-        if _spare["store"] is store:
+    """Makes (on a thread of its own) a client of ``store`` for its next user, unless there
+    is one."""
+    with _spares_lock:
+        if id(store) in _spares:
             return
-        _spare.update(store=store, clone=None)
+        while len(_spares) >= _MAX_SPARES:
+            del _spares[next(iter(_spares))]
+        entry = _spares[id(store)] = [store, None]
 
     def make():
         try:
             clone = store.clone()
-        except Exception:  # noqa: BLE001 (the store cannot clone, or is gone: torch clones then)
-            return
-        with _spare_lock:
-            if _spare["store"] is store:
-                _spare["clone"] = clone
+        except Exception:  # noqa: BLE001 (the store cannot clone, or is gone: cloned when used)
+            clone = None
+        with _spares_lock:
+            if _spares.get(id(store)) is entry:
+                if clone is None:
+                    del _spares[id(store)]
+                else:
+                    entry[1] = clone
 
     threading.Thread(target=make, name="ringdist-spare-client", daemon=True).start()
 
 
-def _take_spare_client(store):
-    """The spare client of ``store`` made ahead (keep_spare_client), once, or None."""
-    with _spare_lock:
-        if store is None or _spare["store"] is not store or _spare["clone"] is None:
+def take_spare_client(store):
+    """The client of ``store`` made ahead (keep_spare_client), once, or None."""
+    with _spares_lock:
+        entry = _spares.get(id(store))
+        if store is None or entry is None or entry[0] is not store or entry[1] is None:
             return None
-        clone = _spare["clone"]
-        _spare.update(store=None, clone=None)
-        return clone
+        del _spares[id(store)]
+        return entry[1]
 
 
 class _Cloned:

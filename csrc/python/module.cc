@@ -100,7 +100,8 @@ PYBIND11_MODULE(_C, m) {
       .def("_close_without_waiting", &ringdist::ProcessGroupRingdist::closeWithoutWaiting)
       .def("_dead_peers", &ringdist::ProcessGroupRingdist::deadPeers,
            "Ranks whose process is known to be gone: same-host ranks by pid, others refused "
-           "at their kept listener.")
+           "at their kept listener.",
+           py::call_guard<py::gil_scoped_release>())  // a round trip: probed off the caller
       .def("_link_sends", &ringdist::ProcessGroupRingdist::linkSends,
            "Per rank: [bytes it acknowledged, microseconds with bytes unacknowledged, smallest "
            "round trip in microseconds, bytes unacknowledged now] on the TCP links to it "

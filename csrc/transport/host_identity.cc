@@ -14,8 +14,8 @@ namespace ringdist {
 namespace {
 
 // Record layout: these lines, then one line per field, '\n'-separated.
-constexpr const char* kRecordTag = "ringdist-peer/3";
-constexpr size_t kRecordFields = 10;
+constexpr const char* kRecordTag = "ringdist-peer/4";
+constexpr size_t kRecordFields = 9;
 
 std::string readFileLine(const char* path) {
   std::ifstream in(path);
@@ -54,8 +54,7 @@ bool HostIdentity::operator==(const HostIdentity& o) const {
 std::vector<uint8_t> PeerRecord::encode() const {
   std::string text = strCat(kRecordTag, "\n", host.hostname, "\n", host.bootId, "\n",
                             host.shmMount, "\n", host.pidNamespace, "\n", host.label, "\n",
-                            transportPolicyName(transport), "\n", checksums ? "crc" : "nocrc", "\n",
-                            roundTripUs, "\n", door);
+                            transportPolicyName(transport), "\n", roundTripUs, "\n", door);
   return std::vector<uint8_t>(text.begin(), text.end());
 }
 
@@ -65,18 +64,17 @@ PeerRecord PeerRecord::decode(const std::vector<uint8_t>& bytes, int rank) {
     if (b == '\n') f.emplace_back(); else f.back() += static_cast<char>(b);
   }
   RINGDIST_CHECK(f.size() == kRecordFields && f[0] == kRecordTag,
-                 "ringdist: rank ", rank, " published a malformed host record");
+                 "ringdist: rank ", rank, " sent a malformed host record");
   PeerRecord r;
   r.host = HostIdentity{f[1], f[2], f[3], f[4], f[5]};
-  RINGDIST_CHECK(transportPolicyFromName(f[6], &r.transport) && (f[7] == "crc" || f[7] == "nocrc"),
-                 "ringdist: rank ", rank, " published a malformed host record");
-  r.checksums = f[7] == "crc";
+  RINGDIST_CHECK(transportPolicyFromName(f[6], &r.transport),
+                 "ringdist: rank ", rank, " sent a malformed host record");
   char* end = nullptr;
-  const unsigned long rtt = std::strtoul(f[8].c_str(), &end, 10);
-  RINGDIST_CHECK(!f[8].empty() && *end == '\0' && rtt <= UINT32_MAX,
-                 "ringdist: rank ", rank, " published a malformed host record");
+  const unsigned long rtt = std::strtoul(f[7].c_str(), &end, 10);
+  RINGDIST_CHECK(!f[7].empty() && *end == '\0' && rtt <= UINT32_MAX,
+                 "ringdist: rank ", rank, " sent a malformed host record");
   r.roundTripUs = static_cast<uint32_t>(rtt);
-  r.door = f[9];
+  r.door = f[8];
   return r;
 }
 

@@ -22,11 +22,10 @@ struct HostIdentity {
   bool operator!=(const HostIdentity& other) const { return !(*this == other); }
 };
 
-// What each rank publishes in the rendezvous before transports are chosen.
+// What each rank sends its peers once connected, before transports are chosen.
 struct PeerRecord {
   HostIdentity host;
   TransportPolicy transport = TransportPolicy::kAuto;
-  bool checksums = false;
   // The longest of this rank's TCP links' round trips, measured at connect
   // (Channel::roundTripUs), microseconds.
   uint32_t roundTripUs = 0;

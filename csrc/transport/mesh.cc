@@ -1,6 +1,7 @@
 #include "csrc/transport/mesh.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,46 +19,62 @@ namespace ringdist {
 
 namespace {
 
-// How long a rank that found the records disagree waits for the others to have read them too.
-constexpr auto kDisagreementWait = std::chrono::seconds(10);
+// A host record is a few hundred bytes; a length past this is not one.
+constexpr uint32_t kMaxRecordBytes = 64 << 10;
 
-// Every rank's record (ours included), checking what all must agree on.
-std::vector<PeerRecord> exchangeRecords(Rendezvous& rendezvous, int rank, int size,
+// Every rank's record (ours included). Sent over the links just
+// made: each rank sends its own to every peer and reads theirs, half a round trip once every
+// rank has connected (through the store it took a set and a wait-and-fetch, three round trips
+// and more). Nothing else has crossed these links yet; a record is its length and its bytes.
+std::vector<PeerRecord> exchangeRecords(std::vector<std::unique_ptr<Channel>>& channels, int rank,
                                         const MeshOptions& options, uint32_t roundTripUs,
-                                        const tcp::Door* door) {
-  PeerRecord mine{HostIdentity::detect(options.hostLabel), options.transport,
-                  options.link.checksums, roundTripUs,
+                                        const tcp::Door* door,
+                                        std::chrono::steady_clock::time_point deadline) {
+  const int size = static_cast<int>(channels.size());
+  PeerRecord mine{HostIdentity::detect(options.hostLabel), options.transport, roundTripUs,
                   door != nullptr ? door->self.toString() : std::string()};
-  rendezvous.set(strCat("ringdist/host/", rank), mine.encode());
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) {
-    if (r != rank) keys.push_back(strCat("ringdist/host/", r));
+  const std::vector<uint8_t> encoded = mine.encode();
+  const uint32_t length = static_cast<uint32_t>(encoded.size());
+  std::vector<uint32_t> lengths(static_cast<size_t>(size));
+  std::vector<std::vector<uint8_t>> raw(static_cast<size_t>(size));
+  std::vector<char> arrived(static_cast<size_t>(size), 0);
+  std::vector<uint64_t> sent(static_cast<size_t>(size), 0);
+  for (int peer = 0; peer < size; ++peer) {
+    Channel* ch = channels[static_cast<size_t>(peer)].get();
+    if (ch == nullptr) continue;
+    const auto i = static_cast<size_t>(peer);
+    ch->postSend(&length, sizeof length);
+    sent[i] = ch->postSend(encoded.data(), encoded.size());
+    ch->postRecv(&lengths[i], sizeof(uint32_t), [&, ch, i, peer] {
+      RINGDIST_CHECK(lengths[i] > 0 && lengths[i] <= kMaxRecordBytes, "ringdist: rank ", peer,
+                     " sent no host record (", lengths[i], " bytes): another ringdist version?");
+      raw[i].resize(lengths[i]);
+      ch->postRecvNext(raw[i].data(), raw[i].size(), [&arrived, i] { arrived[i] = 1; });
+    });
   }
-  const auto raw = rendezvous.getMany(keys, options.timeout);  // all at once
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::string missing;
+    for (int peer = 0; peer < size; ++peer) {
+      Channel* ch = channels[static_cast<size_t>(peer)].get();
+      if (ch == nullptr) continue;
+      const auto i = static_cast<size_t>(peer);
+      ch->progress();
+      if (arrived[i] && ch->sendDone(sent[i])) continue;
+      missing += strCat(missing.empty() ? "" : ", ", peer);
+      if (ch->pollFd() >= 0) fds.push_back(pollfd{ch->pollFd(), ch->pollEvents(), 0});
+    }
+    if (missing.empty()) break;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    RINGDIST_CHECK(left.count() > 0, "ringdist: rank ", rank, " timed out exchanging host "
+                   "records with rank(s) ", missing, " after connecting to them");
+    ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left.count(), 100)));
+  }
   std::vector<PeerRecord> records(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
     records[static_cast<size_t>(r)] =
-        r == rank ? mine : PeerRecord::decode(raw[static_cast<size_t>(r < rank ? r : r - 1)], r);
-  }
-  // Checksummed links carry a trailer per transfer: both ends must agree.
-  for (int r = 0; r < size; ++r) {
-    const bool theirs = records[static_cast<size_t>(r)].checksums;
-    if (theirs == mine.checksums) continue;
-    // Every rank read the same records, so every rank fails here: wait (bounded) until all
-    // have read them, as the store may leave with this process (rank 0 in a plain env://
-    // launch) and a rank still reading would fail without the reason.
-    try {
-      rendezvous.add("ringdist/host/disagree", 1);
-      const auto deadline = std::chrono::steady_clock::now() + kDisagreementWait;
-      while (rendezvous.add("ringdist/host/disagree", 0) < size &&
-             std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    } catch (const std::exception&) {
-      // The store left: every rank has read the records (the error below is the one to give).
-    }
-    RINGDIST_FAIL("ringdist: RINGDIST_CRC differs between ranks: rank ", rank, " has ",
-                  mine.checksums ? 1 : 0, " but rank ", r, " has ", theirs ? 1 : 0);
+        r == rank ? mine : PeerRecord::decode(raw[static_cast<size_t>(r)], r);
   }
   return records;
 }
@@ -213,6 +230,7 @@ void finishMesh(Rendezvous& rendezvous, int rank, const MeshOptions& options, Me
 }  // namespace
 
 Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& options) {
+  const auto connectStart = std::chrono::steady_clock::now();
   Mesh mesh = emptyMesh(rank, size);
   // 1. An authenticated TCP link to every peer first: listeners serve (and
   //    drop foreign clients) from the start, without waiting on anyone.
@@ -222,9 +240,9 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
     mesh.channels = tcp::connectAll(rendezvous, rank, size, options, everyone, &mesh.door);
   }
   // 2. Everyone's host and policy; 3. the stages that depend on them.
-  mesh.records = exchangeRecords(rendezvous, rank, size, options,
+  mesh.records = exchangeRecords(mesh.channels, rank, options,
                                  longestRoundTripUs(mesh.channels, options.testRoundTripUs),
-                                 mesh.door.get());
+                                 mesh.door.get(), connectStart + options.timeout);
   if (mesh.door != nullptr) {
     for (const auto& record : mesh.records) {
       mesh.door->addresses.push_back(tcp::Address::parse(record.door));

@@ -10,8 +10,11 @@ secret from RINGDIST_SECRET, empty without one; each side brings an ephemeral X2
     acceptor -> dialer   ACK {magic, HMAC(proof key, "ack\0" | the same transcript)},
                          or {REFUSED, zeros} when the hello's proof failed
 
-flags: FLAG_ENCRYPT when the ranks seal their links (RINGDIST_TCP_ENCRYPT, default on).
-Then, on encrypted links, every byte travels in sealed records (RECORD_HEADER: the
+flags: FLAG_ENCRYPT when the ranks seal their links (RINGDIST_TCP_ENCRYPT, default on),
+FLAG_CHECKSUMS with a CRC trailer after every transfer (RINGDIST_CRC); a proven hello whose flags
+differ from the acceptor's fails its connect. After the handshake, while the group connects,
+each side sends its host record (a little-endian u32 length, then the record; PeerRecord in
+csrc/transport/host_identity.h). Then, on encrypted links, every byte travels in sealed records (RECORD_HEADER: the
 plaintext length, then ciphertext and a 16-byte tag; csrc/transport/tcp/records.h); on
 plaintext links (RINGDIST_TCP_ENCRYPT=0) every operation's data is preceded by an op header
 (OpHeader in csrc/collectives/op_header.h). Used by the handshake tests (foreign clients),
@@ -28,7 +31,7 @@ import struct
 
 MAGIC = 0x52444833                        # kHelloMagic, "RDH3"
 REFUSED = 0x52444858                      # kRefusedMagic, "RDHX"
-VERSION = 7                               # kProtocolVersion
+VERSION = 8                               # kProtocolVersion
 FLAG_ENCRYPT = 1                          # kFlagEncrypt
 CHALLENGE = struct.Struct("<IIiI16s32s")  # magic, version, acceptor rank, flags, nonce, key
 HELLO = struct.Struct("<IIiiI16s32s32s")  # magic, version, rank, size, flags, nonce, key, mac

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from torch_ringdist._collectives import ringdist_backend
 from torch_ringdist._recovery import ExcludedError, own_client
-from torch_ringdist._registration import adopting, connect_ahead
+from torch_ringdist._registration import adopting, connect_ahead, keep_spare_client
 from torch_ringdist.hooks.compress import compressed_bucket
 from torch_ringdist.hooks.diloco import DiLoCoState, _gather, _new_flat, _scatter
 
@@ -226,6 +226,7 @@ class DiLoCoOptimizer:
         what = "torch_ringdist.hooks.DiLoCoOptimizer.join"
         deadline = time.monotonic() + timeout
         while True:  # a request left out (the group shrank in that period) asks again
+            keep_spare_client(store)  # for the connect, made while the request waits
             ticket = store.add(_JOIN + "requests", 1) - 1
             key = _JOIN + f"invite/{ticket}"
             try:
@@ -296,6 +297,7 @@ class DiLoCoOptimizer:
         admission = _Admission(0, state.shrinks)
         ahead = self._can_send_ahead()
         future = concurrent.futures.Future()
+        keep_spare_client(self.store)  # for a connect: this period's, if ready by then, or the next
 
         def count():
             try:

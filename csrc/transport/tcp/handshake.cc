@@ -25,7 +25,9 @@ namespace {
 
 constexpr uint32_t kHelloMagic = 0x52444833;    // "RDH3"
 constexpr uint32_t kRefusedMagic = 0x52444858;  // "RDHX": an ack refusing the hello's proof
-constexpr uint32_t kFlagEncrypt = 1;            // this rank seals its links
+// The settings both ends of a link must share, in the challenge and the hello.
+constexpr uint32_t kFlagEncrypt = 1;    // this rank seals its links (RINGDIST_TCP_ENCRYPT)
+constexpr uint32_t kFlagChecksums = 2;  // a CRC trailer after every transfer (RINGDIST_CRC)
 constexpr size_t kSecretBytes = 32;
 constexpr size_t kNonceBytes = 16;
 // A connection that has not completed its hello by then is dropped. Half-open
@@ -62,7 +64,27 @@ struct Ack {
   uint8_t mac[32];
 };
 
-uint32_t flagsOf(const TcpSecurity& security) { return security.encrypt ? kFlagEncrypt : 0; }
+uint32_t flagsOf(const MeshOptions& options) {
+  return (options.security.encrypt ? kFlagEncrypt : 0) |
+         (options.link.checksums ? kFlagChecksums : 0);
+}
+
+// Why two ranks' settings (their flags) cannot share a link; empty when they agree.
+std::string flagsDisagree(uint32_t mine, uint32_t theirs, int rank, int peer) {
+  const uint32_t differ = mine ^ theirs;
+  if (differ & kFlagEncrypt) {
+    return strCat("rank ", peer, (theirs & kFlagEncrypt) ? " encrypts" : " does not encrypt",
+                  " its TCP links and rank ", rank, (mine & kFlagEncrypt) ? " does" : " does not",
+                  ": RINGDIST_TCP_ENCRYPT must be the same on every rank");
+  }
+  if (differ & kFlagChecksums) {
+    return strCat("RINGDIST_CRC differs between ranks: rank ", rank, " has ",
+                  (mine & kFlagChecksums) ? 1 : 0, " but rank ", peer, " has ",
+                  (theirs & kFlagChecksums) ? 1 : 0);
+  }
+  return differ == 0 ? "" : strCat("rank ", peer, " has link settings ", theirs, ", rank ", rank,
+                                   " has ", mine);
+}
 
 // The key of the handshake's proofs: HKDF-Extract (an HMAC) of the user's
 // secret, salted with the group's.
@@ -118,7 +140,7 @@ std::unique_ptr<SessionKeys> sessionKeys(const KeyExchange& mine, const uint8_t*
 // Dialer side: answers the acceptor's challenge and checks its ack; the
 // session keys (null on plaintext links).
 std::unique_ptr<SessionKeys> authenticateToAcceptor(int fd, const std::vector<uint8_t>& key,
-                                                    const TcpSecurity& security, int rank,
+                                                    const MeshOptions& options, int rank,
                                                     int size, int peer,
                                                     Clock::time_point deadline) {
   Challenge challenge{};
@@ -126,18 +148,18 @@ std::unique_ptr<SessionKeys> authenticateToAcceptor(int fd, const std::vector<ui
   RINGDIST_CHECK(challenge.magic == kHelloMagic && challenge.version == kProtocolVersion &&
                      challenge.rank == peer,
                  "the listener is not rank ", peer, " of this group (or speaks another protocol)");
-  RINGDIST_CHECK(challenge.flags == flagsOf(security), "rank ", peer,
-                 challenge.flags == kFlagEncrypt ? " encrypts" : " does not encrypt",
-                 " its TCP links and this rank ", security.encrypt ? "does" : "does not",
-                 ": RINGDIST_TCP_ENCRYPT must be the same on every rank");
   KeyExchange exchange;
-  Hello hello{kHelloMagic, kProtocolVersion, rank, size, flagsOf(security), {}, {}, {}};
+  Hello hello{kHelloMagic, kProtocolVersion, rank, size, flagsOf(options), {}, {}, {}};
   randomBytes(hello.nonce, kNonceBytes);
   std::memcpy(hello.key, exchange.publicKey().data(), sizeof(hello.key));
   const std::vector<uint8_t> transcript = transcriptOf(challenge, hello);
   Digest mac = proof(key, "hello", transcript);
   std::memcpy(hello.mac, mac.data(), mac.size());
   sendAll(fd, &hello, sizeof(hello), deadline);
+  // Settings that differ end the connect on both ranks: the proven hello tells the acceptor.
+  const std::string disagree = flagsDisagree(hello.flags, challenge.flags, rank, peer);
+  RINGDIST_CHECK(disagree.empty(), disagree);
+  const TcpSecurity& security = options.security;
   Ack ack{};
   recvAll(fd, &ack, sizeof(ack), deadline);
   RINGDIST_CHECK(ack.magic != kRefusedMagic, "rank ", peer,
@@ -255,7 +277,7 @@ void Acceptor::acceptOne() {
   p->sock = std::move(sock);
   p->expires = Clock::now() + kHelloTimeout;
   Challenge& challenge = p->challenge;
-  challenge = Challenge{kHelloMagic, kProtocolVersion, rank_, flagsOf(options_.security), {}, {}};
+  challenge = Challenge{kHelloMagic, kProtocolVersion, rank_, flagsOf(options_), {}, {}};
   randomBytes(challenge.nonce, kNonceBytes);
   std::memcpy(challenge.key, p->exchange.publicKey().data(), sizeof(challenge.key));
   // 64 bytes into a fresh socket's empty buffer: never blocks.
@@ -269,9 +291,6 @@ std::string Acceptor::judge(const Hello& h) const {
   if (h.magic != kHelloMagic || h.version != kProtocolVersion || h.size != size_ ||
       h.rank <= rank_ || h.rank >= size_ || !wanted_[static_cast<size_t>(h.rank)]) {
     return "not a ringdist hello for this group (wrong magic, version, size or rank)";
-  }
-  if (h.flags != flagsOf(options_.security)) {
-    return strCat("rank ", h.rank, "'s RINGDIST_TCP_ENCRYPT differs from this rank's");
   }
   return "";
 }
@@ -306,6 +325,9 @@ void Acceptor::serve(size_t i, Clock::time_point deadline) {
     refused_ += strCat(refused_.empty() ? "" : ", ", h.rank);
     return drop(i, strCat("claimed rank ", h.rank, " but failed authentication (another secret)"));
   }
+  // A proven member with other settings: the group cannot form (its dialer fails too).
+  const std::string disagree = flagsDisagree(flagsOf(options_), h.flags, rank_, h.rank);
+  RINGDIST_CHECK(disagree.empty(), disagree);
   if (channels_[static_cast<size_t>(h.rank)] != nullptr) {
     return drop(i, strCat("duplicate connection for rank ", h.rank));
   }
@@ -348,7 +370,7 @@ void dialLower(const std::vector<Address>& addresses, const std::vector<int>& lo
       Socket sock = connectTo(address, deadline, tuning);
       std::unique_ptr<SessionKeys> keys;
       try {
-        keys = authenticateToAcceptor(sock.fd(), key, options.security, rank, size, peer, deadline);
+        keys = authenticateToAcceptor(sock.fd(), key, options, rank, size, peer, deadline);
       } catch (const Error& e) {
         RINGDIST_FAIL("ringdist: rank ", rank, " connecting to rank ", peer, " at ",
                       address.toString(), ": ", e.what());

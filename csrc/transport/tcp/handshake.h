@@ -14,7 +14,7 @@ namespace tcp {
 // Wire version of the handshake and of everything after it (records, op
 // headers); ranks that speak different versions refuse each other at connect
 // time.
-constexpr uint32_t kProtocolVersion = 7;
+constexpr uint32_t kProtocolVersion = 8;
 
 // Connects a TCP link to every rank r with wanted[r]; returns the channels by
 // rank (null elsewhere). Each rank listens on options.bindIp (never a
@@ -30,7 +30,8 @@ constexpr uint32_t kProtocolVersion = 7;
 //   dialer -> acceptor   Hello {magic, version, rank, size, flags, nonceD, keyD,
 //                               HMAC(proof key, "hello", challenge | hello before its MAC)}
 //   acceptor -> dialer   Ack {magic, HMAC(proof key, "ack", the same transcript)}
-// (flags: whether the rank encrypts, RINGDIST_TCP_ENCRYPT). A hello whose MAC
+// (flags: the settings both ends must share, RINGDIST_TCP_ENCRYPT and RINGDIST_CRC; a proven
+// hello whose flags differ fails the connect on both ranks, naming the setting). A hello whose MAC
 // fails is answered with a refusal, so a rank given another secret fails at
 // once, naming the secret. The link's two keys, one per direction, are
 // HKDF-SHA256 of the X25519 secret, salted with the proof key, bound to the
