@@ -330,7 +330,8 @@ def excluded(group) -> str | None:
 # is the slow peer when most of the links it sends on, or most of the links to it, are. A link
 # at a tenth of its rate measured at 0.04-0.22 of its usual rate on a round of a few hundred
 # KB per link at 100 ms (the round trips weigh as much as the bytes), the other links at the
-# same check at 0.38-0.94: a round in progress holds them back too.
+# same check at 0.33-0.94 (the slow host holds their round back too; once 0.329, under the
+# line: a rank needs most of its links slow, and the one with the most goes first).
 SLOW_FACTOR = 3.0
 
 
