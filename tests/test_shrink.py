@@ -216,6 +216,10 @@ def abort_healthy(rank, ws, store, dist, torch):
     sub = dist.new_group([0, 1])
     old_transports = dist.group.WORLD._get_backend(torch.device("cpu")).transports
     _sum_ok(dist, torch)
+    # Through the store, not the group: a rank whose allreduce completed first must not abort
+    # the group while another still finishes the same allreduce (that one would fail).
+    store.set(f"summed/{rank}", "1")
+    store.wait([f"summed/{r}" for r in range(ws)])
     if rank == 2:
         start = time.monotonic()
         try:
