@@ -552,6 +552,10 @@ SCENARIOS = {
     "diloco_1g_n2.json": (DILOCO, "N=2, 1 Gbit/s", ddp_steps),
     "diloco_100m_n2.json": (DILOCO, "N=2, 100 Mbit/s", ddp_steps),
     "diloco_1g_n4.json": (DILOCO, "N=4, 1 Gbit/s", ddp_steps),
+    "diloco_1g_n4_direct.json": (DILOCO, "N=4, 1 Gbit/s: streaming int4 and eager int8 against "
+                                 "no communication", ddp_steps),
+    "diloco_1g_n4_direct_rerun.json": (DILOCO, "the same, a second run", ddp_steps),
+    "diloco_1g_n4_direct_rerun2.json": (DILOCO, "the same, a third run", ddp_steps),
     "diloco_overlap_1g_n2.json": (DILOCO, "N=2, 1 Gbit/s, overlapped exchanges", ddp_steps),
     "diloco_streaming_1g_n2.json": (DILOCO, "N=2, 1 Gbit/s, streaming", ddp_steps),
     "diloco_wan_n2.json": (DILOCO, "N=2, 100 Mbit/s, RTT 100 ms: int4, streaming and not, "
