@@ -168,15 +168,14 @@ def checks_behind(rank, ws, store, dist, torch):
     leaves "a" unmarked and stays away from the check of "b": ranks 1 and 2 count it alive,
     still on "a". Then all mark "c" done after its check, and rank 0 stays away from "d"'s
     check: it completed "c" and moved on, so its absence counts: lost."""
-    from torch_ringdist._recovery import _group_store, _prefix, decide, mark_done
+    from torch_ringdist._recovery import _group_store, _marked_done, decide, mark_done
 
     init_group(rank, ws, store, dist)
     pg, group_store = _group_store(None)
 
     def mark(operation):
         mark_done(None, operation)  # on a thread: wait until the mark is in the store
-        key = _prefix(pg, operation) + f"done/{rank}"
-        while not group_store.check([key]):
+        while not _marked_done(group_store, pg, operation, {rank}):
             time.sleep(0.01)
 
     out = {}

@@ -261,18 +261,23 @@ def _alive_elsewhere(store, pg, ranks: set, done: str | None,
     operation ``done`` (completed it, then moved on), or checked in at ``behind``'s check of
     the operation before and have not marked that one done (they are still on it). Store round
     trips: one, and one per rank asked about."""
-    alive = set()
-    if done is not None and ranks:
-        marked = _prefix(pg, done) + "done/"
-        alive = {r for r in ranks if store.check([marked + str(r)])}
+    alive = _marked_done(store, pg, done, ranks) if done is not None else set()
     if behind is not None and ranks - alive:
         check, operation = behind
         still = _checked_in(store, _prefix(pg, check), pg.size()) & (ranks - alive)
         # One that checked in there and then completed that operation has moved on: it is not
         # behind, and its absence here counts.
-        marked = _prefix(pg, operation) + "done/"
-        alive |= {r for r in still if not store.check([marked + str(r)])}
+        alive |= still - _marked_done(store, pg, operation, still)
     return alive
+
+
+def _done_key(pg, operation: str, rank: int) -> str:
+    return _prefix(pg, operation) + f"done/{rank}"
+
+
+def _marked_done(store, pg, operation: str, ranks: set) -> set:
+    """Those of ``ranks`` that marked ``operation`` done (mark_done): a round trip each."""
+    return {r for r in ranks if store.check([_done_key(pg, operation, r)])}
 
 
 def _checked_in(store, prefix: str, size: int, rank: int | None = None) -> set:
@@ -310,7 +315,7 @@ def mark_done(group, key: str, ratios: list | None = None) -> None:
     def mark():
         if ratios is not None:
             _report_ratios(store, prefix, rank, ratios)
-        store.set(prefix + f"done/{rank}", b"1")
+        store.set(_done_key(pg, key, rank), b"1")
 
     threading.Thread(target=mark, name="ringdist-mark-done", daemon=True).start()
 
