@@ -38,7 +38,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from elastic_shrink import connect, launch_parser, parse_launch_args, rank_steps, reap
+from elastic_shrink import (Progress, connect, launch_parser, parse_launch_args, rank_steps, reap,
+                            show_stacks_on_request)
 from train_ddp import make_data, make_model
 
 GLOBAL_BATCH = 64
@@ -79,10 +80,11 @@ def batch(train_ds, step, seed):
     return x[rows], y[rows]
 
 
-def worker(rank, args, port, progress):
+def worker(rank, args, port, progress, slot):
     """An original rank (rank >= 0) or a joiner (rank < 0)."""
     import torch_ringdist.hooks as hooks
 
+    show_stacks_on_request()
     store = connect(args, port)
     store.add("elastic/alive", 1)  # node 0's launcher keeps the store until this is back to 0
     torch.manual_seed(args.seed)
@@ -108,8 +110,7 @@ def worker(rank, args, port, progress):
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()  # every --period steps: the round (and, after a death, the recovery)
-        with progress.get_lock():
-            progress.value = max(progress.value, step + 1)
+        progress.done(slot, step + 1)
     # After the last round (steps a multiple of --period) every survivor holds theta_global.
     with torch.no_grad():
         tx, ty = test_ds.tensors
@@ -152,10 +153,11 @@ def main(argv=None):
     # Node 0's launcher hosts the store: it outlives any rank.
     store = connect(args, args.master_port, is_master=args.node_rank == 0)
     ctx = mp.get_context("spawn")
-    progress = ctx.Value("i", 0)
     first = args.node_rank * args.nproc  # global rank of this node's first rank
     ranks = list(range(first, first + args.nproc)) + [-(i + 1) for i in range(len(args.join))]
-    procs = [ctx.Process(target=worker, args=(r, args, store.port, progress)) for r in ranks]
+    progress = Progress(ctx, len(ranks))
+    procs = [ctx.Process(target=worker, args=(r, args, store.port, progress, slot))
+             for slot, r in enumerate(ranks)]
     for p in procs:
         p.start()
     losses = [(step, rank - first, how) for step, rank, how in args.losses
@@ -166,14 +168,14 @@ def main(argv=None):
     # A stopped rank (killed set) is alive but out of the job: it is killed at the end.
     running = lambda ps: [p for i, p in ps if p.is_alive() and i not in killed]  # noqa: E731
     while running(enumerate(procs)) and time.monotonic() < deadline:
-        if losses and progress.value >= losses[0][0]:
+        if losses and progress.furthest() >= losses[0][0]:
             _, local, how = losses.pop(0)
             store.set(f"elastic/killed_at/{store.add('elastic/kills', 1) - 1}",
                       f"{how} {time.time()!r}")
             os.kill(procs[local].pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
             store.add("elastic/alive", -1)
             killed.add(local)
-        if joins and progress.value >= joins[0]:
+        if joins and progress.furthest() >= joins[0]:
             joins.pop(0)
             store.set(f"elastic/join_go/{len(args.join) - len(joins) - 1}", "1")
         if any(p.exitcode not in (None, 0) for i, p in enumerate(procs) if i not in killed):

@@ -15,6 +15,7 @@ allreduce of the new group). Needs scikit-learn.
 """
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -130,14 +131,37 @@ class Trainer:
         return loss, acc
 
 
+class Progress:
+    """The steps each process of this node completed, shared without a lock: a process writes
+    only its own slot, the launcher reads them all. (A shared lock stays held for good by a
+    process SIGKILLed or SIGSTOPped inside it, and every other process and the launcher then
+    wait on it forever.)"""
+
+    def __init__(self, ctx, processes: int):
+        self._steps = ctx.Array("i", processes, lock=False)
+
+    def done(self, slot: int, step: int) -> None:
+        self._steps[slot] = step
+
+    def furthest(self) -> int:
+        return max(self._steps)
+
+
 def connect(args, port, is_master=False):
     return dist.TCPStore(args.master_addr, port, args.world, is_master=is_master,
                          wait_for_workers=False, timeout=timedelta(seconds=args.timeout))
 
 
-def worker(rank, args, port, progress):
+def show_stacks_on_request():
+    """SIGUSR1 prints this process's stacks to stderr: the launcher asks a rank still running
+    at its deadline where it is."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def worker(rank, args, port, progress, slot):
     import torch_ringdist
 
+    show_stacks_on_request()
     store = connect(args, port)
     dist.init_process_group("ringdist", store=store, rank=rank, world_size=args.world,
                             timeout=timedelta(seconds=60))
@@ -147,8 +171,7 @@ def worker(rank, args, port, progress):
     while t.step < t.total:
         try:
             t.train_step()
-            with progress.get_lock():
-                progress.value = max(progress.value, t.step)
+            progress.done(slot, t.step)
         except dist.DistBackendError:
             failed_at = time.time()
             lost = torch_ringdist.lost_ranks(wait=args.wait)
@@ -176,7 +199,15 @@ def worker(rank, args, port, progress):
 
 def reap(procs, ranks, killed, what) -> bool:
     """Ends the processes still running (past the deadline, or after a failure); False, with
-    the exit codes printed, when one not SIGKILLed on purpose (index in ``killed``) failed."""
+    the exit codes printed, when one not SIGKILLed on purpose (index in ``killed``) failed.
+    Each rank still running first prints its threads' stacks (show_stacks_on_request)."""
+    stuck = [ranks[i] for i, p in enumerate(procs) if p.is_alive() and i not in killed]
+    if stuck:
+        print(f"{what}: ranks {stuck} still running; their stacks follow", file=sys.stderr)
+        for i, p in enumerate(procs):
+            if ranks[i] in stuck:
+                os.kill(p.pid, signal.SIGUSR1)
+        time.sleep(1)
     for p in procs:
         if p.is_alive():
             p.kill()
@@ -192,9 +223,9 @@ def main(argv=None):
     # Node 0's launcher hosts the store: it outlives any rank.
     store = connect(args, args.master_port, is_master=args.node_rank == 0)
     ctx = mp.get_context("spawn")
-    progress = ctx.Value("i", 0)
+    progress = Progress(ctx, args.nproc)
     first = args.node_rank * args.nproc  # global rank of this node's first rank
-    procs = [ctx.Process(target=worker, args=(first + r, args, store.port, progress))
+    procs = [ctx.Process(target=worker, args=(first + r, args, store.port, progress, r))
              for r in range(args.nproc)]
     for p in procs:
         p.start()
@@ -203,7 +234,7 @@ def main(argv=None):
     killed = set()
     deadline = time.monotonic() + args.timeout
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
-        if kills and progress.value >= kills[0][0]:
+        if kills and progress.furthest() >= kills[0][0]:
             local = kills.pop(0)[1]
             store.set("elastic/killed_at", repr(time.time()))
             os.kill(procs[local].pid, signal.SIGKILL)
