@@ -5,6 +5,7 @@ torch.optim.SGD(nesterov=True, foreach=False) and a float64 closed form fed with
 parameters (all_gather), local_sgd against the averaging written out with DDP's no_sync, the
 DDP hook against the plain-module optimizer, and uninterrupted runs for checkpoint/resume.
 """
+import contextlib
 import io
 
 import pytest
@@ -37,6 +38,29 @@ def _batches(rank, steps):
 
 def _flat(params, dtype=torch.float32):
     return torch.cat([p.detach().reshape(-1).to(dtype) for p in params])
+
+
+@contextlib.contextmanager
+def _passes(fused):
+    """Rounds on the native passes (fused) or torch's ops inside; yields the list that
+    collects, per round pass, whether it ran natively."""
+    import torch_ringdist.hooks.diloco as diloco
+
+    ran, fusable = [], diloco._fusable
+    diloco.FUSED_PASSES = fused
+    diloco._fusable = lambda *tensors: ran.append(fusable(*tensors)) or ran[-1]
+    try:
+        yield ran
+    finally:
+        diloco.FUSED_PASSES, diloco._fusable = True, fusable
+
+
+def _with_passes(rank, ws, fused, case, *args):
+    """case(rank, ws, *args) with the rounds on the native passes or torch's ops (_passes);
+    its result gains "native", the paths that ran."""
+    with _passes(fused) as ran:
+        out = case(rank, ws, *args)
+    return {**out, "native": sorted(set(ran))}
 
 
 def _spied_state(record, **options):
@@ -416,10 +440,14 @@ def _case_bad_options(rank, ws):
 
 # --------------------------------------------------------------- parent side
 
+# fused: the rounds' native passes (float32 CPU fragments), or torch's ops (what other tensors
+# take); both must give these bits.
+@pytest.mark.parametrize("fused", [True, False], ids=["native", "torch_ops"])
 @pytest.mark.parametrize("codec", [None, "int8"])
-def test_outer_step_is_nesterov_sgd(world_factory, codec):
-    results = world_factory(3).run(_case_outer_step, codec, 12, timeout=120)
+def test_outer_step_is_nesterov_sgd(world_factory, codec, fused):
+    results = world_factory(3).run(_with_passes, fused, _case_outer_step, codec, 12, timeout=120)
     assert all(len(r["rounds"]) == 4 and r["stats_calls"] == 4 for r in results), results
+    assert all(r["native"] == [fused] for r in results), results[0]["native"]
     for k in range(4):
         for field in ("anchor", "momentum"):
             assert all(r["rounds"][k][field] == results[0]["rounds"][k][field] for r in results), \
@@ -470,18 +498,22 @@ def test_resume_is_bitwise(world_factory, codec, overlap):
     assert world_factory(2).run(_case_resume, codec, overlap, 6, 7) == [True, True]
 
 
-def test_streaming_overlap_is_the_schedule_written_out(world_factory):
-    results = world_factory(2).run(_case_streaming, 20)
+@pytest.mark.parametrize("fused", [True, False], ids=["native", "torch_ops"])
+def test_streaming_overlap_is_the_schedule_written_out(world_factory, fused):
+    results = world_factory(2).run(_with_passes, fused, _case_streaming, 20)
     for rank, r in enumerate(results):
+        assert r["native"] == [fused], r["native"]
         assert r["bitwise"], f"rank {rank}: streaming != its schedule written out ({r['err']})"
         # Rounds started after local steps 3, 6, ..., 18, each finished 2 steps later.
         assert r["rounds"] == 6 and r["in_flight_seen"] == 12, r
     assert results[0]["anchor"] == results[1]["anchor"], "theta_global differs between ranks"
 
 
-def test_eager_overlap_is_the_schedule_written_out(world_factory):
-    results = world_factory(2).run(_case_eager, 20)
+@pytest.mark.parametrize("fused", [True, False], ids=["native", "torch_ops"])
+def test_eager_overlap_is_the_schedule_written_out(world_factory, fused):
+    results = world_factory(2).run(_with_passes, fused, _case_eager, 20)
     for rank, r in enumerate(results):
+        assert r["native"] == [fused], r["native"]
         assert r["bitwise"], f"rank {rank}: eager != its schedule written out ({r['err']})"
         # Rounds after local steps 3, 6, ..., 18; from the first, one exchange per fragment is
         # in flight (fragment 0 from step 3 on, fragment 1 from step 6 on).

@@ -5,6 +5,7 @@
 #include "csrc/backend/dtypes.h"
 #include "csrc/codec/codec.h"
 #include "csrc/gpu/stage/device_stage.h"
+#include "csrc/reduce/outer_step.h"
 #include "csrc/topk/topk.h"
 #ifdef RINGDIST_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -147,6 +148,77 @@ void topkScatter(const at::Tensor& parts, int64_t world, int64_t k, at::Tensor& 
 #endif
   topkScatter(parts.data_ptr<float>(), static_cast<size_t>(world), static_cast<size_t>(k),
               static_cast<size_t>(out.numel()), out.data_ptr<float>());
+}
+
+// ------------------------------------------------------------ DiLoCo's round passes
+
+namespace {
+
+// A fragment's parameters (contiguous float32 CPU tensors) as spans; their total in `total`.
+std::vector<FloatSpan> fragmentSpans(const char* what, const std::vector<at::Tensor>& params,
+                                     int64_t& total) {
+  std::vector<FloatSpan> spans;
+  spans.reserve(params.size());
+  total = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    TORCH_CHECK(p.device().is_cpu() && p.layout() == at::kStrided &&
+                    p.scalar_type() == at::kFloat && p.is_contiguous(),
+                "ringdist ", what, ": parameter ", i, " must be a contiguous float32 CPU tensor, "
+                "got ", p.scalar_type(), " on ", p.device());
+    spans.push_back(FloatSpan{p.data_ptr<float>(), static_cast<size_t>(p.numel())});
+    total += p.numel();
+  }
+  return spans;
+}
+
+// A flat operand of the fragment's length.
+float* fragmentFlat(const char* what, const at::Tensor& t, const char* name, int64_t total) {
+  TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided &&
+                  t.scalar_type() == at::kFloat && t.is_contiguous(),
+              "ringdist ", what, ": ", name, " must be a contiguous float32 CPU tensor, got ",
+              t.scalar_type(), " on ", t.device());
+  TORCH_CHECK(t.numel() == total, "ringdist ", what, ": ", name, " has ", t.numel(),
+              " elements, the parameters ", total);
+  return t.data_ptr<float>();
+}
+
+// Written through its pointer: autograd sees the change as after an in-place op.
+void bumpVersion(const at::Tensor& t) { t.unsafeGetTensorImpl()->bump_version(); }
+
+}  // namespace
+
+void dilocoDelta(const std::vector<at::Tensor>& params, const at::Tensor& theta, at::Tensor& out,
+                 std::optional<at::Tensor> residual, std::optional<at::Tensor> sent) {
+  const char* what = "diloco_delta";
+  int64_t total = 0;
+  const std::vector<FloatSpan> spans = fragmentSpans(what, params, total);
+  const float* res = residual ? fragmentFlat(what, *residual, "residual", total) : nullptr;
+  float* kept = sent ? fragmentFlat(what, *sent, "sent", total) : nullptr;
+  roundDelta(spans, fragmentFlat(what, theta, "theta", total),
+             fragmentFlat(what, out, "out", total), res, kept);
+  bumpVersion(out);
+  if (sent) bumpVersion(*sent);
+}
+
+void dilocoOuterStep(const std::vector<at::Tensor>& params, at::Tensor& theta,
+                     const at::Tensor& avg, std::optional<at::Tensor> buffer, bool firstRound,
+                     double lr, double momentum, bool nesterov, std::optional<double> alpha) {
+  const char* what = "diloco_outer_step";
+  int64_t total = 0;
+  const std::vector<FloatSpan> spans = fragmentSpans(what, params, total);
+  TORCH_CHECK((momentum != 0) == buffer.has_value(), "ringdist ", what, ": a momentum buffer ",
+              "goes with a momentum other than 0 (momentum ", momentum, ")");
+  float* buf = buffer ? fragmentFlat(what, *buffer, "buffer", total) : nullptr;
+  // Scalars as torch rounds them for float32 tensors.
+  const OuterStep step{static_cast<float>(lr), static_cast<float>(momentum), nesterov, firstRound,
+                       alpha.has_value(), static_cast<float>(alpha.value_or(1.0)),
+                       static_cast<float>(1.0 - alpha.value_or(1.0))};
+  outerStep(spans, fragmentFlat(what, theta, "theta", total), fragmentFlat(what, avg, "avg", total),
+            buf, step);
+  bumpVersion(theta);
+  if (buffer) bumpVersion(*buffer);
+  for (const at::Tensor& p : params) bumpVersion(p);
 }
 
 }  // namespace ringdist

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "torch_ringdist/export.h"
 
@@ -32,5 +33,19 @@ TORCH_RINGDIST_API void topkSelect(const at::Tensor& grad, std::optional<at::Ten
 // of parts, in rank order.
 TORCH_RINGDIST_API void topkScatter(const at::Tensor& parts, int64_t world, int64_t k,
                                     at::Tensor& out);
+
+// DiLoCo's round passes (csrc/reduce/outer_step.h) on a fragment's parameters, contiguous
+// float32 CPU tensors, read and written in place. dilocoDelta: out = params - theta, sent =
+// out + residual. dilocoOuterStep: theta stepped by SGD with gradient -avg (buffer: the momentum
+// buffer, given with a momentum other than 0; firstRound: it starts as the gradient), then the
+// parameters set to theta, or with alpha mixed: alpha * params + (1 - alpha) * theta.
+TORCH_RINGDIST_API void dilocoDelta(const std::vector<at::Tensor>& params,
+                                    const at::Tensor& theta, at::Tensor& out,
+                                    std::optional<at::Tensor> residual,
+                                    std::optional<at::Tensor> sent);
+TORCH_RINGDIST_API void dilocoOuterStep(const std::vector<at::Tensor>& params, at::Tensor& theta,
+                                        const at::Tensor& avg, std::optional<at::Tensor> buffer,
+                                        bool firstRound, double lr, double momentum,
+                                        bool nesterov, std::optional<double> alpha);
 
 }  // namespace ringdist

@@ -133,6 +133,19 @@ PYBIND11_MODULE(_C, m) {
         "block of parts, in rank order (bitwise identical on every rank). CPU tensors, or CUDA "
         "tensors of one GPU (current stream; waits for the GPU to check the indices).");
   m.def("topk_kernel_family", &ringdist::kernelFamily);
+  m.def("diloco_delta", &ringdist::dilocoDelta, py::arg("params"), py::arg("theta"),
+        py::arg("out"), py::arg("residual"), py::arg("sent"),
+        py::call_guard<py::gil_scoped_release>(),
+        "One pass at a DiLoCo round's start: out = params (one after another) - theta; sent "
+        "(unless None) = out + residual (None: out). Contiguous float32 CPU tensors.");
+  m.def("diloco_outer_step", &ringdist::dilocoOuterStep, py::arg("params"), py::arg("theta"),
+        py::arg("avg"), py::arg("buffer"), py::arg("first_round"), py::arg("lr"),
+        py::arg("momentum"), py::arg("nesterov"), py::arg("alpha"),
+        py::call_guard<py::gil_scoped_release>(),
+        "One pass at a DiLoCo round's end: theta stepped as torch.optim.SGD(foreach=False) with "
+        "gradient -avg and momentum buffer `buffer` (None with momentum 0; first_round: it "
+        "starts as the gradient), then the parameters set to theta, or (alpha not None) to "
+        "alpha * params + (1 - alpha) * theta. avg is read only. Contiguous float32 CPU tensors.");
   m.def("create_backend", &torch_ringdist::createBackend, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
         "The backend init_process_group('ringdist') makes (torch_ringdist::createBackend)");

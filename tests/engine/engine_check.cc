@@ -32,6 +32,7 @@
 #include "csrc/common/rendezvous.h"
 #include "csrc/reduce/elementwise.h"
 #include "csrc/reduce/half.h"
+#include "csrc/reduce/outer_step.h"
 #include "csrc/reduce/reduce.h"
 #include "csrc/topk/topk.h"
 #include "csrc/transport/mesh.h"
@@ -320,6 +321,72 @@ void topk() {
   report("topk select", d);
 }
 
+// DiLoCo's round passes against their arithmetic written out per element (torch's ops: one
+// rounding each, x.add_(y, alpha=a) one fused multiply-add), for every flag combination.
+void outerSteps() {
+  const size_t sizes[] = {37, 1, 1001, 64};  // parameters of odd lengths: vector loops' tails
+  size_t n = 0;
+  for (size_t count : sizes) n += count;
+  Rng rng{23};
+  auto value = [&](float scale) {
+    return static_cast<float>(static_cast<int64_t>(rng.next() % 20001) - 10000) * scale;
+  };
+  std::vector<float> params0(n), theta0(n), avg(n), buffer0(n), residual(n);
+  for (size_t i = 0; i < n; ++i) {
+    params0[i] = value(1e-4f);
+    theta0[i] = value(1e-4f);
+    avg[i] = value(1e-6f);
+    buffer0[i] = value(1e-6f);
+    residual[i] = value(1e-7f);
+  }
+  auto spans = [&](std::vector<float>& flat) {
+    std::vector<FloatSpan> out;
+    size_t at = 0;
+    for (size_t count : sizes) {
+      out.push_back(FloatSpan{flat.data() + at, count});
+      at += count;
+    }
+    return out;
+  };
+  Digest d;
+  std::vector<float> params = params0, out(n), sent(n);
+  roundDelta(spans(params), theta0.data(), out.data(), residual.data(), sent.data());
+  for (size_t i = 0; i < n; ++i) {
+    const float want = params0[i] - theta0[i];
+    if (out[i] != want || sent[i] != want + residual[i]) {
+      fail("diloco delta at " + std::to_string(i));
+      break;
+    }
+  }
+  d.bytes(out.data(), n * 4);
+  d.bytes(sent.data(), n * 4);
+  for (int flags = 0; flags < 16; ++flags) {
+    const OuterStep step{0.7f, (flags & 1) ? 0.9f : 0.0f, (flags & 2) != 0, (flags & 4) != 0,
+                         (flags & 8) != 0, 0.25f, 0.75f};
+    std::vector<float> p = params0, theta = theta0, buffer = buffer0;
+    outerStep(spans(p), theta.data(), avg.data(), step.momentum != 0 ? buffer.data() : nullptr,
+              step);
+    for (size_t i = 0; i < n; ++i) {
+      const float g = -avg[i];
+      float direction = g, b = buffer0[i];
+      if (step.momentum != 0) {
+        b = step.firstRound ? g : buffer0[i] * step.momentum + g;
+        direction = step.nesterov ? std::fma(b, step.momentum, g) : b;
+      }
+      const float t = std::fma(direction, -step.lr, theta0[i]);
+      const float q = step.mix ? std::fma(t, step.oneMinusAlpha, params0[i] * step.alpha) : t;
+      if (theta[i] != t || p[i] != q || buffer[i] != b) {
+        fail("diloco outer step, flags " + std::to_string(flags) + ", at " + std::to_string(i));
+        break;
+      }
+    }
+    d.bytes(theta.data(), n * 4);
+    d.bytes(p.data(), n * 4);
+    d.bytes(buffer.data(), n * 4);
+  }
+  report("diloco round passes", d);
+}
+
 void crc() {
   const char check[] = "123456789";
   if (crc32cExtend(0, check, 9) != 0xe3069283u) fail("crc32c of 123456789 is not e3069283");
@@ -482,6 +549,7 @@ int main(int argc, char** argv) {
     halfConversions();
     codecs();
     topk();
+    outerSteps();
     crc();
     twoRanks(TransportPolicy::kAuto, "two ranks, shared memory");
     twoRanks(TransportPolicy::kTcp, "two ranks, tcp");

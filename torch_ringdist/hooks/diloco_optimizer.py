@@ -411,8 +411,7 @@ class DiLoCoOptimizer:
             for work in works:
                 work.wait()
             if joining:
-                state._outer_step(0, state.anchor[0], average)
-                _scatter(state.anchor[0], state._fragment_tensors(0))
+                state._outer_step(0, state._fragment_tensors(0), average)
         else:
             self._send_state(members, header)
         # A send completes once the kernel holds its bytes: the members go on only when every
