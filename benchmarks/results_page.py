@@ -263,6 +263,13 @@ def convergence(data):
     return rows
 
 
+def round_passes(data):
+    """diloco_round_passes.py: a round's host time, the native passes against torch's ops."""
+    return [Row(f"host time: {r['phase']}", f"{r['native_ms']:.1f} ms",
+                f"torch's ops {r['torch_ops_ms']:.1f} ms", ratio_range([r["speedup"]]))
+            for r in data["results"]]
+
+
 def sparse(data):
     """sparse_allreduce.py: a sparse gradient's allreduce, medians of the rounds."""
     ours, theirs = data["median_us"]["ringdist"], data["median_us"]["gloo"]
@@ -570,6 +577,11 @@ SCENARIOS = {
                                              ddp_steps),
     "diloco_wan_loss_n4_direct_rerun2.json": (DILOCO, "the same, direct exchange, a third run",
                                               ddp_steps),
+    "diloco_wan_loss_n4_direct_rerun3.json": (DILOCO, "the same, direct exchange, a fourth run "
+                                              "(the hour of the period 60 runs)", ddp_steps),
+    "diloco_wan_loss_n4_p60.json": (DILOCO, "the same, N=4, streaming, period 60", ddp_steps),
+    "diloco_wan_loss_n4_p60_rerun.json": (DILOCO, "the same, period 60, a second run", ddp_steps),
+    "diloco_wan_loss_n4_p60_rerun2.json": (DILOCO, "the same, period 60, a third run", ddp_steps),
     "diloco_wan_loss_2x2.json": (DILOCO, "the same, N=4 as 2 hosts x 2 ranks", ddp_steps),
     "diloco_wan_loss_2x2_rerun.json": (DILOCO, "the same, 2 hosts x 2 ranks, a second run",
                                        ddp_steps),
@@ -602,6 +614,11 @@ SCENARIOS = {
     "diloco_slow_peer_drop_n4_rerun2.json": (DILOCO, "the same, a third run", churn),
     "diloco_convergence_n4_p50.json": (DILOCO, "convergence, N=4, period 50: int4 and streaming "
                                        "int4 against exact DiLoCo", convergence),
+    "diloco_round_passes.json": (DILOCO, "a round's host work, 25.2M parameters in 4 fragments, "
+                                 "one core: native passes against torch's ops", round_passes),
+    "diloco_round_passes_rerun.json": (DILOCO, "the same, a second run", round_passes),
+    "diloco_convergence_n4_p60.json": (DILOCO, "convergence, N=4, period 60: int4 and streaming "
+                                       "int4 (alpha 0.25) against exact DiLoCo", convergence),
     "sparse_allreduce_n2.json": (OTHER, "sparse allreduce, N=2", sparse),
     "one_rank_latency.json": (OTHER, "one-rank groups", one_rank),
     "soak_n4_one_host.json": (OTHER, "soak, one host", soak),
