@@ -201,12 +201,12 @@ def reap(procs, ranks, killed, what) -> bool:
     """Ends the processes still running (past the deadline, or after a failure); False, with
     the exit codes printed, when one not SIGKILLed on purpose (index in ``killed``) failed.
     Each rank still running first prints its threads' stacks (show_stacks_on_request)."""
-    stuck = [ranks[i] for i, p in enumerate(procs) if p.is_alive() and i not in killed]
+    stuck = [i for i, p in enumerate(procs) if p.is_alive() and i not in killed]
     if stuck:
-        print(f"{what}: ranks {stuck} still running; their stacks follow", file=sys.stderr)
-        for i, p in enumerate(procs):
-            if ranks[i] in stuck:
-                os.kill(p.pid, signal.SIGUSR1)
+        print(f"{what}: ranks {[ranks[i] for i in stuck]} still running; their stacks follow",
+              file=sys.stderr)
+        for i in stuck:
+            os.kill(procs[i].pid, signal.SIGUSR1)
         time.sleep(1)
     for p in procs:
         if p.is_alive():

@@ -40,10 +40,10 @@ void cudaRoundTrip(Codec codec, const at::Tensor& in, at::Tensor& result, bool r
 }
 #endif
 
-// The top-k kernels' operands: contiguous float32 tensors on one device, the
-// CPU or (CUDA builds) a GPU.
-void checkTopkOperand(const char* what, const at::Tensor& t, const char* name,
-                      const at::Device& device) {
+// The top-k kernels' and DiLoCo passes' operands: contiguous float32 tensors on one device,
+// the CPU or (CUDA builds, top-k) a GPU.
+void checkFloat32Operand(const char* what, const at::Tensor& t, const char* name,
+                         const at::Device& device) {
   TORCH_CHECK(t.device() == device && t.layout() == at::kStrided &&
                   t.scalar_type() == at::kFloat && t.is_contiguous(),
               "ringdist ", what, ": ", name, " must be a contiguous float32 tensor on ", device,
@@ -97,14 +97,14 @@ void topkSelect(const at::Tensor& grad, std::optional<at::Tensor> residual, int6
                 at::Tensor& packed) {
   const char* what = "topk_select";
   const at::Device device = topkDevice(what, grad);
-  checkTopkOperand(what, grad, "grad", device);
-  checkTopkOperand(what, packed, "packed", device);
+  checkFloat32Operand(what, grad, "grad", device);
+  checkFloat32Operand(what, packed, "packed", device);
   const int64_t n = grad.numel();
   TORCH_CHECK(k >= 0 && k <= n && packed.numel() == 2 * k, "ringdist topk_select: k = ", k,
               " of ", n, " entries with packed of ", packed.numel(), " (want 2k)");
   float* res = nullptr;
   if (residual.has_value()) {
-    checkTopkOperand(what, *residual, "residual", device);
+    checkFloat32Operand(what, *residual, "residual", device);
     TORCH_CHECK(residual->numel() == n, "ringdist topk_select: residual has ", residual->numel(),
                 " entries, grad ", n);
     res = residual->data_ptr<float>();
@@ -130,8 +130,8 @@ void topkSelect(const at::Tensor& grad, std::optional<at::Tensor> residual, int6
 void topkScatter(const at::Tensor& parts, int64_t world, int64_t k, at::Tensor& out) {
   const char* what = "topk_scatter";
   const at::Device device = topkDevice(what, out);
-  checkTopkOperand(what, parts, "parts", device);
-  checkTopkOperand(what, out, "out", device);
+  checkFloat32Operand(what, parts, "parts", device);
+  checkFloat32Operand(what, out, "out", device);
   TORCH_CHECK(world >= 1 && k >= 0 && parts.numel() == 2 * k * world,
               "ringdist topk_scatter: parts has ", parts.numel(), " entries, want 2 x k (", k,
               ") x world (", world, ")");
@@ -162,10 +162,7 @@ std::vector<FloatSpan> fragmentSpans(const char* what, const std::vector<at::Ten
   total = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
-    TORCH_CHECK(p.device().is_cpu() && p.layout() == at::kStrided &&
-                    p.scalar_type() == at::kFloat && p.is_contiguous(),
-                "ringdist ", what, ": parameter ", i, " must be a contiguous float32 CPU tensor, "
-                "got ", p.scalar_type(), " on ", p.device());
+    checkFloat32Operand(what, p, c10::str("parameter ", i).c_str(), at::kCPU);
     spans.push_back(FloatSpan{p.data_ptr<float>(), static_cast<size_t>(p.numel())});
     total += p.numel();
   }
@@ -174,10 +171,7 @@ std::vector<FloatSpan> fragmentSpans(const char* what, const std::vector<at::Ten
 
 // A flat operand of the fragment's length.
 float* fragmentFlat(const char* what, const at::Tensor& t, const char* name, int64_t total) {
-  TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided &&
-                  t.scalar_type() == at::kFloat && t.is_contiguous(),
-              "ringdist ", what, ": ", name, " must be a contiguous float32 CPU tensor, got ",
-              t.scalar_type(), " on ", t.device());
+  checkFloat32Operand(what, t, name, at::kCPU);
   TORCH_CHECK(t.numel() == total, "ringdist ", what, ": ", name, " has ", t.numel(),
               " elements, the parameters ", total);
   return t.data_ptr<float>();
