@@ -76,14 +76,32 @@ def _round_of(operation: str | None) -> int | None:
     return int(operation[len("round"):].split(".")[0]) + 1
 
 
+def _confirm_held(members: int) -> None:
+    """After the state's transfer: each joiner (the ranks from `members` on) tells every member
+    that it holds the state, and the members wait for every joiner's word. A send completes once
+    the kernel holds its bytes, so without it the members would train on while a joiner still
+    receives, and the next round would wait for that joiner. One one-way trip, where a barrier
+    takes one per doubling of the group."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank >= members:
+        works = [dist.isend(torch.ones(1, dtype=torch.uint8), dst=m, tag=_HELD_TAG)
+                 for m in range(members)]
+    else:
+        works = [dist.irecv(torch.empty(1, dtype=torch.uint8), src=j, tag=_HELD_TAG)
+                 for j in range(members, world)]
+    for work in works:
+        work.wait()
+
+
 def _serving_member(joiner: int, members: int) -> int:
     """The member that sends joiner rank ``joiner`` the state: in turn across the joiners, so
     several joiners load several members' links."""
     return (joiner - members) % members
 
 
-# Tags of the point-to-point transfers of a join: the state sent ahead, the round's average.
-_AHEAD_TAG, _AVERAGE_TAG = 1, 2
+# Tags of the point-to-point transfers of a join: the state sent ahead, the round's average, a
+# joiner's word that it holds the state.
+_AHEAD_TAG, _AVERAGE_TAG, _HELD_TAG = 1, 2, 3
 
 
 class _Ahead:
@@ -414,9 +432,7 @@ class DiLoCoOptimizer:
                 state._outer_step(0, state._fragment_tensors(0), average)
         else:
             self._send_state(members, header)
-        # A send completes once the kernel holds its bytes: the members go on only when every
-        # joiner holds the state, so the next round does not wait for a joiner still receiving.
-        dist.barrier()
+        _confirm_held(members)
 
     def _send_state(self, members: int, header: dict | None) -> None:
         """The state itself, after the round (see _share_state)."""
