@@ -1,8 +1,14 @@
 """Shared-memory transport: selection, cleanliness of /dev/shm, dead peers, oversubscription."""
 import os
+import signal
+import sys
+import time
+from datetime import timedelta
 
 import pytest
-from harness.procs import field, launch
+import torch.distributed as dist
+from harness.closed_forms import require_test_build
+from harness.procs import WORKER, Launched, field, free_port, launch, world_envs
 
 
 def ringdist_shm_entries():
@@ -48,6 +54,32 @@ def test_killed_peer_fails_survivors_fast_and_leaves_no_shm():
         # Its neighbours name rank 1; the others name whoever failed first.
         assert "rank 1" in message or "first error" in message, message
     assert ringdist_shm_entries() == before
+
+
+def test_creator_killed_before_unlinking_leaves_no_shm():
+    """The host's segment is unlinked by the last rank to map it, not only by its creator: rank
+    0 creates it and is SIGKILLed while rank 1 holds its name but has not opened it yet
+    (RINGDIST_TEST_SHM_MAP_DELAY_MS); rank 1 then maps it, removes the name and fails its init
+    (its peer is gone)."""
+    require_test_build()
+    before = set(ringdist_shm_entries())
+    port = free_port()
+    # The store outlives rank 0 (as torchrun's agent's does): the ranks are its clients.
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,  # noqa: F841
+                          timeout=timedelta(seconds=60))
+    envs = world_envs(2, port, {"SCENARIO_INIT_TIMEOUT": 10, "TORCHELASTIC_USE_AGENT_STORE": True},
+                      [{}, {"RINGDIST_TEST_SHM_MAP_DELAY_MS": 3000}])
+    with Launched([[sys.executable, "-P", WORKER, "run"]] * 2, envs) as ranks:
+        deadline = time.monotonic() + 60
+        while not set(ringdist_shm_entries()) - before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        created = set(ringdist_shm_entries()) - before
+        assert created, "rank 0 created no segment within 60 s"
+        os.kill(ranks.pids[0], signal.SIGKILL)
+        results = ranks.communicate(60)
+    assert not ranks.timed_out, results
+    assert results[1][0] != 0 and "DONE" not in results[1][1], results[1]
+    assert not set(ringdist_shm_entries()) - before, (created, results[1][2][-2000:])
 
 
 def test_oversubscribed_world_makes_progress():

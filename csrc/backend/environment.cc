@@ -168,6 +168,7 @@ Options optionsFromEnvironment(int rank, int size, std::chrono::milliseconds tim
       std::chrono::milliseconds(envInt("RINGDIST_TEST_SINGLE_COPY_WRITE_DELAY_MS", 0));
   o.collectives.corruptResultAt = envBytes("RINGDIST_TEST_CORRUPT_RESULT", 0, 0);
   o.mesh.testRoundTripUs = static_cast<uint32_t>(envInt("RINGDIST_TEST_ROUND_TRIP_US", 0));
+  o.mesh.testShmMapDelay = std::chrono::milliseconds(envInt("RINGDIST_TEST_SHM_MAP_DELAY_MS", 0));
 #endif
 
   const int64_t shrinkSeconds = envInt(

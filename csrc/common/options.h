@@ -143,6 +143,9 @@ struct MeshOptions {
   // links instead of the measured one (0: measured), so tests on one machine
   // run the collectives as sized for a long link.
   uint32_t testRoundTripUs = 0;
+  // Testing only: a rank that maps its host's shared-memory segment waits this long between
+  // reading its name and opening it (a window in which a test kills the segment's creator).
+  std::chrono::milliseconds testShmMapDelay{0};
 };
 
 // ---------------------------------------------------------------- collectives

@@ -91,10 +91,12 @@ SharedMapping::~SharedMapping() {
 
 void SharedMapping::unlinkName() {
   if (linked_) {
-    ::shm_unlink(name_.c_str());
+    removeSharedName(name_);
     linked_ = false;
   }
 }
+
+void removeSharedName(const std::string& name) { ::shm_unlink(name.c_str()); }
 
 void* mapShared(int fd, size_t minBytes, size_t* bytes, const std::string& name) {
   struct stat st{};

@@ -38,6 +38,10 @@ class SharedMapping {
   bool linked_ = false;  // created here, name not yet unlinked
 };
 
+// Any process: removes the name of a shared-memory object (the object lives on while mapped);
+// nothing when it is already gone.
+void removeSharedName(const std::string& name);
+
 // The whole of the shared memory behind `fd` (named `name` in errors),
 // mapped if at least minBytes long; closes fd. Throws Error.
 void* mapShared(int fd, size_t minBytes, size_t* bytes, const std::string& name);

@@ -1,5 +1,5 @@
 """A ringdist rank for tests/test_shm.py and tests/test_crc.py (harness/procs.py's launch()),
-launched with RANK/WORLD_SIZE/MASTER_* set.
+launched with RANK/WORLD_SIZE/MASTER_* set (SCENARIO_INIT_TIMEOUT: seconds init may take, 60).
 
 Modes (argv[1]):
   run      a few allreduces, prints the transports and "DONE"
@@ -23,7 +23,8 @@ def main():
     mode = sys.argv[1]
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("ringdist", timeout=timedelta(seconds=60))
+    dist.init_process_group("ringdist", timeout=timedelta(
+        seconds=float(os.environ.get("SCENARIO_INIT_TIMEOUT", "60"))))
     pg = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
     print("TRANSPORTS", ",".join(pg.transports), flush=True)
     print("SHM_DURING", len([n for n in os.listdir("/dev/shm") if n.startswith("ringdist")]),

@@ -49,11 +49,16 @@ std::shared_ptr<Segment> createAndPublish(Rendezvous& rendezvous, int rank, int 
 std::shared_ptr<Segment> mapPublished(Rendezvous& rendezvous, int rank, int count,
                                       const std::string& nameKey, const MeshOptions& options) {
   auto raw = rendezvous.get(nameKey, options.timeout);
+  std::this_thread::sleep_for(options.testShmMapDelay);
   auto segment = std::make_shared<Segment>(Segment::open(std::string(raw.begin(), raw.end())));
   RINGDIST_CHECK(segment->localRanks() == count, "ringdist: rank ", rank,
                  " mapped a shared-memory segment for ", segment->localRanks(),
                  " ranks but expected ", count);
-  rendezvous.add(nameKey + "/mapped", 1);
+  // The last rank to map it removes the name as well: a creator killed before its own unlink
+  // would leave it in /dev/shm for good.
+  if (rendezvous.add(nameKey + "/mapped", 1) == count - 1) {
+    removeSharedName(segment->name());
+  }
   // Return only once the name is gone, so nothing of ours is visible in
   // /dev/shm after init on any rank.
   rendezvous.get(nameKey + "/unlinked", options.timeout);
