@@ -109,13 +109,18 @@ def worker(args):
             for key in env:
                 os.environ.pop(key)
 
-    backends = args.backends
-    groups = {b: make_group(b) for b in backends}
-
     def slowest(seconds):
         t = torch.tensor([seconds], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
+
+    backends = args.backends
+    groups, group_s = {}, {}  # each group's creation (its connect), the slowest rank's
+    for b in backends:
+        dist.barrier()
+        start = time.monotonic()
+        groups[b] = make_group(b)
+        group_s[b] = slowest(time.monotonic() - start)
 
     rows = []
     for nbytes in args.sizes:
@@ -141,7 +146,8 @@ def worker(args):
                  for b in backends if b.startswith("ringdist") and args.op == "allreduce"}
         row = {"bytes": nbytes, "count": count, "batch": batch, "wrong": wrong, "route": route,
                "rounds_s": {b: [us / 1e6 for us in times[b]] for b in backends},
-               "median_s": {b: statistics.median(times[b]) / 1e6 for b in backends}}
+               "median_s": {b: statistics.median(times[b]) / 1e6 for b in backends},
+               "group_s": group_s}
         rows.append(row)
         if rank == 0:
             print(f"N={world} {nbytes} B: " + "  ".join(

@@ -327,25 +327,43 @@ def test_allreduce_over_the_pair_exchange(world_factory):
         assert routes == {"pair"}, routes
 
 
-def _lanes(rank, ws, report_us, lanes):
-    """Each peer's number of TCP connections (lanes) in a new group."""
-    group = _new_group(report_us[rank], tcp_lanes=lanes)
-    got = [link.get("lanes") for link in _backend(group).links]
+def _lanes(rank, ws, report_us, lanes, buffer_bytes="32M"):
+    """Each peer's number of TCP connections (lanes) in a new group, and the stream window the
+    group agreed on (the same on every TCP link)."""
+    group = _new_group(report_us[rank], tcp_lanes=lanes, tcp_buffer_bytes=buffer_bytes)
+    links = _backend(group).links
     dist.destroy_process_group(group)
-    return got
+    windows = {link["stream_window"] for link in links if "stream_window" in link}
+    return [link.get("lanes") for link in links], windows
 
 
 def test_long_links_get_lanes(world_factory):
-    """The peer on the other host of a two-host group gets TcpOptions::lanes connections where
-    the group's round trip is at least 1 ms (kLanesRoundTripUs); one on shorter links, when the
-    setting says 1, or in a group of three hosts (only the pair exchange sends on lanes)."""
+    """The peer on the other host of a two-host group gets as many connections (at most
+    TcpOptions::lanes) as its streams' windows need to cover kDefaultTcpBufferBytes (32 MiB) per
+    100 ms of the group's round trip, where that round trip is at least 1 ms (kLanesRoundTripUs);
+    one on shorter links, when the setting says 1, or in a group of three hosts (only the pair
+    exchange sends on lanes). A buffer of 1 MiB (set with CAP_NET_ADMIN, else the kernel's
+    autotuning up to a few MiB) needs all 4 at 100 ms; 64 MiB set needs one, and two at 300 ms."""
     world = world_factory(2, env=_hosts(2))
-    for rank, got in enumerate(world.run(_lanes, [100_000] * 2, 4)):
-        assert got[1 - rank] == "4" and got[rank] is None, got
+    # (reported round trip, RINGDIST_TCP_BUFFER_BYTES, lanes where the window is 64 MiB: set
+    # with CAP_NET_ADMIN). 1 MiB is below what autotuning may reach, so never set: the window is
+    # autotuning's maximum (4-6 MiB by default: all 4 lanes at 100 ms).
+    for report_us, buffer, when_set in [(100_000, "1M", None), (100_000, "64M", "1"),
+                                        (300_000, "64M", "2")]:
+        for rank, (got, windows) in enumerate(world.run(_lanes, [report_us] * 2, 4, buffer)):
+            assert got[rank] is None and len(windows) == 1, (got, windows)
+            window = int(windows.pop())
+            want = min(4, max(1, math.ceil(32 * 2**20 * report_us / 100_000 / window)))
+            assert got[1 - rank] == str(want), (report_us, buffer, window, got)
+            if window == 64 << 20:
+                assert got[1 - rank] == when_set, (report_us, buffer, got)
+            if buffer == "1M" and window <= 8 << 20:
+                assert got[1 - rank] == "4", (window, got)
     for report, lanes in [([0, 0], 4), ([100_000] * 2, 1)]:
-        for rank, got in enumerate(world.run(_lanes, report, lanes)):
+        for rank, (got, _) in enumerate(world.run(_lanes, report, lanes, "1M")):
             assert got[1 - rank] == "1", (report, lanes, got)
-    for rank, got in enumerate(world_factory(3, env=_hosts(3)).run(_lanes, [100_000] * 3, 4)):
+    for rank, (got, _) in enumerate(world_factory(3, env=_hosts(3)).run(_lanes, [100_000] * 3,
+                                                                         4, "1M")):
         assert [g for r, g in enumerate(got) if r != rank] == ["1", "1"], got
 
 

@@ -477,9 +477,11 @@ def test_codecs_error_identity_and_stats(world_factory):
     # RINGDIST_ROUTE=ring), then the direct exchange on long links (a reported 100 ms round
     # trip, test builds), which must give the rounds' bits; and 2 emulated hosts x 2 ranks
     # (two levels: float32 inside a host, the pair exchange across). Two hosts on long links:
-    # the pair exchange's segments spread over 4 TCP lanes.
+    # the pair exchange's segments spread over 4 TCP lanes (1 MiB buffers: autotuned windows,
+    # which need all 4 at 100 ms).
     long_links = {"RINGDIST_SEGMENT_BYTES": "2048", "RINGDIST_HOST_ID": "a,b",
-                  "RINGDIST_TEST_ROUND_TRIP_US": "100000", "RINGDIST_TCP_LANES": "4"}
+                  "RINGDIST_TEST_ROUND_TRIP_US": "100000", "RINGDIST_TCP_LANES": "4",
+                  "RINGDIST_TCP_BUFFER_BYTES": "1M"}
     rounds = {"RINGDIST_SEGMENT_BYTES": "2048", "RINGDIST_HOST_ID": "a,b,c",
               "RINGDIST_ROUTE": "ring"}
     direct = {"RINGDIST_SEGMENT_BYTES": "2048", "RINGDIST_HOST_ID": "a,b,c",

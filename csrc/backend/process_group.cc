@@ -163,6 +163,9 @@ ProcessGroupRingdist::ProcessGroupRingdist(const c10::intrusive_ptr<c10d::Store>
       const auto& channel = mesh.channels[peer];
       links_.push_back(channel ? channel->details() : std::map<std::string, std::string>{});
       if (channel) links_.back()["lanes"] = std::to_string(lanes[peer]);
+      if (channel && mesh.transportOf[peer] == "tcp") {
+        links_.back()["stream_window"] = std::to_string(mesh.windowBytes);
+      }
     }
     sameHostCopy_ = mesh.sameHostCopy;
     const bool oneHost = std::all_of(mesh.hostOf.begin(), mesh.hostOf.end(),

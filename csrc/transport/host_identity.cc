@@ -14,8 +14,8 @@ namespace ringdist {
 namespace {
 
 // Record layout: these lines, then one line per field, '\n'-separated.
-constexpr const char* kRecordTag = "ringdist-peer/4";
-constexpr size_t kRecordFields = 9;
+constexpr const char* kRecordTag = "ringdist-peer/5";
+constexpr size_t kRecordFields = 10;
 
 std::string readFileLine(const char* path) {
   std::ifstream in(path);
@@ -54,7 +54,8 @@ bool HostIdentity::operator==(const HostIdentity& o) const {
 std::vector<uint8_t> PeerRecord::encode() const {
   std::string text = strCat(kRecordTag, "\n", host.hostname, "\n", host.bootId, "\n",
                             host.shmMount, "\n", host.pidNamespace, "\n", host.label, "\n",
-                            transportPolicyName(transport), "\n", roundTripUs, "\n", door);
+                            transportPolicyName(transport), "\n", roundTripUs, "\n", door, "\n",
+                            windowBytes);
   return std::vector<uint8_t>(text.begin(), text.end());
 }
 
@@ -75,6 +76,10 @@ PeerRecord PeerRecord::decode(const std::vector<uint8_t>& bytes, int rank) {
                  "ringdist: rank ", rank, " sent a malformed host record");
   r.roundTripUs = static_cast<uint32_t>(rtt);
   r.door = f[8];
+  const unsigned long long window = std::strtoull(f[9].c_str(), &end, 10);
+  RINGDIST_CHECK(!f[9].empty() && *end == '\0', "ringdist: rank ", rank,
+                 " sent a malformed host record");
+  r.windowBytes = window;
   return r;
 }
 

@@ -31,6 +31,8 @@ struct PeerRecord {
   uint32_t roundTripUs = 0;
   // The address of the listener the rank keeps open (tcp::Door), "ip:port"; empty if none.
   std::string door;
+  // The window one of its TCP streams can open (tcp::streamWindowBytes), bytes; 0 if unknown.
+  uint64_t windowBytes = 0;
 
   std::vector<uint8_t> encode() const;
   // Throws, naming `rank`, on a record that is not one of ours.

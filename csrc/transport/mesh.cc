@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <future>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "csrc/transport/shm/connect.h"
 #include "csrc/transport/tcp/handshake.h"
 #include "csrc/transport/tcp/socket.h"
+#include "csrc/transport/tcp/tuning.h"
 
 namespace ringdist {
 
@@ -32,7 +34,8 @@ std::vector<PeerRecord> exchangeRecords(std::vector<std::unique_ptr<Channel>>& c
                                         std::chrono::steady_clock::time_point deadline) {
   const int size = static_cast<int>(channels.size());
   PeerRecord mine{HostIdentity::detect(options.hostLabel), options.transport, roundTripUs,
-                  door != nullptr ? door->self.toString() : std::string()};
+                  door != nullptr ? door->self.toString() : std::string(),
+                  door != nullptr ? tcp::streamWindowBytes(door->tuning) : 0};
   const std::vector<uint8_t> encoded = mine.encode();
   const uint32_t length = static_cast<uint32_t>(encoded.size());
   std::vector<uint32_t> lengths(static_cast<size_t>(size));
@@ -151,20 +154,31 @@ class PrefixedRendezvous final : public Rendezvous {
   const std::string prefix_;
 };
 
+// Connections to each peer on the other host (TcpOptions::lanes at most): enough streams that
+// their windows (`windowBytes` each; 0: unknown) cover kDefaultTcpBufferBytes per 100 ms of the
+// group's round trip.
+int lanesFor(int maxLanes, uint32_t roundTripUs, uint64_t windowBytes) {
+  const double needed = static_cast<double>(kDefaultTcpBufferBytes) * roundTripUs / 100000.0;
+  if (windowBytes == 0) return maxLanes;
+  const double streams = std::ceil(needed / static_cast<double>(windowBytes));
+  return static_cast<int>(std::clamp(streams, 1.0, static_cast<double>(std::max(maxLanes, 1))));
+}
+
 // Lanes 1.. to every peer that stays on TCP, when the group spans two hosts (the pair exchange,
 // the one route that sends on lanes) and its links are long: the same on every rank (the round
-// trip, hosts and transports are agreed). Each lane is a connect of its own (several round trips
-// on a long link), so they run side by side, one thread each.
+// trip, hosts, transports and windows are agreed). Each lane is a connect of its own (several
+// round trips on a long link), so they run side by side, one thread each.
 std::vector<std::unique_ptr<Channel>> connectLanes(Rendezvous& rendezvous, int rank, int size,
                                                    const MeshOptions& options, const Mesh& mesh) {
   std::vector<std::unique_ptr<Channel>> lanes;
   const int hosts = 1 + *std::max_element(mesh.hostOf.begin(), mesh.hostOf.end());
-  if (options.tcp.lanes <= 1 || hosts != 2 || mesh.roundTripUs < kLanesRoundTripUs) return lanes;
+  const int count = lanesFor(options.tcp.lanes, mesh.roundTripUs, mesh.windowBytes);
+  if (count <= 1 || hosts != 2 || mesh.roundTripUs < kLanesRoundTripUs) return lanes;
   std::vector<bool> wanted(static_cast<size_t>(size));
   for (size_t peer = 0; peer < wanted.size(); ++peer) wanted[peer] = mesh.transportOf[peer] == "tcp";
   if (std::find(wanted.begin(), wanted.end(), true) == wanted.end()) return lanes;
   std::vector<std::future<std::vector<std::unique_ptr<Channel>>>> connecting;
-  for (int lane = 1; lane < options.tcp.lanes; ++lane) {
+  for (int lane = 1; lane < count; ++lane) {
     connecting.push_back(std::async(std::launch::async, [&, lane] {
       PrefixedRendezvous prefixed(rendezvous, strCat("lane", lane, "/"));
       return tcp::connectAll(prefixed, rank, size, options, wanted);
@@ -207,6 +221,10 @@ void finishMesh(Rendezvous& rendezvous, int rank, const MeshOptions& options, Me
   const int size = static_cast<int>(mesh.records.size());
   for (const auto& record : mesh.records) {
     mesh.roundTripUs = std::max(mesh.roundTripUs, record.roundTripUs);
+    if (record.windowBytes > 0) {
+      mesh.windowBytes = mesh.windowBytes == 0 ? record.windowBytes
+                                               : std::min(mesh.windowBytes, record.windowBytes);
+    }
   }
   const std::vector<int> local = chooseTransports(mesh.records, rank, mesh);
   // Without a secret, say so where someone else could have joined or reads the

@@ -28,8 +28,12 @@ struct Mesh {
   // (microseconds; the same on every rank): what the collectives size the
   // data they keep in flight by.
   uint32_t roundTripUs = 0;
-  // More TCP connections to each peer on another host, when the links are long (TcpOptions::
-  // lanes - 1 per such peer, each Channel knowing its peer); empty otherwise.
+  // The smallest window one TCP stream of the group's ranks can open (PeerRecord::windowBytes;
+  // 0: unknown): with the round trip, it sets the lanes.
+  uint64_t windowBytes = 0;
+  // More TCP connections to each peer on another host, when the links are long and one
+  // stream's window is short of them (lanes - 1 per such peer, each Channel knowing its peer);
+  // empty otherwise.
   std::vector<std::unique_ptr<Channel>> lanes;
   // This rank's kept listener (null in a group of one), and every rank's record: what a
   // shrink reconnects the survivors with (reconnectMesh).

@@ -68,16 +68,6 @@ def op_header(*, type: int, dtype: int = 0, op: int = 0, variant: int = 0, seq: 
     return OP.pack(magic, type, dtype, op, variant, seq, count, root, segment_bytes, tag, padding)
 
 
-def peer_record(hostname: str, transport: str = "auto", crc: bool = False,
-                round_trip_us: int = 0, door: str = "127.0.0.1:9") -> bytes:
-    """What a rank publishes under ringdist/host/<rank> (PeerRecord in
-    csrc/transport/host_identity.h): a hostname no real rank has keeps links on TCP; door,
-    the address of the listener it keeps open."""
-    fields = ["ringdist-peer/3", hostname, "boot", "none", "pid:[0]", "", transport,
-              "crc" if crc else "nocrc", str(round_trip_us), door]
-    return "\n".join(fields).encode()
-
-
 def recv_exactly(sock: socket.socket, n: int) -> bytes:
     """``n`` bytes, or fewer if the peer closed the connection first."""
     data = b""

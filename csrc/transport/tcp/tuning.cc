@@ -129,6 +129,14 @@ SocketTuning chooseTuning(int family, const TcpOptions& options) {
   return tuning;
 }
 
+uint64_t streamWindowBytes(const SocketTuning& tuning) {
+  const int64_t send = tuning.sendBuffer ? tuning.sendBuffer
+                                         : procLimit("/proc/sys/net/ipv4/tcp_wmem", 2);
+  const int64_t recv = tuning.recvBuffer ? tuning.recvBuffer
+                                         : procLimit("/proc/sys/net/ipv4/tcp_rmem", 2);
+  return static_cast<uint64_t>(std::max<int64_t>(0, std::min(send, recv)));
+}
+
 void applyTuning(int fd, const SocketTuning& tuning) {
   RINGDIST_CHECK(tuning.congestion.empty() || setCongestion(fd, tuning.congestion),
                  "ringdist: cannot set TCP congestion control '", tuning.congestion,

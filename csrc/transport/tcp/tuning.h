@@ -26,6 +26,11 @@ struct SocketTuning {
 // refused; "auto" falls back to the system's default instead.
 SocketTuning chooseTuning(int family, const TcpOptions& options);
 
+// The window one TCP stream of this process can open, in bytes: the smaller of its send and
+// receive buffers as `tuning` sets them, or where left to autotuning, the kernel's autotuning
+// maximum (net.ipv4.tcp_wmem / tcp_rmem); 0 where unknown.
+uint64_t streamWindowBytes(const SocketTuning& tuning);
+
 // Sets `tuning` on a socket before it listens or connects; throws if the kernel refuses.
 void applyTuning(int fd, const SocketTuning& tuning);
 
