@@ -395,6 +395,13 @@ def wan(data):
     rows = []
     for cfg in data["configs"]:
         where = wan_where(cfg)
+        made = cfg["rows"][0].get("group_s", {}) if cfg["rows"] else {}
+        mine = "ringdist" if "ringdist" in made else None
+        for other in made if mine else []:  # each group's creation, the slowest rank's
+            if other != mine:
+                rows.append(Row(f"{where}: creating a group", us_range([made[mine] * 1e6]),
+                                f"{other} {us_range([made[other] * 1e6])}",
+                                ratio_range([made[other] / made[mine]])))
         for r in cfg["rows"]:
             m = r["median_s"]
             # Small messages run as loops of dependent calls, which overlap: one-way trips per
@@ -417,11 +424,32 @@ def wan(data):
             rows.append(Row(f"{where}: {size(r['bytes'])}{wrong}"
                             + (f", route {route}" if route else ""), ours, reference,
                             ratio_range([seconds / m[key]])))
-            if "ringdist:ring" in m and key != "ringdist:ring":  # the same build, rings forced
-                rows.append(Row(f"{where}: {size(r['bytes'])}, against ringdist's rings", ours,
-                                f"rings {us_range([m['ringdist:ring'] * 1e6])} "
-                                f"({share['ringdist:ring']})",
-                                ratio_range([m["ringdist:ring"] / m[key]])))
+            for other in m:  # the same build with a setting changed (the rings forced, ...)
+                if other.startswith("ringdist:") and other != key:
+                    name = other.partition(":")[2]
+                    rows.append(Row(f"{where}: {size(r['bytes'])}, against ringdist:{name}", ours,
+                                    f"{name} {us_range([m[other] * 1e6])} ({share[other]})",
+                                    ratio_range([m[other] / m[key]])))
+    return rows
+
+
+def tcp_bound(data):
+    """wan_tcp_bound.py: raw TCP's median round per setting as a share of its ideal, the rounds'
+    range, and the delay line's mark (as wan_where)."""
+    rows = []
+    for r in data["settings"]:
+        line = r["line"]
+        short = line["late_over_10ms"] or line["late_over_1ms"] > 0.01 * line["writes"]
+        where = (f"N={r['hosts']}, RTT {r['rtt_s'] * 1e3:g} ms"
+                 + (f", loss {r['loss'] * 100:g}%" if r["loss"] else "")
+                 + (" (delay line short of CPU)" if short else ""))
+        rounds = r["rounds_s"][1:]
+        rows.append(Row(f"{where}: raw TCP, {r['pattern']} pattern, {size(r['bytes'])}",
+                        f"{us_range([r['median_s'] * 1e6])} "
+                        f"({100 * r['fraction_of_ideal']:.0f}% of ideal; rounds "
+                        f"{us_range([t * 1e6 for t in rounds])})",
+                        f"ideal {us_range([r['ideal_s'] * 1e6])}",
+                        ratio_range([r["ideal_s"] / r["median_s"]])))
     return rows
 
 
@@ -531,6 +559,27 @@ SCENARIOS = {
     "wan_allreduce_direct.json": (WAN, "fp32 allreduce, N=4: the direct exchange (route model) "
                                        "against the rings, same build", wan),
     "wan_allreduce_direct_rerun.json": (WAN, "the same, a second run (RTT 100 ms)", wan),
+    "wan_tcp_bound_n4.json": (WAN, "raw kernel TCP without ringdist, N=4 (`wan_tcp_bound.py`: "
+                              "bbr, 32 MiB buffers, the direct exchange's bytes or a ring's): "
+                              "what any TCP transport reaches on this machine's line", tcp_bound),
+    "wan_tcp_bound_n4_rerun.json": (WAN, "the same, a second run", tcp_bound),
+    "wan_tcp_bound_n4_rerun2.json": (WAN, "the same, a third run", tcp_bound),
+    "wan_tcp_bound_n4_250m.json": (WAN, "the same at 250 Mbit/s, where the line keeps time",
+                                   tcp_bound),
+    "wan_tcp_bound_n2.json": (WAN, "raw kernel TCP without ringdist, N=2", tcp_bound),
+    "wan_allreduce_direct_n4_bound_day.json": (WAN, "fp32 allreduce, N=4, RTT 100 ms, the day of "
+                                               "the raw-TCP bound", wan),
+    "wan_allreduce_direct_loss_n4_bound_day.json": (WAN, "the same, 0.1% random loss", wan),
+    "wan_pair_10ms_n2.json": (WAN, "fp32 allreduce, N=2, RTT 10 ms, 9 rounds: 4 lanes against 1, "
+                              "set 32 MiB buffers", wan),
+    "wan_pair_10ms_n2_variants.json": (WAN, "the same, 5 rounds: 4 lanes, 1 lane, the ring and "
+                                       "plaintext, alternating", wan),
+    "wan_lanes_set_n2.json": (WAN, "fp32 allreduce, N=2, RTT 100 ms, set 32 MiB buffers: 4 lanes "
+                              "against 1 (the build before lanes followed the windows)", wan),
+    "wan_lanes_set_loss_n2.json": (WAN, "the same, 0.1% random loss", wan),
+    "wan_window_lanes_n2.json": (WAN, "fp32 allreduce, N=2, RTT 100 ms: lanes from the windows "
+                                 "(set 32 MiB: one) against autotuned buffers (4 lanes)", wan),
+    "wan_window_lanes_n2_rerun.json": (WAN, "the same, 64 MiB, a second run", wan),
     "wan_routes.json": (WAN, "fp32 allreduce, N=4 and 8: each route forced, against the route "
                              "model's prediction for it (ratio: model / measured)", wan_routes),
     "wan_routes_rerun.json": (WAN, "the same, N=4, a second run", wan_routes),
@@ -605,6 +654,9 @@ SCENARIOS = {
                                  "0.1% loss: 10 losses, 10 joins", churn),
     "diloco_churn_wan_n4_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_rerun2.json": (DILOCO, "the same, a third run", churn),
+    "diloco_churn_wan_n4_held.json": (DILOCO, "the same, joiners telling the members they hold "
+                                      "the state (one one-way trip) instead of a barrier", churn),
+    "diloco_churn_wan_n4_held_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
                                                  "20 rounds, 2 losses, 2 joins", churn),
     "diloco_slow_peer_drop_n4.json": (DILOCO, "churn with slow_peer='drop' (36 rounds, 2 losses, "
