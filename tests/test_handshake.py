@@ -13,12 +13,14 @@ import os
 import pickle
 import secrets
 import socket
+import struct
+import sys
 import time
 
 import pytest
 
 from harness import wire_client as wire
-from harness.procs import tail
+from harness.procs import Launched, free_port, tail
 from harness.spawned import RINGDIST_ONLY, Spawned, proc_sockets, report
 from harness.spawned_rank import STORE_TIMEOUT
 
@@ -324,3 +326,48 @@ def test_handshake_survives_silent_clients(tmp_path, record_property):
     for r, out in sorted(res.items()):
         report(record_property, f"rank{r}_init_s", round(out["init_s"], 3))
         assert not out["errors"], f"rank {r}: {out['errors']}"
+
+
+_RANK0_OF_TWO = """
+import datetime, sys
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, is_master=False,
+                      timeout=datetime.timedelta(seconds=60))
+try:
+    dist.init_process_group("ringdist", rank=0, world_size=2, store=store,
+                            timeout=datetime.timedelta(seconds=20))
+    print("INIT OK", flush=True)
+except Exception as exc:
+    print("ERROR", str(exc).replace(chr(10), " "), flush=True)
+"""
+
+
+def test_a_rank_of_another_version_is_named():
+    """A peer whose host record carries another version's tag (ringdist-peer/4, the format before
+    stream windows) fails rank 0's init with an error that names that rank and both versions.
+    Rank 1 is this test: it completes the real handshake (plaintext links), then sends its
+    record."""
+    import torch.distributed as torch_dist
+
+    port = free_port()
+    store = torch_dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False,
+                                timeout=datetime.timedelta(seconds=60))
+    env = dict(os.environ, RINGDIST_TCP_ENCRYPT="0")
+    with Launched([[sys.executable, "-P", "-c", _RANK0_OF_TWO, str(port)]], [env]) as rank0:
+        deadline = time.monotonic() + 60
+        while (_store_key(store, "ringdist/addr/0") is None
+               or _store_key(store, "ringdist/secret") is None) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        host, addr_port = store.get(_store_key(store, "ringdist/addr/0")).decode().rsplit(":", 1)
+        secret = store.get(_store_key(store, "ringdist/secret"))
+        link = wire.connect(host, int(addr_port), wire.proof_key(secret), rank=1, size=2)
+        assert link is not None, "rank 0 refused the handshake"
+        with link:
+            old = "\n".join(["ringdist-peer/4", "other-host", "boot", "none", "pid:[0]", "",
+                             "auto", "100", "127.0.0.1:9"]).encode()
+            link.sendall(struct.pack("<I", len(old)) + old)
+            ((code, out, err),) = rank0.communicate(60)
+    assert code == 0 and "ERROR" in out, (out, err)
+    assert "rank 1 runs another version of ringdist (its host record is ringdist-peer/4, this " \
+           "rank's ringdist-peer/5)" in out, out
+

@@ -64,6 +64,10 @@ PeerRecord PeerRecord::decode(const std::vector<uint8_t>& bytes, int rank) {
   for (uint8_t b : bytes) {
     if (b == '\n') f.emplace_back(); else f.back() += static_cast<char>(b);
   }
+  const std::string family = "ringdist-peer/";
+  RINGDIST_CHECK(f[0] == kRecordTag || f[0].compare(0, family.size(), family) != 0,
+                 "ringdist: rank ", rank, " runs another version of ringdist (its host record is ",
+                 f[0], ", this rank's ", kRecordTag, "): every rank must run the same version");
   RINGDIST_CHECK(f.size() == kRecordFields && f[0] == kRecordTag,
                  "ringdist: rank ", rank, " sent a malformed host record");
   PeerRecord r;
