@@ -580,6 +580,11 @@ SCENARIOS = {
     "wan_window_lanes_n2.json": (WAN, "fp32 allreduce, N=2, RTT 100 ms: lanes from the windows "
                                  "(set 32 MiB: one) against autotuned buffers (4 lanes)", wan),
     "wan_window_lanes_n2_rerun.json": (WAN, "the same, 64 MiB, a second run", wan),
+    "wan_window_lanes_10ms_n2.json": (WAN, "fp32 allreduce, N=2, RTT 10 ms, lanes from the windows "
+                                      "(one), against gloo, 7 rounds", wan),
+    "wan_window_lanes_10ms_n2_rerun.json": (WAN, "the same, a second run", wan),
+    "wan_window_lanes_2x2.json": (WAN, "the same, 2 hosts x 2 ranks (the two-level allreduce's "
+                                  "pair exchange across the hosts)", wan),
     "wan_routes.json": (WAN, "fp32 allreduce, N=4 and 8: each route forced, against the route "
                              "model's prediction for it (ratio: model / measured)", wan_routes),
     "wan_routes_rerun.json": (WAN, "the same, N=4, a second run", wan_routes),
@@ -657,6 +662,7 @@ SCENARIOS = {
     "diloco_churn_wan_n4_held.json": (DILOCO, "the same, joiners telling the members they hold "
                                       "the state (one one-way trip) instead of a barrier", churn),
     "diloco_churn_wan_n4_held_rerun.json": (DILOCO, "the same, a second run", churn),
+    "diloco_churn_wan_n4_held_rerun2.json": (DILOCO, "the same, a third run", churn),
     "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
                                                  "20 rounds, 2 losses, 2 joins", churn),
     "diloco_slow_peer_drop_n4.json": (DILOCO, "churn with slow_peer='drop' (36 rounds, 2 losses, "
