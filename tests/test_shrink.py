@@ -209,6 +209,54 @@ def test_a_rank_that_checked_in_at_the_check_before_is_behind_only_until_it_mark
         assert r["d_s"] >= 0.5, r  # after the wait
 
 
+class _StillBeat:
+    """A heartbeat (_recovery.Heartbeat's view) in which rank `rank`'s beat has not moved for
+    `seconds`, with silent_after 1 s."""
+    silent_after = 1.0
+
+    def __init__(self, rank, seconds):
+        self.rank, self.seconds = rank, seconds
+
+    def view(self, group):
+        silent = {self.rank} if self.seconds >= self.silent_after else set()
+        return silent, {self.rank} - silent
+
+    def silence(self, group):
+        return {self.rank: self.seconds}
+
+
+def silent_for_long(rank, ws, store, dist, torch):
+    """3 ranks; rank 2 stays away from two checks (alive, asleep). Ranks 0 and 1 decide with a
+    heartbeat in which rank 2's beat has been still for 10 s (silent_after 1 s + wait 3 s long
+    past: decided without waiting) and then for 1.5 s (silent, its wait not yet had: the
+    decision waits `wait` for it)."""
+    from torch_ringdist._recovery import decide
+
+    init_group(rank, ws, store, dist)
+    out = {}
+    for key, seconds in (("long", 10.0), ("short", 1.5)):
+        dist.barrier()
+        if rank == 2:
+            time.sleep(4.0)  # away from the check
+            continue
+        start = time.monotonic()
+        out[key] = decide(None, wait=3.0, key=key, heartbeat=_StillBeat(2, seconds))["lost"]
+        out[key + "_s"] = time.monotonic() - start
+    return out
+
+
+def test_a_rank_silent_for_its_whole_wait_is_not_waited_for_again(tmp_path):
+    """A check that begins after a rank's beat has been still for silent_after + wait decides
+    at once: waiting `wait` more from the check's start would give it longer than a check begun
+    as it fell silent."""
+    with Spawned(silent_for_long, 3, tmp_path) as w:
+        got = w.results(120)
+    for rank in (0, 1):
+        r = got[rank]
+        assert r["long"] == [2] and r["long_s"] < 1.5, r
+        assert r["short"] == [2] and r["short_s"] >= 3.0, r
+
+
 def abort_healthy(rank, ws, store, dist, torch):
     """3 ranks, all alive; ranks 0 and 1 drop rank 2 with SHRINK_ABORT. The survivors get a
     working group at once (no wait for rank 2 at teardown), subgroups made before are gone,

@@ -77,8 +77,9 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     there, have not marked it done and are not here are alive and still on it (this rank
     completed it and moved on), not lost.
     ``heartbeat`` (this group's): a rank that still beats is alive (still computing: the
-    decision waits for it, up to ``HEARTBEAT_PATIENCE`` times ``wait``). This rank, when
-    dropped, gets an :class:`ExcludedError`."""
+    decision waits for it, up to ``HEARTBEAT_PATIENCE`` times ``wait``); one whose beat has
+    been still for the heartbeat's ``silent_after`` and ``wait`` more has had its wait, however
+    late the check began. This rank, when dropped, gets an :class:`ExcludedError`."""
     pg, store = _group_store(group)
     rank, size = pg.rank(), pg.size()
     if key is None:
@@ -100,8 +101,14 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         # door) need no waiting for, nor ranks alive on another operation (elsewhere): once
         # every rank is here or accounted for, the decision is final. A rank that still beats
         # is given longer to come; one whose beat stopped, `wait` as any other (its beats
-        # may only be stuck behind a congested link).
-        beating = heartbeat.view(pg)[1] if heartbeat is not None else set()
+        # may only be stuck behind a congested link), counted from when its beat fell silent
+        # (`still`: silent for that and `wait` more): a check opened later than that gives it
+        # no longer than one opened as it fell silent.
+        beating, still = set(), set()
+        if heartbeat is not None:
+            beating = heartbeat.view(pg)[1]
+            still = {r for r, s in heartbeat.silence(pg).items()
+                     if s >= heartbeat.silent_after + wait}
         gone = set(probe.result()) - arrived
         away = set(range(size)) - arrived - gone - elsewhere
         if away and time.monotonic() - looked >= _LOOK_ELSEWHERE:
@@ -109,7 +116,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
             looked = time.monotonic()
         away -= elsewhere
         patience = wait * HEARTBEAT_PATIENCE if away & beating else wait
-        if not away or time.monotonic() - start >= patience:
+        if not away - still or time.monotonic() - start >= patience:
             break
         decided = store.check([decision_key])
         if decided or (settled is not None and settled()):
@@ -204,13 +211,19 @@ class Heartbeat:
 
     def view(self, group) -> tuple[set, set]:
         """(silent, beating) ranks of ``group`` as last read; both empty for another group."""
+        silence = self.silence(group)
+        silent = {r for r, s in silence.items() if s >= self.silent_after}
+        return silent, set(silence) - silent
+
+    def silence(self, group) -> dict:
+        """rank -> seconds since its beat was last seen to move, for the other ranks of
+        ``group`` as last read; {} for another group."""
         pg = _group_store(group)[0]
         now = time.monotonic()
         with self._lock:
             if self._watched is not pg:
-                return set(), set()
-            silent = {r for r, (_, t) in self._moved.items() if now - t >= self.silent_after}
-            return silent, set(self._moved) - silent
+                return {}
+            return {r: now - t for r, (_, t) in self._moved.items()}
 
     def _run(self) -> None:
         client = None  # this thread's store client and beat keys, for the group client["pg"]
