@@ -663,6 +663,9 @@ SCENARIOS = {
                                       "the state (one one-way trip) instead of a barrier", churn),
     "diloco_churn_wan_n4_held_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_held_rerun2.json": (DILOCO, "the same, a third run", churn),
+    "diloco_churn_wan_n4_still.json": (DILOCO, "the same, a silent rank's wait counted from when "
+                                       "its beat fell still", churn),
+    "diloco_churn_wan_n4_still_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
                                                  "20 rounds, 2 losses, 2 joins", churn),
     "diloco_slow_peer_drop_n4.json": (DILOCO, "churn with slow_peer='drop' (36 rounds, 2 losses, "

@@ -140,8 +140,9 @@ class DiLoCoState(HookState):
     (``rejoin_after``). With ``exchange_timeout`` every rank also beats in the store, and a
     peer whose beat stops for ``lost_wait`` opens the check at once; it is dropped once its beat
     has been still for ``lost_wait`` twice, however late the check began. A rank still
-    computing then cannot answer, so ``exchange_timeout + lost_wait`` must exceed how far the ranks' compute
-    drifts apart within a period, and ``lost_wait`` 0.5 s plus a few store round trips.
+    computing then cannot answer, so ``exchange_timeout + lost_wait`` must exceed how far the
+    ranks' compute drifts apart within a period, and ``lost_wait`` 0.5 s plus a few store round
+    trips.
     Re-split the data over ``dist.get_world_size()`` after a shrink. Each
     rank keeps a copy of its contribution in flight for this (one more buffer per fragment).
     With DDP, DDP keeps the old group: use :class:`DiLoCoOptimizer`, or a model without
