@@ -375,14 +375,18 @@ def ceilings(data):
     return rows
 
 
+def line_short(health):
+    """Whether the delay line fell behind (wan_allreduce.line_health's counters): it wrote over
+    1% of its packets more than 1 ms late, or any more than 10 ms late."""
+    return health["late_over_10ms"] or health["late_over_1ms"] > 0.01 * health["writes"]
+
+
 def wan_where(cfg):
     """A wan_allreduce.py configuration as a row's prefix: hosts, round trip, loss, and a mark
-    when the delay line wrote over 1% of its packets more than 1 ms late, or any more than 10 ms
-    late, during it."""
+    when the delay line fell behind during it (line_short)."""
     from wan_allreduce import line_health
 
-    health = line_health(cfg)
-    short = health["late_over_10ms"] or health["late_over_1ms"] > 0.01 * health["writes"]
+    short = line_short(line_health(cfg))
     return (f"N={cfg['world']}, RTT {cfg['rtt_s'] * 1e3:g} ms"
             + (f", loss {cfg['loss'] * 100:g}%" if cfg["loss"] else "")
             + (" (delay line short of CPU: times are upper bounds)" if short else ""))
@@ -435,14 +439,12 @@ def wan(data):
 
 def tcp_bound(data):
     """wan_tcp_bound.py: raw TCP's median round per setting as a share of its ideal, the rounds'
-    range, and the delay line's mark (as wan_where)."""
+    range, and the delay line's mark (line_short)."""
     rows = []
     for r in data["settings"]:
-        line = r["line"]
-        short = line["late_over_10ms"] or line["late_over_1ms"] > 0.01 * line["writes"]
         where = (f"N={r['hosts']}, RTT {r['rtt_s'] * 1e3:g} ms"
                  + (f", loss {r['loss'] * 100:g}%" if r["loss"] else "")
-                 + (" (delay line short of CPU)" if short else ""))
+                 + (" (delay line short of CPU)" if line_short(r["line"]) else ""))
         rounds = r["rounds_s"][1:]
         rows.append(Row(f"{where}: raw TCP, {r['pattern']} pattern, {size(r['bytes'])}",
                         f"{us_range([r['median_s'] * 1e6])} "

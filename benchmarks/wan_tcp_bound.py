@@ -26,14 +26,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "wan"))
 
 import emulator  # noqa: E402
-from wan_allreduce import line_health  # noqa: E402
-
-
-def ideal_s(pattern, nbytes, hosts, rate_bps, one_way_s):
-    """Ideal of tcp_exchange.py's pattern: a ring's bytes at the link rate, plus the direct
-    exchange's two one-way trips or one stream's one."""
-    return 2 * (hosts - 1) / hosts * 8 * nbytes / rate_bps + \
-        (2 if pattern == "direct" else 1) * one_way_s
+from wan_allreduce import ideal_s, line_health  # noqa: E402
 
 
 def run_setting(args, rtt_s, loss, pattern, nbytes):
@@ -47,14 +40,17 @@ def run_setting(args, rtt_s, loss, pattern, nbytes):
         codes = wan.run(argv, logs=logs, timeout=args.timeout)
         line = wan.line_stats()
         texts = [open(path).read() for path in logs]
-        if any(codes):
-            raise RuntimeError(f"tcp_exchange failed: exit codes {codes}\n" + texts[codes.index(
-                next(c for c in codes if c))][-3000:])
+        failed = [text for code, text in zip(codes, texts) if code]
+        if failed:
+            raise RuntimeError(f"tcp_exchange failed: exit codes {codes}\n{failed[0][-3000:]}")
         hosts = [json.loads(t.strip().splitlines()[-1]) for t in texts]
         check = wan.check
     rounds = [max(h["rounds_s"][i] for h in hosts) for i in range(args.rounds)]
     median = statistics.median(rounds[1:])
-    ideal = ideal_s(pattern, nbytes, args.hosts, args.rate_bps, rtt_s / 2)
+    # A ring's bytes at the link rate, plus the direct exchange's two one-way trips or one
+    # stream's one (wan/tcp_exchange.py).
+    ideal = ideal_s(nbytes, args.hosts, args.rate_bps, rtt_s / 2,
+                    trips=2 if pattern == "direct" else 1)
     return {"pattern": pattern, "bytes": nbytes, "hosts": args.hosts, "rtt_s": rtt_s,
             "loss": loss, "rate_bps": args.rate_bps, "link": link.describe(),
             "rounds_s": rounds, "median_s": median, "ideal_s": ideal,
