@@ -210,16 +210,12 @@ def test_a_rank_that_checked_in_at_the_check_before_is_behind_only_until_it_mark
 
 
 class _StillBeat:
-    """A heartbeat (_recovery.Heartbeat's view) in which rank `rank`'s beat has not moved for
-    `seconds`, with silent_after 1 s."""
+    """A heartbeat (what decide reads of _recovery.Heartbeat) in which rank `rank`'s beat has
+    not moved for `seconds`, with silent_after 1 s."""
     silent_after = 1.0
 
     def __init__(self, rank, seconds):
         self.rank, self.seconds = rank, seconds
-
-    def view(self, group):
-        silent = {self.rank} if self.seconds >= self.silent_after else set()
-        return silent, {self.rank} - silent
 
     def silence(self, group):
         return {self.rank: self.seconds}

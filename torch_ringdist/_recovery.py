@@ -104,11 +104,9 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         # may only be stuck behind a congested link), counted from when its beat fell silent
         # (`still`: silent for that and `wait` more): a check opened later than that gives it
         # no longer than one opened as it fell silent.
-        beating, still = set(), set()
-        if heartbeat is not None:
-            beating = heartbeat.view(pg)[1]
-            still = {r for r, s in heartbeat.silence(pg).items()
-                     if s >= heartbeat.silent_after + wait}
+        silence = heartbeat.silence(pg) if heartbeat is not None else {}
+        beating = {r for r, s in silence.items() if s < heartbeat.silent_after}
+        still = {r for r, s in silence.items() if s >= heartbeat.silent_after + wait}
         gone = set(probe.result()) - arrived
         away = set(range(size)) - arrived - gone - elsewhere
         if away and time.monotonic() - looked >= _LOOK_ELSEWHERE:
