@@ -8,10 +8,11 @@ transport using the kernel's TCP can show on this machine's emulated line.
 For each setting, benchmarks/wan/tcp_exchange.py runs in every emulated host (one connection per
 pair of hosts, bbr and 32 MiB socket buffers as ringdist chooses them on this line, no
 encryption, no reduction): the direct exchange's bytes (`direct`), or a ring's bytes in one
-stream to the next host (`ring`: one flow into each host). A round's time is the slowest host's;
-the report gives every round, the median of those after the first (which carries the
-connections' slow start) as a fraction of the ideal (wan/tcp_exchange.py), and what the delay
-line did meanwhile (packets written over 1 ms late: the line short of CPU; queue drops).
+stream to the next host (`ring`: one flow into each host), or at two hosts each host's whole
+buffer to the other in one round (`pair`, as ringdist's pair exchange). A round's time is the
+slowest host's; the report gives every round, the median of those after the first (which
+carries the connections' slow start) as a fraction of the ideal (wan/tcp_exchange.py), and what
+the delay line did meanwhile (packets written over 1 ms late: the line short of CPU; queue drops).
 Needs root (network namespaces).
 """
 import argparse
@@ -66,7 +67,7 @@ def main():
     ap.add_argument("--loss", nargs="+", type=float, default=[0.0])
     ap.add_argument("--sizes", nargs="+", default=["16MiB", "64MiB"])
     ap.add_argument("--patterns", nargs="+", default=["direct", "ring"],
-                    choices=("direct", "ring"))
+                    choices=("direct", "ring", "pair"))
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out")

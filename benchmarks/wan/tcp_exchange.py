@@ -11,7 +11,9 @@ chunk. One connection per pair of hosts, no reduction, no encryption, no framing
 kernel's TCP and the delay line. Ideal: 2(N-1)/N * 8 * bytes / rate + 2 one-way trips.
 --pattern ring instead sends a ring's bytes (2(N-1)/N * bytes) in one stream to the next host:
 one flow into each host, the line's rate without N-1 flows meeting at a host; ideal
-2(N-1)/N * 8 * bytes / rate + one one-way trip. Rounds start together: host 0 answers every
+2(N-1)/N * 8 * bytes / rate + one one-way trip. --pattern pair (two hosts): each host sends its
+whole buffer to the other at once, as ringdist's pair exchange does; the same bytes as the
+direct exchange in one round (ideal 8 * bytes / rate + one one-way trip). Rounds start together: host 0 answers every
 host's one-byte "ready" once all have sent it and starts --one-way seconds later, as its
 answers arrive. --cc and --buffer as in tcp_stream.py. Each host prints one JSON line: its
 settings and each round's seconds from its start until it sent and received everything (the
@@ -116,8 +118,13 @@ def _plans(pattern, me, n, total):
     """(phase 1 bytes to each peer, phase 2 bytes to each peer, phase 1 bytes from each peer,
     all bytes from each peer) for this host. direct: the direct exchange's chunks (total/n to
     each peer, twice). ring: a ring's bytes, 2(n-1)/n * total, in one stream to the next host
-    (one flow into each host: the line's rate without N-1 flows meeting at a host)."""
+    (one flow into each host: the line's rate without N-1 flows meeting at a host). pair (two
+    hosts): the whole buffer to the other host in one round."""
     peers = [p for p in range(n) if p != me]
+    if pattern == "pair":
+        if n != 2:
+            raise SystemExit(f"tcp_exchange: --pattern pair needs 2 hosts, got {n}")
+        return {peers[0]: total}, {}, {}, {peers[0]: total}
     if pattern == "direct":
         chunk = total // n
         each = {p: chunk for p in peers}
@@ -130,7 +137,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bytes", default="16MiB")
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--pattern", default="direct", choices=("direct", "ring"))
+    ap.add_argument("--pattern", default="direct", choices=("direct", "ring", "pair"))
     ap.add_argument("--one-way", type=float, default=0.05,
                     help="the line's one-way delay (s): host 0 starts that long after its go")
     ap.add_argument("--cc", default="", help="congestion control per socket (default: keep)")
