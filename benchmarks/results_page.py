@@ -569,6 +569,21 @@ SCENARIOS = {
     "wan_tcp_bound_n4_250m.json": (WAN, "the same at 250 Mbit/s, where the line keeps time",
                                    tcp_bound),
     "wan_tcp_bound_n2.json": (WAN, "raw kernel TCP without ringdist, N=2", tcp_bound),
+    "wan_tcp_bound_pair_n2.json": (WAN, "raw kernel TCP, N=2, RTT 100 ms: the pair pattern "
+                                   "(ringdist's route there: each host's whole buffer in one "
+                                   "round) and the direct exchange's two phases", tcp_bound),
+    "wan_tcp_bound_pair_n2_rtt10.json": (WAN, "the same, RTT 10 ms", tcp_bound),
+    "wan_alone_sealed_n2.json": (WAN, "fp32 allreduce, N=2, RTT 100 ms, sealed (the default), "
+                                 "alone in its run, the day of the pair bound", wan),
+    "wan_alone_plain_n2.json": (WAN, "the same, plaintext (`RINGDIST_TCP_ENCRYPT=0`), alone in "
+                                "its run", wan),
+    "wan_alone_sealed_n2_rerun.json": (WAN, "the same, sealed, a second run", wan),
+    "wan_alone_plain_n2_rerun.json": (WAN, "the same, plaintext, a second run", wan),
+    "wan_sealed_plain_alternating_n2.json": (WAN, "the same, sealed and plaintext groups "
+                                             "alternating in the same processes (their "
+                                             "connections side by side)", wan),
+    "wan_alone_n2_rtt10.json": (WAN, "fp32 allreduce, N=2, RTT 10 ms, the day of the pair bound",
+                                wan),
     "wan_allreduce_direct_n4_bound_day.json": (WAN, "fp32 allreduce, N=4, RTT 100 ms, the day of "
                                                "the raw-TCP bound", wan),
     "wan_allreduce_direct_loss_n4_bound_day.json": (WAN, "the same, 0.1% random loss", wan),

@@ -54,7 +54,7 @@ def _model(n, size, rtt_us, bits_per_s=LINK_BITS_PER_S):
     alpha, beta = rtt_us / 2, 8 / (bits_per_s / 1e6)
     wire = 2 * (n - 1) / n * size * beta
     out = {"ring": 2 * (n - 1) * alpha + wire}
-    if 3 <= n <= MAX_DIRECT_RANKS:
+    if 2 <= n <= MAX_DIRECT_RANKS:
         out["direct"] = 2 * alpha + wire + (n - 1) / n * size / REDUCE_BYTES_PER_US
     if n >= 3:
         p = 2 ** int(math.log2(n))
@@ -175,18 +175,20 @@ def test_the_setting_overrides_the_model(world_factory):
 
 def test_one_host_keeps_the_ring_and_two_hosts_pair(world_factory):
     # Shared memory on one host keeps the ring, also when a route is forced. Two hosts: the
-    # direct exchange and halving-doubling are the ring there (two trips), never taken; the pair
-    # exchange (one trip) where the model predicts it 5% faster: on long links up to where
-    # reducing on one core (slower than the assumed 10 Gbit/s link) takes that gain back, on
-    # loopback only below the pair threshold (1 MiB).
+    # model never takes the direct exchange there (the ring's two trips and a reduction more),
+    # nor halving-doubling (3 ranks or more); the pair exchange (one trip) where it predicts
+    # it 5% faster: on long links up to where reducing on one core (slower than the assumed
+    # 10 Gbit/s link) takes that gain back, on loopback only below the pair threshold (1 MiB).
+    # Forced, the direct exchange runs at two hosts too, above the pair threshold.
     across = {"direct", "halving-doubling", "pair"}
     for routes in world_factory(3).run(_routes, [100_000] * 3, "halving-doubling"):
         assert not {r["route"] for r in routes.values()} & across, routes
     world = world_factory(2, env=_hosts(2))
     for setting in ["auto", "direct", "halving-doubling"]:
         for routes in world.run(_routes, [100_000] * 2, setting):
-            want = ["pair" if size <= 1 << 20 or setting == "auto" else "ring" for size in SIZES]
-            want[-1] = "ring"  # 256 MiB: reducing at 1 GB/s is slower than the link
+            above = {"auto": "ring", "direct": "direct", "halving-doubling": "ring"}[setting]
+            want = ["pair" if size <= 1 << 20 or setting == "auto" else above for size in SIZES]
+            want[-1] = above  # 256 MiB: reducing at 1 GB/s is slower than the link
             assert [routes[s]["route"] for s in SIZES] == want, (setting, routes)
     for routes in world.run(_routes, None, "auto"):  # loopback
         assert [routes[s]["route"] for s in SIZES] == ["pair"] * 5 + ["ring"] * 2, routes
@@ -273,11 +275,11 @@ def _allreduces(rank, ws, report_us, ops, setting="auto"):
     return wrong, routes
 
 
-def _gathers_and_scatters(rank, ws, report_us):
+def _gathers_and_scatters(rank, ws, report_us, setting="auto"):
     """all_gather_into_tensor and reduce_scatter_tensor of every dtype x count against closed
     forms; returns the mismatches and, by (op, block bytes), what each call sent beyond its
     payload (headers)."""
-    group = _new_group(report_us[rank])
+    group = _new_group(report_us[rank], route=setting)
     wrong, extra = [], {}
     for dtype in DTYPES:
         for count in COUNTS:
@@ -313,6 +315,18 @@ def test_allreduce_over_the_direct_exchange(world_factory, ws, reporting):
     ops = ["sum", "avg", "max"] if reporting == "all" else ["sum"]
     for wrong, routes in world_factory(ws, env=_hosts(ws)).run(_allreduces, report, ops,
                                                                timeout=180):
+        assert wrong == []
+        assert routes == {"direct"}, routes
+
+
+def test_allreduce_over_the_direct_exchange_at_two_hosts(world_factory):
+    """RINGDIST_ROUTE=direct at two hosts: the direct exchange's two rounds at every size (no
+    pair threshold), its bytes, and the closed forms."""
+    require_test_build()
+    env = dict(_hosts(2), RINGDIST_PAIR_ALLREDUCE_BYTES="0")
+    for wrong, routes in world_factory(2, env=env).run(_allreduces, [100_000] * 2,
+                                                       ["sum", "avg", "max"], "direct",
+                                                       timeout=180):
         assert wrong == []
         assert routes == {"direct"}, routes
 
@@ -407,11 +421,12 @@ def test_two_level_allreduce_crosses_hosts_by_the_model(world_factory, setting, 
         assert route in routes and routes <= allowed, routes
 
 
-@pytest.mark.parametrize("ws", [3, 4])
-def test_allgather_and_reduce_scatter_over_the_direct_exchange(world_factory, ws):
+@pytest.mark.parametrize("ws, setting", [(3, "auto"), (4, "auto"), (2, "direct")])
+def test_allgather_and_reduce_scatter_over_the_direct_exchange(world_factory, ws, setting):
     require_test_build()
     for wrong, extra in world_factory(ws, env=_hosts(ws)).run(_gathers_and_scatters,
-                                                              [100_000] * ws, timeout=180):
+                                                              [100_000] * ws, setting,
+                                                              timeout=180):
         assert wrong == []
         # A header to every peer and nothing more: the direct exchange (at N=3 a ring's two
         # headers weigh the same; N=4 tells them apart).
@@ -475,13 +490,13 @@ def test_the_group_agrees_on_the_rate_its_allreduces_measure(world_factory):
     assert rounds[RATE_AGREE_EVERY] >= first, (rounds[RATE_AGREE_EVERY], first)
 
 
-def _broadcasts(rank, ws, report_us):
+def _broadcasts(rank, ws, report_us, setting="auto"):
     """Broadcasts of every dtype x count from every root against the root's values; returns
     the mismatches and the roots and counts whose bytes sent differ from the direct broadcast's
     closed form: the header to every peer; the root sends each rank its block and then its own
     block to every rank, a rank its block to every rank but the root and one byte to the
     root."""
-    group = _new_group(report_us[rank])
+    group = _new_group(report_us[rank], route=setting)
     wrong, unlike = [], []
     for dtype in DTYPES:
         for count in COUNTS:
@@ -502,11 +517,11 @@ def _broadcasts(rank, ws, report_us):
     return wrong, unlike
 
 
-@pytest.mark.parametrize("ws", [3, 4])
-def test_broadcast_over_the_direct_exchange(world_factory, ws):
+@pytest.mark.parametrize("ws, setting", [(3, "auto"), (4, "auto"), (2, "direct")])
+def test_broadcast_over_the_direct_exchange(world_factory, ws, setting):
     require_test_build()
     for wrong, unlike in world_factory(ws, env=_hosts(ws)).run(_broadcasts, [100_000] * ws,
-                                                               timeout=180):
+                                                               setting, timeout=180):
         assert wrong == [] and unlike == [], (wrong, unlike[:5])
 
 

@@ -30,7 +30,7 @@ RouteModel RouteModel::forRoundTrip(uint32_t roundTripUs) {
 
 bool RouteModel::allowed(Route route, ModelledOp op, int n) {
   switch (route) {
-    case Route::kDirect: return n >= 3 && n <= kMaxDirectRanks;
+    case Route::kDirect: return n >= 2 && n <= kMaxDirectRanks;
     case Route::kHalvingDoubling: return n >= 3 && op == ModelledOp::kAllreduce;
     case Route::kPair: return n == 2 && op == ModelledOp::kAllreduce;
     default: return true;
