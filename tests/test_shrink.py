@@ -253,6 +253,47 @@ def test_a_rank_silent_for_its_whole_wait_is_not_waited_for_again(tmp_path):
         assert r["short"] == [2] and r["short_s"] >= 3.0, r
 
 
+class _CountingStore:
+    """A store that counts the checks asked of it; `clone` as the wrapped store's, or failing."""
+
+    def __init__(self, store, clones=True):
+        self._store, self._clones, self.checks = store, clones, 0
+
+    def clone(self):
+        if not self._clones:
+            raise RuntimeError("this store cannot clone its client")
+        return self._store.clone()
+
+    def check(self, keys):
+        self.checks += 1
+        return self._store.check(keys)
+
+
+@pytest.mark.parametrize("clones", [True, False])
+def test_a_decision_is_learnt_as_it_is_stored(clones):
+    """A check's look learns of a decision stored by another rank from a wait the store
+    answers, not by asking the store each look; where the store cannot clone a client for that
+    wait, each look asks it."""
+    from datetime import timedelta
+
+    from torch_ringdist._recovery import _DecisionWatch
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
+    counting = _CountingStore(dist.PrefixStore("check/", server), clones)
+    watch = _DecisionWatch(counting, "decision", patience=5.0)
+    deadline = time.monotonic() + 5.0
+    while clones and not watch._waiting.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(watch.decided() for _ in range(20))
+    asked = counting.checks
+    dist.PrefixStore("check/", server).set("decision", "{}")
+    start = time.monotonic()
+    while not watch.decided():
+        assert time.monotonic() - start < 2.0, "the stored decision was never learnt"
+    assert time.monotonic() - start < 0.5
+    assert (counting.checks == asked == 0) if clones else counting.checks > asked >= 20
+
+
 def abort_healthy(rank, ws, store, dist, torch):
     """3 ranks, all alive; ranks 0 and 1 drop rank 2 with SHRINK_ABORT. The survivors get a
     working group at once (no wait for rank 2 at teardown), subgroups made before are gone,

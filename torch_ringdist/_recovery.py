@@ -93,6 +93,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     if ratios is not None:  # reported before checking in: whoever decides finds it there
         _report_ratios(store, _prefix(pg, done), rank, ratios())
     probe = _probe_dead(pg)  # its round trip (the doors) alongside the check-in's
+    watch = _DecisionWatch(store, decision_key, wait * HEARTBEAT_PATIENCE)
     arrived = _checked_in(store, prefix, size, rank)
     start = looked = time.monotonic()
     decided, elsewhere = False, set()
@@ -116,11 +117,10 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         patience = wait * HEARTBEAT_PATIENCE if away & beating else wait
         if not away - still or time.monotonic() - start >= patience:
             break
-        decided = store.check([decision_key])
+        decided = watch.decided()
         if decided or (settled is not None and settled()):
             break
         probe = _probe_dead(pg)  # the next look's, alongside the check-ins' round trip
-        time.sleep(0.002)
         arrived = _checked_in(store, prefix, size)
     proposal = {"lost": [], "slow": [], "ratios": {}}  # with a decision stored, it stands
     if not (decided or (settled is not None and settled())):
@@ -153,6 +153,45 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
 
 # Ranks per check-in mask: their bits sum within a store counter (int64).
 _MASK_BITS = 63
+
+
+class _DecisionWatch:
+    """Whether a check's decision is stored, learnt without a store round trip per look: a
+    thread waits for the key on a client of its own, and the store answers it as the key is
+    set (a one-way trip after). Until that wait is in place (its client connects first), or
+    where the store cannot clone its client, each look asks the store. The key is always set
+    once the check ends (decide stores or reads the decision), which ends the wait."""
+
+    def __init__(self, store, key: str, patience: float):
+        self._store, self._key = store, key
+        self._waiting = threading.Event()
+        self._set = threading.Event()
+        limit = timedelta(seconds=patience + _WATCH_SLACK_S)
+        threading.Thread(target=self._run, args=(limit,), name="ringdist-decision-watch",
+                         daemon=True).start()
+
+    def _run(self, limit) -> None:
+        try:
+            client = self._store.clone()
+            client.set_timeout(limit)
+            self._waiting.set()
+            client.wait([self._key])
+            self._set.set()
+        except Exception:  # noqa: BLE001 (no clone, store gone, or the wait ran out: ask)
+            self._waiting.clear()
+
+    def decided(self) -> bool:
+        if self._set.is_set():
+            return True
+        if self._waiting.is_set():
+            return self._set.wait(_WATCH_LOOK_S)
+        return bool(self._store.check([self._key]))
+
+
+# A decision watch waits this much longer than the check's longest patience (then its key is
+# long set), and a look waits on it this long for a decision before looking around again.
+_WATCH_SLACK_S = 30.0
+_WATCH_LOOK_S = 0.002
 
 
 # A rank that still beats is waited for this many times longer than `wait` before it counts as
