@@ -569,6 +569,7 @@ SCENARIOS = {
     "wan_tcp_bound_n4_250m.json": (WAN, "the same at 250 Mbit/s, where the line keeps time",
                                    tcp_bound),
     "wan_tcp_bound_n2.json": (WAN, "raw kernel TCP without ringdist, N=2", tcp_bound),
+    "wan_tcp_bound_n2_rerun.json": (WAN, "the same, RTT 100 ms, a second run", tcp_bound),
     "wan_tcp_bound_pair_n2.json": (WAN, "raw kernel TCP, N=2, RTT 100 ms: the pair pattern "
                                    "(ringdist's route there: each host's whole buffer in one "
                                    "round) and the direct exchange's two phases", tcp_bound),
@@ -582,6 +583,20 @@ SCENARIOS = {
     "wan_sealed_plain_alternating_n2.json": (WAN, "the same, sealed and plaintext groups "
                                              "alternating in the same processes (their "
                                              "connections side by side)", wan),
+    "wan_route_pair_n2.json": (WAN, "fp32 allreduce, N=2, RTT 100 ms, the model's route (the pair "
+                               "exchange), alone in its run", wan),
+    "wan_route_pair_n2_rerun.json": (WAN, "the same, a second run", wan),
+    "wan_route_direct_n2.json": (WAN, "the same, the direct exchange's two rounds "
+                                 "(`RINGDIST_ROUTE=direct`), alone in its run (its code not yet "
+                                 "committed)", wan),
+    "wan_route_direct_n2_rerun.json": (WAN, "the same, a second run", wan),
+    "wan_route_direct_n2_rerun2.json": (WAN, "the same, committed, a third run", wan),
+    "wan_route_direct_n2_rerun3.json": (WAN, "the same, a fourth run", wan),
+    "wan_route_pair_n2_rtt10.json": (WAN, "fp32 allreduce, N=2, RTT 10 ms, the model's route, "
+                                     "alone in its run", wan),
+    "wan_route_direct_n2_rtt10.json": (WAN, "the same, the direct exchange (its code not yet "
+                                       "committed)", wan),
+    "wan_route_direct_n2_rtt10_rerun.json": (WAN, "the same, committed, a second run", wan),
     "wan_alone_n2_rtt10.json": (WAN, "fp32 allreduce, N=2, RTT 10 ms, the day of the pair bound",
                                 wan),
     "wan_allreduce_direct_n4_bound_day.json": (WAN, "fp32 allreduce, N=4, RTT 100 ms, the day of "
