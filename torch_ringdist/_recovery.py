@@ -104,14 +104,17 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         # is given longer to come; one whose beat stopped, `wait` as any other (its beats
         # may only be stuck behind a congested link), counted from when its beat fell silent
         # (`still`: silent for that and `wait` more): a check opened later than that gives it
-        # no longer than one opened as it fell silent.
+        # no longer than one opened as it fell silent. A decision stored meanwhile ends it.
+        if watch.stored():
+            decided = True
+            break
         silence = heartbeat.silence(pg) if heartbeat is not None else {}
         beating = {r for r, s in silence.items() if s < heartbeat.silent_after}
         still = {r for r, s in silence.items() if s >= heartbeat.silent_after + wait}
         gone = set(probe.result()) - arrived
         away = set(range(size)) - arrived - gone - elsewhere
         if away and time.monotonic() - looked >= _LOOK_ELSEWHERE:
-            elsewhere |= _alive_elsewhere(store, pg, away, done, behind)
+            elsewhere |= _alive_elsewhere(store, pg, away, done, behind, watch.stored)
             looked = time.monotonic()
         away -= elsewhere
         patience = wait * HEARTBEAT_PATIENCE if away & beating else wait
@@ -179,6 +182,10 @@ class _DecisionWatch:
             self._set.set()
         except Exception:  # noqa: BLE001 (no clone, store gone, or the wait ran out: ask)
             self._waiting.clear()
+
+    def stored(self) -> bool:
+        """Whether the wait saw the decision stored (no store round trip, no wait)."""
+        return self._set.is_set()
 
     def decided(self) -> bool:
         if self._set.is_set():
@@ -306,18 +313,21 @@ _LOOK_ELSEWHERE = 0.25
 
 
 def _alive_elsewhere(store, pg, ranks: set, done: str | None,
-                     behind: tuple[str, str] | None) -> set:
+                     behind: tuple[str, str] | None, decided=None) -> set:
     """Those of ``ranks`` alive on another operation than the check's: they marked the
     operation ``done`` (completed it, then moved on), or checked in at ``behind``'s check of
     the operation before and have not marked that one done (they are still on it). Store round
-    trips: one, and one per rank asked about."""
-    alive = _marked_done(store, pg, done, ranks) if done is not None else set()
-    if behind is not None and ranks - alive:
+    trips: one, and one per rank asked about. ``decided``: a callable; once it returns True
+    the check is decided, and the look ends between two round trips with what it found."""
+    decided = decided or (lambda: False)
+    alive = _marked_done(store, pg, done, ranks, decided) if done is not None else set()
+    if behind is not None and ranks - alive and not decided():
         check, operation = behind
         still = _checked_in(store, _prefix(pg, check), pg.size()) & (ranks - alive)
         # One that checked in there and then completed that operation has moved on: it is not
         # behind, and its absence here counts.
-        alive |= still - _marked_done(store, pg, operation, still)
+        if not decided():
+            alive |= still - _marked_done(store, pg, operation, still, decided)
     return alive
 
 
@@ -325,9 +335,16 @@ def _done_key(pg, operation: str, rank: int) -> str:
     return _prefix(pg, operation) + f"done/{rank}"
 
 
-def _marked_done(store, pg, operation: str, ranks: set) -> set:
-    """Those of ``ranks`` that marked ``operation`` done (mark_done): a round trip each."""
-    return {r for r in ranks if store.check([_done_key(pg, operation, r)])}
+def _marked_done(store, pg, operation: str, ranks: set, decided=None) -> set:
+    """Those of ``ranks`` that marked ``operation`` done (mark_done): a round trip each, until
+    ``decided`` (a callable) returns True."""
+    marked = set()
+    for r in sorted(ranks):
+        if decided is not None and decided():
+            break
+        if store.check([_done_key(pg, operation, r)]):
+            marked.add(r)
+    return marked
 
 
 def _checked_in(store, prefix: str, size: int, rank: int | None = None) -> set:
