@@ -128,7 +128,8 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     proposal = {"lost": [], "slow": [], "ratios": {}}  # with a decision stored, it stands
     if not (decided or (settled is not None and settled())):
         missing = set(range(size)) - arrived - elsewhere
-        missing -= _alive_elsewhere(store, pg, missing - gone, done, behind)
+        # Ended early by a decision stored meanwhile: compare_set below returns that one.
+        missing -= _alive_elsewhere(store, pg, missing - gone, done, behind, watch.stored)
         slow, reported = None, {}
         if ratios is not None and not missing:
             reported = _reported_ratios(store, _prefix(pg, done), size)
