@@ -268,6 +268,9 @@ class _CountingStore:
         self.checks += 1
         return self._store.check(keys)
 
+    def add(self, key, amount):
+        return self._store.add(key, amount)
+
 
 @pytest.mark.parametrize("clones", [True, False])
 def test_a_decision_is_learnt_as_it_is_stored(clones):
@@ -292,6 +295,30 @@ def test_a_decision_is_learnt_as_it_is_stored(clones):
         assert time.monotonic() - start < 2.0, "the stored decision was never learnt"
     assert time.monotonic() - start < 0.5
     assert (counting.checks == asked == 0) if clones else counting.checks > asked >= 20
+
+
+def test_a_look_elsewhere_ends_once_decided(monkeypatch):
+    """The look for ranks alive on another operation asks one rank per store round trip; once
+    the check is decided it asks no more."""
+    from datetime import timedelta
+
+    from torch_ringdist import _recovery
+
+    monkeypatch.setattr(_recovery, "_prefix", lambda pg, key: f"{key}/")
+    _alive_elsewhere = _recovery._alive_elsewhere
+
+    class Group:
+        def size(self):
+            return 4
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
+    counting = _CountingStore(dist.PrefixStore("look/", server))
+    assert _alive_elsewhere(counting, Group(), {1, 2, 3}, "op", None) == set()
+    assert counting.checks == 3
+    counting.checks = 0
+    assert _alive_elsewhere(counting, Group(), {1, 2, 3}, "op", ("op.0", "op"),
+                            lambda: counting.checks >= 1) == set()
+    assert counting.checks == 1
 
 
 def abort_healthy(rank, ws, store, dist, torch):
