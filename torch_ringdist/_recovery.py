@@ -189,11 +189,14 @@ class _DecisionWatch:
         return self._set.is_set()
 
     def decided(self) -> bool:
-        if self._set.is_set():
-            return True
-        if self._waiting.is_set():
+        """Whether the decision is stored, waiting up to _WATCH_LOOK_S for it (asking the
+        store, then pausing that long, where no wait is in place)."""
+        if self._set.is_set() or self._waiting.is_set():
             return self._set.wait(_WATCH_LOOK_S)
-        return bool(self._store.check([self._key]))
+        if self._store.check([self._key]):
+            return True
+        time.sleep(_WATCH_LOOK_S)
+        return False
 
 
 # A decision watch waits this much longer than the check's longest patience (then its key is
