@@ -597,6 +597,12 @@ SCENARIOS = {
     "wan_route_direct_n2_rtt10.json": (WAN, "the same, the direct exchange (its code not yet "
                                        "committed)", wan),
     "wan_route_direct_n2_rtt10_rerun.json": (WAN, "the same, committed, a second run", wan),
+    "wan_allreduce_routes_day.json": (WAN, "fp32 allreduce, N=2 and 4, RTT 100 and 10 ms, routes "
+                                      "by the model, gloo alternating in the same processes "
+                                      "(the guide's table, at a later commit)", wan),
+    "wan_allreduce_2x2_routes_day.json": (WAN, "the same, 2 hosts x 2 ranks", wan),
+    "wan_allreduce_loss_routes_day.json": (WAN, "the same, N=2, RTT 100 ms, 0.1% random loss",
+                                           wan),
     "wan_alone_n2_rtt10.json": (WAN, "fp32 allreduce, N=2, RTT 10 ms, the day of the pair bound",
                                 wan),
     "wan_allreduce_direct_n4_bound_day.json": (WAN, "fp32 allreduce, N=4, RTT 100 ms, the day of "
