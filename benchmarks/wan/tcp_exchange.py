@@ -13,11 +13,11 @@ kernel's TCP and the delay line. Ideal: 2(N-1)/N * 8 * bytes / rate + 2 one-way 
 one flow into each host, the line's rate without N-1 flows meeting at a host; ideal
 2(N-1)/N * 8 * bytes / rate + one one-way trip. --pattern pair (two hosts): each host sends its
 whole buffer to the other at once, as ringdist's pair exchange does; the same bytes as the
-direct exchange in one round (ideal 8 * bytes / rate + one one-way trip). Rounds start together: host 0 answers every
-host's one-byte "ready" once all have sent it and starts --one-way seconds later, as its
-answers arrive. --cc and --buffer as in tcp_stream.py. Each host prints one JSON line: its
-settings and each round's seconds from its start until it sent and received everything (the
-round's time: the largest over the hosts).
+direct exchange in one round (ideal 8 * bytes / rate + one one-way trip). Rounds start
+together: host 0 answers every host's one-byte "ready" once all have sent it and starts
+--one-way seconds later, as its answers arrive. --cc and --buffer as in tcp_stream.py. Each host
+prints one JSON line: its settings and each round's seconds from its start until it sent and
+received everything (the round's time: the largest over the hosts).
 """
 import argparse
 import json
