@@ -95,8 +95,11 @@ def test_diloco_drops_a_silent_rank(record_property):
     report(record_property, "silent_ms", {"failed_after_stop": int(failed_ms),
                                           "back_to_training": int(back_ms)})
     # The check opens once the beat has been still for lost_wait (1 s, read every 0.25 s), not
-    # 5 s into the round's wait, and waits lost_wait for the silent rank's answer, counted
-    # from the first rank's arrival; CI machines are loaded.
-    assert 700 <= int(failed_ms) < 4000 and 700 <= int(back_ms) < 6000, (failed_ms, back_ms)
+    # 5 s into the round's wait, and drops the silent rank once its beat has been still for
+    # two lost_waits, however late the check opened: from the stop to training again takes at
+    # least 2 s less the beat's period (its last beat may precede the stop by 0.25 s); CI
+    # machines are loaded.
+    assert 700 <= int(failed_ms) < 4000 and int(back_ms) < 6000, (failed_ms, back_ms)
+    assert int(failed_ms) + int(back_ms) >= 1700, (failed_ms, back_ms)
     killed = FINAL.findall(run("--nproc", "4", "--kill", "2@35", "--exchange-timeout", "5"))[0]
     assert killed[0] == loss and killed[2:6] == (world, rounds, recoveries, joins), (killed, loss)
