@@ -128,7 +128,7 @@ class DiLoCoState(HookState):
     back, no round runs twice. A peer that goes silent (a hung or stopped process, a cut link)
     fails nothing by itself: with ``exchange_timeout`` a rank whose exchange is still running
     that many seconds after its round began waiting asks who is alive the same way. Every rank
-    waiting for that exchange answers (each looks every 0.5 s); those that do not answer within
+    waiting for that exchange answers (each looks every 0.25 s); those that do not answer within
     ``lost_wait`` are dropped as above. When every rank answers, the exchange is only slow and
     the round waits on: a slow link is waited for (``slow_peer="wait"``). With
     ``slow_peer="drop"`` every rank also reports the rate at which each of its links
@@ -141,8 +141,9 @@ class DiLoCoState(HookState):
     peer whose beat stops for ``lost_wait`` opens the check at once; it is dropped once its beat
     has been still for ``lost_wait`` twice, however late the check began. A rank still
     computing then cannot answer, so ``exchange_timeout + lost_wait`` must exceed how far the
-    ranks' compute drifts apart within a period, and ``lost_wait`` 0.5 s plus a few store round
-    trips.
+    ranks' compute drifts apart within a period, ``lost_wait`` a look (0.25 s) plus a few store
+    round trips, and two ``lost_wait`` the longest a live rank's beats may sit behind its
+    congested link.
     Re-split the data over ``dist.get_world_size()`` after a shrink. Each
     rank keeps a copy of its contribution in flight for this (one more buffer per fragment).
     With DDP, DDP keeps the old group: use :class:`DiLoCoOptimizer`, or a model without
