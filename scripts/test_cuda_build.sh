@@ -7,64 +7,39 @@
 # torch 2.14.1's API), and the C++ package. The host code's full matrix and the slow tests ran
 # in the first stage, which this stage does not repeat.
 #
-#   test_cuda_build.sh [ARGS]          both phases; ARGS go to pytest
-#   test_cuda_build.sh --build-only    the venv and the build (CI runs it beside the suite)
-#   test_cuda_build.sh --check-only    the tests, against the build of this same tree
-#
-# The build compiles a copy of the checkout (scripts/copy_checkout.sh), so it can run while
-# another build or the suite uses the checkout. The venv (about 5.5 GB) is kept in
-# $RINGDIST_CACHE (scripts/build_cache.sh) and reused while torch and
-# scripts/requirements-dev.txt are unchanged; a fresh machine builds it.
+# The venv (about 5.5 GB) is kept in $RINGDIST_CACHE (scripts/build_cache.sh) and reused
+# while torch and scripts/requirements-dev.txt are unchanged; a fresh machine builds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_CUDA_VERSION=${TORCH_CUDA_VERSION:-2.14.1}
 source scripts/build_cache.sh
 
-phase=all
-case "${1:-}" in
-  --build-only) phase=build; shift ;;
-  --check-only) phase=check; shift ;;
-esac
 start=$(date +%s)
 requirements=$(sha1sum scripts/requirements-dev.txt | cut -c1-12)
 VENV=${RINGDIST_CUDA_VENV:-$RINGDIST_CACHE/venv-cuda-torch$TORCH_CUDA_VERSION-$requirements}
 VPY="$VENV/bin/python"
-tree_id=$(bash scripts/copy_checkout.sh --id)  # what the build was built from
-
-if [ "$phase" != check ]; then
-  if [ -f "$VENV/.complete" ] && "$VPY" -c "import torch; assert torch.__version__.startswith('$TORCH_CUDA_VERSION')" 2>/dev/null; then
-    echo "cuda stage: reusing $VENV"
-  else
-    rm -rf "$VENV"
-    "$PY" -m venv "$VENV"
-    # Pinned: the CUDA 13.0 build of torch with its NVIDIA runtime wheels.
-    "$VPY" -m pip install -q "torch==${TORCH_CUDA_VERSION}"
-    "$VPY" -m pip install -q -r scripts/requirements-dev.txt
-    touch "$VENV/.complete"
-  fi
-  echo "cuda stage: venv and torch ready after $(( $(date +%s) - start )) s"
-  rm -f "$VENV/.ringdist-tree"
-  src=$(mktemp -d)
-  trap 'rm -rf "$src"' EXIT
-  bash scripts/copy_checkout.sh "$src"
-  # H100/H200 (sm_90) plus PTX; nvcc as cmake/RingdistCuda.cmake picks it. Paths hashed
-  # relative to the copy, as scripts/build_cache.sh does for the checkout.
-  TORCH_RINGDIST_CUDA=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0+PTX}" \
-    TORCH_RINGDIST_TESTING=1 MAX_JOBS=${MAX_JOBS:-2} CCACHE_BASEDIR="$src" \
-    bash -c 'cd "$1" && "$2" -m pip install -q setuptools==80.9.0 &&
-             "$2" -m pip install -q --no-build-isolation .' _ "$src" "$VPY"
-  echo "$tree_id" >"$VENV/.ringdist-tree"
-  echo "cuda stage: built after $(( $(date +%s) - start )) s"
-  [ "$phase" = build ] && exit 0
+if [ -f "$VENV/.complete" ] && "$VPY" -c "import torch; assert torch.__version__.startswith('$TORCH_CUDA_VERSION')" 2>/dev/null; then
+  echo "cuda stage: reusing $VENV"
+else
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+  # Pinned: the CUDA 13.0 build of torch with its NVIDIA runtime wheels.
+  "$VPY" -m pip install -q "torch==${TORCH_CUDA_VERSION}"
+  "$VPY" -m pip install -q -r scripts/requirements-dev.txt
+  touch "$VENV/.complete"
 fi
+echo "cuda stage: venv and torch ready after $(( $(date +%s) - start )) s"
 
-if [ "$(cat "$VENV/.ringdist-tree" 2>/dev/null)" != "$tree_id" ]; then
-  echo "cuda stage: no build of this tree in $VENV: run scripts/test_cuda_build.sh --build-only first" >&2
-  exit 1
-fi
-"$VPY" -P -c "import torch, torch_ringdist._C as C; assert C.cuda_compiled(), 'CUDA code missing'; print('torch', torch.__version__, '| cuda', torch.version.cuda, '| ringdist CUDA build:', C.cuda_compiled())"
+# H100/H200 (sm_90) plus PTX; nvcc as cmake/RingdistCuda.cmake picks it.
+export TORCH_RINGDIST_CUDA=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0+PTX}"
+export TORCH_RINGDIST_TESTING=1  # the suite's test hooks
 export MAX_JOBS=${MAX_JOBS:-2}
+"$VPY" -m pip install -q setuptools==80.9.0  # the build backend (the venv's own is too old)
+"$VPY" -m pip install -q --no-build-isolation .
+"$VPY" -P -c "import torch, torch_ringdist._C as C; assert C.cuda_compiled(), 'CUDA code missing'; print('torch', torch.__version__, '| cuda', torch.version.cuda, '| ringdist CUDA build:', C.cuda_compiled())"
+echo "cuda stage: built after $(( $(date +%s) - start )) s"
+
 set +e
 # Slow tests (trainings, launches, soaks) test host code and the Python side, which the first
 # stage ran on the same sources; of them only the C++ package's test depends on the build (its
