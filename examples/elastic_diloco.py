@@ -10,7 +10,8 @@ Starts --nproc ranks on this machine (node 0's launcher hosts the store, so any 
 and trains the digits MLP with DiLoCo (``torch_ringdist.hooks.DiLoCoOptimizer``: AdamW inner
 steps, outer Nesterov SGD every --period steps, int8 pseudo-gradients, ``on_failure="shrink"``).
 ``--kill RANK@STEP`` SIGKILLs the process of that (original, global) rank once this node's
-training reaches STEP (the node that runs it acts). The survivors' inner steps do not
+training reaches STEP (the node that runs it acts; the rank waits at STEP for it, so the loss
+lands there however busy the machine). The survivors' inner steps do not
 communicate, so they notice at the next round: its exchange fails, they agree on who is gone,
 shrink the group, redo that round's exchange among themselves with the pseudo-gradients they
 had sent, and train on from where they are: nothing rolls back, no round runs twice.
@@ -19,7 +20,7 @@ fails nothing, so the survivors' round waits --exchange-timeout seconds for its 
 asks who is alive and drops whoever does not answer (the stopped process is killed at the end).
 ``--join STEP`` (node 0): a process started with the others, idle until training reaches STEP
 (so its start-up is not in the figure), asks the job to be admitted
-(``DiLoCoOptimizer.join``); at the end of that period the ranks re-form the group with it, hand
+(``DiLoCoOptimizer.join``; node 0's ranks wait at STEP until it has asked); at the end of that period the ranks re-form the group with it, hand
 it theta_global, the outer momentum and the step counter, and all train on. Every step's global
 batch is the same 64 samples, split over the ranks alive. Rank 0 prints each recovery (the kill,
 the failed exchange, the redo done), each join (the joiner's request, its admission) and the
@@ -92,8 +93,9 @@ def worker(rank, args, port, progress, slot):
     model = make_model()
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
     if rank < 0:
-        store.wait([f"elastic/join_go/{-rank - 1}"])  # the launcher says when
+        store.wait([f"elastic/join_go/{-rank - 1}"])  # a rank at the join's step says when
         started = time.time()
+        store.set(f"elastic/asked/{-rank - 1}", "1")  # its request is the join's first store call
         opt = hooks.DiLoCoOptimizer.join(model, inner, store, timeout=args.timeout)
         store.set(f"elastic/joined/{-rank - 1}", json.dumps([started, time.time()]))
     else:
@@ -104,6 +106,11 @@ def worker(rank, args, port, progress, slot):
                                     on_failure="shrink", lost_wait=args.wait,
                                     exchange_timeout=args.exchange_timeout,
                                     send_ahead=args.send_ahead)
+    # Events land at their steps however late the launcher looks: this rank waits at the step
+    # of its loss for the launcher's signal, and node 0's ranks start each joiner at its step
+    # and wait there until it has asked (so its request is counted where the step says).
+    lost_at = {step for step, r, _ in args.losses if r == rank}
+    joins_at = {step: n for n, step in enumerate(args.join)} if rank >= 0 else {}
     while opt.state.iteration < args.steps:  # an excluded rank rejoins at the job's step
         step = opt.state.iteration
         x, y = batch(train_ds, step, args.seed)
@@ -111,6 +118,11 @@ def worker(rank, args, port, progress, slot):
         F.cross_entropy(model(x), y).backward()
         opt.step()  # every --period steps: the round (and, after a death, the recovery)
         progress.done(slot, step + 1)
+        if step + 1 in joins_at:
+            store.set(f"elastic/join_go/{joins_at[step + 1]}", "1")
+            store.wait([f"elastic/asked/{joins_at[step + 1]}"])
+        while step + 1 in lost_at:  # until the launcher's SIGKILL or SIGSTOP
+            time.sleep(0.01)
     # After the last round (steps a multiple of --period) every survivor holds theta_global.
     with torch.no_grad():
         tx, ty = test_ds.tensors
@@ -162,7 +174,6 @@ def main(argv=None):
         p.start()
     losses = [(step, rank - first, how) for step, rank, how in args.losses
               if first <= rank < first + args.nproc]
-    joins = list(args.join)
     killed = set()
     deadline = time.monotonic() + args.timeout
     # A stopped rank (killed set) is alive but out of the job: it is killed at the end.
@@ -175,9 +186,6 @@ def main(argv=None):
             os.kill(procs[local].pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
             store.add("elastic/alive", -1)
             killed.add(local)
-        if joins and progress.furthest() >= joins[0]:
-            joins.pop(0)
-            store.set(f"elastic/join_go/{len(args.join) - len(joins) - 1}", "1")
         if any(p.exitcode not in (None, 0) for i, p in enumerate(procs) if i not in killed):
             break
         if not running(enumerate(procs[:args.nproc])):
