@@ -19,9 +19,10 @@ had sent, and train on from where they are: nothing rolls back, no round runs tw
 fails nothing, so the survivors' round waits --exchange-timeout seconds for its exchange, then
 asks who is alive and drops whoever does not answer (the stopped process is killed at the end).
 ``--join STEP`` (node 0): a process started with the others, idle until training reaches STEP
-(so its start-up is not in the figure), asks the job to be admitted
-(``DiLoCoOptimizer.join``; node 0's ranks wait at STEP until it has asked); at the end of that period the ranks re-form the group with it, hand
-it theta_global, the outer momentum and the step counter, and all train on. Every step's global
+(so its start-up is not in the figure), asks the job to be admitted (``DiLoCoOptimizer.join``;
+node 0's ranks wait at STEP until it has asked); at the end of that period the ranks re-form
+the group with it, hand it theta_global, the outer momentum and the step counter, and all
+train on. Every step's global
 batch is the same 64 samples, split over the ranks alive. Rank 0 prints each recovery (the kill,
 the failed exchange, the redo done), each join (the joiner's request, its admission) and the
 final loss and accuracy of the model every rank shares. Needs scikit-learn.
