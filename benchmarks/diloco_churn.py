@@ -17,7 +17,8 @@ Every process appends, at every round end, the round number, its world size and 
 of theta_global and the outer momentum to a file of its own. The run fails unless every round
 1..R was completed, each process's rounds follow each other without a gap or a repeat (a joiner's
 first is the one after the round it joined at), and at every round all replicas hold the same
-digest.
+digest. A recovery the schedule did not cause (a live rank dropped) ends the schedule at once,
+and the report names its round.
 
 Then host 1's link runs at a tenth of its rate for --slow-rounds rounds: a slow peer is waited
 for (``--slow-peer wait``), or dropped and let back in --rejoin-after seconds later (``drop``;
@@ -144,6 +145,7 @@ class Run:
         self.records = []
         self._offsets = {}
         self.gone = set()         # hosts whose process was ended on purpose, not yet replaced
+        self.caused = None        # recoveries the schedule has caused (None: not counted)
 
     def spawn(self, host, rank, role="train"):
         log = open(os.path.join(self.dir, f"h{host}-{len(self.records)}-{time.time():.0f}.log"),
@@ -178,6 +180,7 @@ class Run:
         while time.monotonic() < deadline:
             ended = bool(self.procs) and all(p.poll() is not None for p in self.procs.values())
             self.poll()  # after: an ended process's last records are read
+            self.check_recoveries()
             found = predicate()
             if found:
                 return found
@@ -188,14 +191,34 @@ class Run:
             time.sleep(0.05)
         raise TimeoutError(f"no {what} within {limit:.0f} s (last round {self.last_round()})")
 
+    def check_recoveries(self):
+        """Raises OffSchedule once the ranks recorded more recoveries than the schedule caused:
+        a live rank was dropped, and waiting for the next scheduled one would wait out the
+        timeout."""
+        if self.caused is None:
+            return
+        rounds = sorted({r["round"] for r in self.records
+                         if r["event"] == "round" and r["recoveries"]})
+        if len(rounds) > self.caused:
+            lost = next(r["recoveries"][0]["lost"] for r in self.records
+                        if r["event"] == "round" and r["round"] == rounds[self.caused]
+                        and r["recoveries"])
+            raise OffSchedule(f"round {rounds[self.caused]}: ranks {lost} dropped with no loss "
+                              f"of the schedule pending (a live rank excluded)")
+
     def failed(self):
         return {h: p.returncode for h, p in self.procs.items()
                 if p.poll() not in (None, 0) and h not in self.gone}
 
 
-def run_schedule(run, args):
-    """Losses and joins, one host at a time; returns the events with their times."""
-    events, hosts = [], run.wan.n
+class OffSchedule(RuntimeError):
+    """The ranks recovered from a loss the schedule did not cause."""
+
+
+def run_schedule(run, args, events):
+    """Losses and joins, one host at a time; appends the events with their times."""
+    hosts = run.wan.n
+    run.caused = 0
     for k in range(args.losses):
         at = args.first + k * args.every
         if at >= args.rounds - 2:
@@ -205,6 +228,7 @@ def run_schedule(run, args):
         host, how = (k + 1) % hosts, ("kill", "stop")[k % 2]
         victim = run.procs[host]
         run.gone.add(host)
+        run.caused += 1
         t = time.time()
         os.killpg(victim.pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         event = {"loss": k, "host": host, "how": how, "t": t, "round": run.last_round()}
@@ -222,7 +246,7 @@ def run_schedule(run, args):
                                        and r["host"] == host and r["t"] > t],
                               f"the joiner on host {host}", args.timeout)[0]
         event["joined"] = joined
-    return events
+    run.caused = None  # from here on (a slow peer dropped), not counted
 
 
 def round_starts(records):
@@ -339,7 +363,7 @@ def summarize(events, records, args, params):
     admissions = [a for r in records if r["event"] == "round" and r["rank"] == 0
                   for a in r["admissions"]]
     losses = []
-    for e in events:
+    for e in (e for e in events if "recovery" in e):  # an off-schedule drop ends the list early
         rec = e["recovery"]
         back = rec["failed_at"] + rec["seconds"]
         losses.append({"how": e["how"], "host": e["host"],
@@ -398,13 +422,19 @@ def run_and_check(run, args):
     for h in range(args.hosts):
         run.spawn(h, h)
     start = time.monotonic()
-    events = run_schedule(run, args)
-    slowed = slow_link(run, args, run.wan.links[0])
-    run.wait_for(lambda: run.last_round() >= args.rounds, "the last round", args.timeout)
+    events, off_schedule, slowed = [], None, None
+    try:
+        run_schedule(run, args, events)
+        slowed = slow_link(run, args, run.wan.links[0])
+        run.wait_for(lambda: run.last_round() >= args.rounds, "the last round", args.timeout)
+    except OffSchedule as exc:  # reported with the rounds run so far
+        off_schedule = str(exc)
     waiting = end_training(run)
     seconds = time.monotonic() - start
     run.poll()
     check = check_rounds(run.records, args.rounds)
+    if off_schedule:
+        check["problems"].insert(0, off_schedule)
     check["waiting_to_rejoin_at_the_end"] = waiting
     if run.failed():
         check["problems"].append(f"processes failed: {run.failed()}")
