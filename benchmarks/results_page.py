@@ -712,6 +712,8 @@ SCENARIOS = {
     "diloco_churn_wan_n4_look_rerun.json": (DILOCO, "the same, the last look before a proposal "
                                             "too", churn),
     "diloco_churn_wan_n4_look_rerun2.json": (DILOCO, "the same, a second run", churn),
+    "diloco_churn_wan_n4_lost_wait05.json": (DILOCO, "the same with lost_wait 0.5 s: a live rank "
+                                             "excluded ends the run", churn),
     "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
                                                  "20 rounds, 2 losses, 2 joins", churn),
     "diloco_slow_peer_drop_n4.json": (DILOCO, "churn with slow_peer='drop' (36 rounds, 2 losses, "
