@@ -96,7 +96,9 @@ def worker(rank, args, port, progress, slot):
     if rank < 0:
         store.wait([f"elastic/join_go/{-rank - 1}"])  # a rank at the join's step says when
         started = time.time()
-        store.set(f"elastic/asked/{-rank - 1}", "1")  # its request is the join's first store call
+        # join() files the request right after connecting a spare store client (milliseconds),
+        # well before the ranks waiting on this key reach the period's end.
+        store.set(f"elastic/asked/{-rank - 1}", "1")
         opt = hooks.DiLoCoOptimizer.join(model, inner, store, timeout=args.timeout)
         store.set(f"elastic/joined/{-rank - 1}", json.dumps([started, time.time()]))
     else:
