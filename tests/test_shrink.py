@@ -370,6 +370,62 @@ def test_shrink_abort_of_a_healthy_group(tmp_path):
     assert got[2]["seconds"] < 20, got[2]
 
 
+def keeps_links(rank, ws, store, dist, torch):
+    """4 ranks on TCP; rank 1 goes silent (SIGSTOP) and never joins a 32 MB allreduce, which
+    stalls partway (bytes queued and in flight on the survivors' links too), and ranks 0, 2
+    and 3 shrink it away with SHRINK_ABORT, each after its own pause (a survivor's fence may
+    reach another still in the stalled allreduce). Returns which of the survivors' links the new group kept (the same
+    socket: both ends' addresses as before) and whether its allreduces are exact."""
+    init_group(rank, ws, store, dist)
+    old = dist.group.WORLD._get_backend(torch.device("cpu")).links
+    _sum_ok(dist, torch)
+    store.set(f"summed/{rank}", "1")
+    store.wait([f"summed/{r}" for r in range(ws)])
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    stalled = dist.all_reduce(torch.full((8 << 20,), float(rank)), async_op=True)
+    time.sleep(0.5 + 0.2 * rank)
+    start = time.monotonic()
+    dist.shrink_group([1], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+    seconds = time.monotonic() - start
+    try:
+        stalled.wait()
+        error = None
+    except Exception as e:  # noqa: BLE001
+        error = str(e)[:200]
+    links = dist.group.WORLD._get_backend(torch.device("cpu")).links
+    survivors = [0, 2, 3]
+    me = dist.get_rank()
+    kept = {survivors[q]: (links[q]["local"], links[q]["peer"]) ==
+            (old[survivors[q]]["local"], old[survivors[q]]["peer"])
+            for q in range(3) if q != me}
+    n = 1 << 20  # large enough for the ring, the fenced links' first bytes checked exactly
+    t = torch.arange(n, dtype=torch.float32) * (me + 1)
+    dist.all_reduce(t)
+    exact = bool(torch.equal(t, torch.arange(n, dtype=torch.float32) * 6))
+    return {"seconds": seconds, "kept": kept, "stalled_error": error,
+            "sum_ok": _sum_ok(dist, torch), "exact": exact, "size": dist.get_world_size()}
+
+
+@pytest.mark.parametrize("encrypt", ["1", "0"])
+def test_a_shrink_keeps_the_survivors_sealed_links(tmp_path, encrypt):
+    """Sealed links carry on into the shrunk group, fenced past the aborted allreduce's bytes;
+    plaintext links (no records to fence with) connect afresh. Either way the new group's
+    allreduces are exact."""
+    env = {"RINGDIST_TRANSPORT": "tcp", "RINGDIST_TCP_ENCRYPT": encrypt}
+    with Spawned(keeps_links, 4, tmp_path, env=env) as w:
+        got = w.results(120, expect_dead=(1,))
+    for rank in (0, 2, 3):
+        r = got[rank]
+        assert (r["size"], r["sum_ok"], r["exact"]) == (3, True, True), r
+        assert r["stalled_error"], r
+        # A fenced link does not fail the stalled allreduce: the survivor's own shrink ends it.
+        assert "aborted" in r["stalled_error"] or encrypt == "0", r
+        assert set(r["kept"]) == {str(q) for q in (0, 2, 3) if q != rank}, r
+        assert set(r["kept"].values()) == {encrypt == "1"}, r  # all kept, or none
+        assert r["seconds"] < 10, r
+
+
 @pytest.mark.netns
 @pytest.mark.slow
 def test_training_survives_kills_on_four_emulated_hosts(straight):

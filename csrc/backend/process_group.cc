@@ -219,8 +219,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupRingdist::shrink(
                  "this rank is excluded; only the survivors call shrink");
   RD_CHECK_INPUT(static_cast<int>(excluded.size()) < getSize(), "shrink", "every rank excluded");
   RD_CHECK_INPUT((shrinkFlags & ~kShrinkAbort) == 0, "shrink", "unknown flags ", shrinkFlags);
-  if (shrinkFlags & kShrinkAbort) {
-    abort();
+  const bool aborting = (shrinkFlags & kShrinkAbort) != 0;
+  if (aborting) {
+    dumpTrace();
+    worker_->abort(/*keepLinks=*/true);  // the survivors' TCP links may serve the new group
   }
   const int newRank = getRank() - static_cast<int>(std::lower_bound(excluded.begin(),
                                                                     excluded.end(), getRank()) -
@@ -235,6 +237,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupRingdist::shrink(
   const std::string label =
       c10::str("ringdist/shrink", shrinks_++, "/without", c10::Join(",", excluded), "/");
   auto store = c10::make_intrusive<c10d::PrefixStore>(label, store_);
+  // Its operation stopped, the old group hands over its sealed TCP links to survivors: warm
+  // (their congestion windows grown), where a fresh connection across a WAN starts slow.
+  std::vector<std::unique_ptr<Channel>> kept;
+  if (aborting) kept = worker_->releaseLinks(survivors);
   ringdist::Options options = options_;
   options.collectives = worker_->options();  // settings changed since init included
   options.mesh.timeout = std::min(timeout_, std::chrono::milliseconds(options.shrinkTimeout));
@@ -244,7 +250,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupRingdist::shrink(
     shrunk = c10::make_intrusive<ProcessGroupRingdist>(
         store, newRank, newSize, timeout_, options, [&](Rendezvous& rendezvous) {
           return reconnectMesh(rendezvous, *door_, records_, survivors, newRank, label,
-                               options.mesh);
+                               options.mesh, std::move(kept));
         });
   } catch (const std::exception& e) {
     C10_THROW_ERROR(DistBackendError,

@@ -63,7 +63,9 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // proof key derived from this group's and the exclusions (excluded ranks
   // cannot join it), without a store round trip; shared memory and lanes
   // rendezvous under a new store prefix. The old group is left to be
-  // destroyed; with SHRINK_ABORT its queued operations fail first.
+  // destroyed; with SHRINK_ABORT its queued operations fail first, and its
+  // sealed TCP links between survivors carry on into the new group (fenced:
+  // tcp::reconnect) instead of connecting afresh.
   bool supportsShrinking() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> shrink(
       const std::vector<int64_t>& ranksToExclude, int shrinkFlags,

@@ -497,9 +497,9 @@ void Worker::stop() {
   }
 }
 
-void Worker::abort() {
-  waitAtClose_.store(false);  // an abort does not wait for the other ranks
-  comm_->requestAbort();      // nor does the op running now (on the worker or inline)
+void Worker::abort(bool keepLinks) {
+  waitAtClose_.store(false);     // an abort does not wait for the other ranks
+  comm_->requestAbort(keepLinks);  // nor does the op running now (on the worker or inline)
   std::deque<Task> dropped;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -109,8 +109,13 @@ class Worker {
 
   // Runs what is queued, then closes the connections (orderly teardown).
   void stop();
-  // Fails what is queued, then stops without waiting for the other ranks.
-  void abort();
+  // Fails what is queued, then stops without waiting for the other ranks. keepLinks (a
+  // shrink): the links stay open for releaseLinks.
+  void abort(bool keepLinks = false);
+  // After abort(true): Communicator::releaseLinks.
+  std::vector<std::unique_ptr<Channel>> releaseLinks(const std::vector<int>& ranks) {
+    return comm_->releaseLinks(ranks);
+  }
   // The teardown at stop() closes at once instead of waiting for every rank
   // (a shrunk-away group: the excluded ranks never arrive).
   void closeWithoutWaiting() { waitAtClose_.store(false); }

@@ -150,9 +150,23 @@ void Communicator::setUpHierarchy() {
 
 Communicator::~Communicator() { std::free(scratch_); }
 
-void Communicator::requestAbort() {
+void Communicator::requestAbort(bool keepLinks) {
+  if (keepLinks) keepLinks_.store(true);
   abortRequested_.store(true);
   waiter_.interrupt();
+}
+
+std::vector<std::unique_ptr<Channel>> Communicator::releaseLinks(const std::vector<int>& ranks) {
+  std::lock_guard<std::mutex> lock(linksMutex_);
+  std::vector<std::unique_ptr<Channel>> kept(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    auto& link = channels_[static_cast<size_t>(ranks[i])];
+    if (ranks[i] != rank_ && link && link->keepable()) kept[i] = std::move(link);
+  }
+  for (auto& ch : channels_) {
+    if (ch) ch->close();
+  }
+  return kept;
 }
 
 std::vector<int> Communicator::others() const {
@@ -407,6 +421,9 @@ std::string Communicator::abort(const std::string& reason) {
   }
   aborted_ = true;
   abortReason_ = reason;
+  if (keepLinks_.load()) {
+    return abortReason_;  // a shrink: the survivors agreed on it, and it takes the links
+  }
   // One round trip publishes this reason, unless a peer's came first: that one is the root
   // cause to name. Before the links close, so the first rank to fail is the first to publish
   // (the peers it fails are still blocked).
@@ -441,6 +458,7 @@ std::optional<std::string> Communicator::askStore(std::function<std::string(Rend
 }
 
 std::vector<int> Communicator::deadPeers() const {
+  std::lock_guard<std::mutex> lock(linksMutex_);
   std::vector<int> dead;
   for (int r = 0; r < size_; ++r) {
     if (channels_[r] && channels_[r]->peerDead()) dead.push_back(r);
@@ -449,6 +467,7 @@ std::vector<int> Communicator::deadPeers() const {
 }
 
 std::vector<Channel::SendTotals> Communicator::sendTotals() const {
+  std::lock_guard<std::mutex> lock(linksMutex_);
   std::vector<Channel::SendTotals> totals(static_cast<size_t>(size_));  // lanes after size_
   for (size_t r = 0; r < totals.size(); ++r) {
     if (!channels_[r]) continue;
@@ -464,6 +483,7 @@ std::vector<Channel::SendTotals> Communicator::sendTotals() const {
 }
 
 int Communicator::capSendRate(uint64_t bytesPerSecond) {
+  std::lock_guard<std::mutex> lock(linksMutex_);
   int capped = 0;
   for (size_t r = 0; r < static_cast<size_t>(size_); ++r) {
     if (!channels_[r]) continue;
@@ -510,6 +530,9 @@ void Communicator::close(std::chrono::milliseconds maxWait) {
     } catch (const std::exception& e) {
       logDebug(strCat("rank ", rank_, ": teardown barrier skipped: ", e.what()));
     }
+  }
+  if (keepLinks_.load()) {
+    return;  // releaseLinks closes those a shrink does not keep
   }
   for (auto& ch : channels_) {
     if (ch) {

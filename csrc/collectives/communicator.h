@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -170,7 +171,13 @@ class Communicator {
   void throwIfStopped();
   // Any thread: the running operation (and every later wait) fails at its
   // next wait with "aborted", instead of waiting for peers that may never come.
-  void requestAbort();
+  // With keepLinks (a shrink), the abort and the close after it leave every link
+  // open for releaseLinks; without, the abort closes them (the peers fail too).
+  void requestAbort(bool keepLinks = false);
+  // Once no operation runs (the worker stopped after requestAbort(true)): the links
+  // to `ranks` that a shrunk group may keep (Channel::keepable), by position in
+  // `ranks` (null where none); every other link is closed.
+  std::vector<std::unique_ptr<Channel>> releaseLinks(const std::vector<int>& ranks);
 
   // The board (board.h): every collective publishes its header there.
   bool hasBoard() const { return board_.exists(); }
@@ -312,6 +319,9 @@ class Communicator {
   std::atomic<bool> storeSilent_{false};
   bool closed_ = false;
   std::atomic<bool> abortRequested_{false};
+  std::atomic<bool> keepLinks_{false};
+  // Held by the any-thread calls that read channels_ and by releaseLinks, which empties some.
+  mutable std::mutex linksMutex_;
   std::string abortReason_;
   // After channels_, which they read.
   Waiter waiter_;

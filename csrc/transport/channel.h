@@ -173,6 +173,11 @@ class Channel {
 
   // Drops the connection at once (abort). Idempotent.
   virtual void close() = 0;
+  // Whether a shrunk group may keep this link (its transport can fence it: TCP
+  // with sealed records, still open); see TcpChannel::beginFence.
+  virtual bool keepable() const { return false; }
+  // The peer's rank in the group the link serves from now on (a shrink renumbers).
+  virtual void renumber(int peer) { peer_ = peer; }
 
   // Payload and header bytes moved so far (statistics).
   uint64_t bytesSent() const { return bytesSent_; }
@@ -180,7 +185,7 @@ class Channel {
 
  protected:
   explicit Channel(int peer) : peer_(peer) {}
-  const int peer_;
+  int peer_;
   uint64_t bytesSent_ = 0;
   uint64_t bytesReceived_ = 0;
 };

@@ -272,9 +272,10 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
 
 Mesh reconnectMesh(Rendezvous& rendezvous, const tcp::Door& door,
                    const std::vector<PeerRecord>& records, const std::vector<int>& members,
-                   int rank, const std::string& label, const MeshOptions& options) {
+                   int rank, const std::string& label, const MeshOptions& options,
+                   std::vector<std::unique_ptr<Channel>> kept) {
   Mesh mesh = emptyMesh(rank, static_cast<int>(members.size()));
-  mesh.channels = tcp::reconnect(door, members, rank, label, options, &mesh.door);
+  mesh.channels = tcp::reconnect(door, members, rank, label, options, &mesh.door, std::move(kept));
   for (int member : members) mesh.records.push_back(records[static_cast<size_t>(member)]);
   finishMesh(rendezvous, rank, options, mesh);
   return mesh;

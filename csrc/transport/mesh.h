@@ -54,9 +54,11 @@ Mesh connectMesh(Rendezvous& rendezvous, int rank, int size, const MeshOptions& 
 // order; this rank is members[rank]): their TCP links through the doors, under a proof key
 // derived with `label` (tcp::reconnect), the records as they were, and the stages after as in
 // connectMesh (shared memory, lanes: through `rendezvous`, which must be the new group's own).
+// `kept` (by new rank, null where none): the old group's links that may stay (tcp::reconnect).
 Mesh reconnectMesh(Rendezvous& rendezvous, const tcp::Door& door,
                    const std::vector<PeerRecord>& records, const std::vector<int>& members,
-                   int rank, const std::string& label, const MeshOptions& options);
+                   int rank, const std::string& label, const MeshOptions& options,
+                   std::vector<std::unique_ptr<Channel>> kept);
 
 // The ranks among `peers` (on TCP) whose host refused a connect at their door within `limit`:
 // their processes are gone (tcp::goneBehind).

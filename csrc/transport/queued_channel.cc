@@ -139,4 +139,10 @@ void QueuedChannel::clearQueues() {
   recvs_.clear();
 }
 
+void QueuedChannel::dropQueued() {
+  clearQueues();
+  sendsDone_ = sendsPosted_;
+  recvsDone_ = recvsPosted_;
+}
+
 }  // namespace ringdist

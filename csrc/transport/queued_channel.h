@@ -77,6 +77,9 @@ class QueuedChannel : public Channel {
   bool credit(std::deque<Request>& queue, size_t bytes, int posts);
   // Drops everything queued (abort).
   void clearQueues();
+  // Drops everything queued and counts it as done, so the tickets of later
+  // posts complete (a link kept for a shrunk group).
+  void dropQueued();
 
   std::deque<Request> sends_;
   std::deque<Request> recvs_;

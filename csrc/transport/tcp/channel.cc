@@ -244,5 +244,40 @@ void TcpChannel::close() {
   clearQueues();
 }
 
+void TcpChannel::renumber(int peer) {
+  QueuedChannel::renumber(peer);
+  if (reader_ != nullptr) {
+    reader_->rename(strCat("rank ", peer, " (", peerAddress(socket_.fd()).toString(), ")"));
+  }
+}
+
+void TcpChannel::beginFence(const uint8_t* digest) {
+  RINGDIST_CHECK(keepable(), "ringdist: the link to rank ", peer_, " cannot be fenced");
+  dropQueued();
+  stagedBytes_ = 0;
+  writer_->dropSends();
+  std::memcpy(fenceDigest_, digest, kFenceBytes);
+  fenceSealed_ = fenceWritten_ = fenceRead_ = false;
+}
+
+bool TcpChannel::progressFence() {
+  while (!fenceWritten_) {
+    const int flushed = writer_->flush(socket_.fd());
+    if (flushed < 0) fail("send (fence)", errno);
+    if (flushed == 0) break;
+    fenceWritten_ = fenceSealed_;
+    if (!fenceSealed_) {
+      writer_->sealFence(fenceDigest_);
+      fenceSealed_ = true;
+    }
+  }
+  if (!fenceRead_) fenceRead_ = reader_->skipToFence(socket_.fd(), fenceDigest_);
+  return fenceWritten_ && fenceRead_;
+}
+
+short TcpChannel::fenceEvents() const {
+  return static_cast<short>(POLLRDHUP | (fenceRead_ ? 0 : POLLIN) | (fenceWritten_ ? 0 : POLLOUT));
+}
+
 }  // namespace tcp
 }  // namespace ringdist

@@ -38,6 +38,20 @@ class TcpChannel final : public QueuedChannel {
   uint32_t roundTripUs() const override { return minRoundTripUs(socket_.fd()); }
   void close() override;
   std::map<std::string, std::string> details() const override { return details_; }
+  bool keepable() const override { return writer_ != nullptr && socket_.valid(); }
+  void renumber(int peer) override;
+
+  // A link kept for a shrunk group (keepable()): both ends stop where the aborted group left
+  // the stream, drop what it queued, write the records already sealed (the reader counts
+  // them), then a fence carrying `digest`, and read and drop the peer's bytes up to its
+  // fence. After both fences the link is the shrunk group's, its congestion window and round
+  // trip estimate intact (a fresh connection across a WAN starts slow: seconds of slow
+  // start for a round's bytes). beginFence, then progressFence until it returns true, polling
+  // fenceEvents() on incomingFd(); progressFence throws if the peer closed or fenced for another
+  // group.
+  void beginFence(const uint8_t* digest);
+  bool progressFence();
+  short fenceEvents() const;
 
  private:
   // Receive-reduce reads into this staging buffer, then combines whole
@@ -68,6 +82,11 @@ class TcpChannel final : public QueuedChannel {
   std::map<std::string, std::string> details_;  // as the socket reported it when connected
   std::unique_ptr<RecordWriter> writer_;  // both null on a plaintext link
   std::unique_ptr<RecordReader> reader_;
+  // A fence (beginFence): its digest, and how far it got.
+  uint8_t fenceDigest_[kFenceBytes] = {};
+  bool fenceSealed_ = false;
+  bool fenceWritten_ = false;
+  bool fenceRead_ = false;
   std::vector<char> staging_;
   size_t stagedBytes_ = 0;  // a partial element carried to the next read
 };

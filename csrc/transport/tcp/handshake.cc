@@ -480,21 +480,93 @@ std::vector<std::unique_ptr<Channel>> connectAll(Rendezvous& rendezvous, int ran
   return channels;
 }
 
+namespace {
+
+// Fences the kept links (TcpChannel::beginFence) all at once, so no end waits on a peer that
+// is busy fencing another link, under a digest of the new group's key, and renumbers each to
+// its new rank. A link whose fence fails, or has not passed by `deadline`, is closed and
+// dropped from `kept` (that pair connects afresh).
+void fenceKept(const std::vector<uint8_t>& key, Clock::time_point deadline,
+               std::vector<std::unique_ptr<Channel>>& kept) {
+  static const char kFenceLabel[] = "ringdist/fence";
+  const Digest digest = hmacSha256(key.data(), key.size(),
+                                   reinterpret_cast<const uint8_t*>(kFenceLabel),
+                                   sizeof kFenceLabel - 1);
+  std::vector<TcpChannel*> fencing(kept.size(), nullptr);
+  for (size_t peer = 0; peer < kept.size(); ++peer) {
+    auto* link = dynamic_cast<TcpChannel*>(kept[peer].get());
+    if (link == nullptr || !link->keepable()) {
+      kept[peer].reset();
+      continue;
+    }
+    link->renumber(static_cast<int>(peer));
+    link->beginFence(digest.data());
+    fencing[peer] = link;
+  }
+  auto drop = [&](size_t peer, const char* why) {
+    logDebug(strCat("ringdist shrink: the link to rank ", peer, " is connected afresh: ", why));
+    kept[peer]->close();
+    kept[peer].reset();
+    fencing[peer] = nullptr;
+  };
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> of;
+    for (size_t peer = 0; peer < fencing.size(); ++peer) {
+      if (fencing[peer] == nullptr) continue;
+      try {
+        if (fencing[peer]->progressFence()) {
+          fencing[peer] = nullptr;
+          continue;
+        }
+      } catch (const std::exception& e) {
+        drop(peer, e.what());
+        continue;
+      }
+      fds.push_back({fencing[peer]->incomingFd(), fencing[peer]->fenceEvents(), 0});
+      of.push_back(peer);
+    }
+    if (fds.empty()) return;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      for (size_t peer : of) drop(peer, "its fence did not arrive in time");
+      return;
+    }
+    ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left, kAcceptPollMs)));
+  }
+}
+
+}  // namespace
+
 std::vector<std::unique_ptr<Channel>> reconnect(const Door& door, const std::vector<int>& members,
                                                 int rank, const std::string& label,
                                                 const MeshOptions& options,
-                                                std::shared_ptr<Door>* newDoor) {
+                                                std::shared_ptr<Door>* newDoor,
+                                                std::vector<std::unique_ptr<Channel>> kept) {
+  const auto deadline = Clock::now() + options.timeout;
   const Digest derived = hmacSha256(door.key.data(), door.key.size(),
                                     reinterpret_cast<const uint8_t*>(label.data()), label.size());
   auto next = std::make_shared<Door>(Door{door.listener, door.self, door.tuning,
                                           std::vector<uint8_t>(derived.begin(), derived.end()), {}});
   for (int member : members) next->addresses.push_back(door.addresses[static_cast<size_t>(member)]);
-  const int size = static_cast<int>(members.size());
-  std::vector<bool> everyone(static_cast<size_t>(size), true);
-  everyone[static_cast<size_t>(rank)] = false;
+  const size_t size = members.size();
+  kept.resize(size);
+  fenceKept(next->key, deadline, kept);
+  std::vector<bool> wanted(size);  // the pairs without a kept link connect
+  for (size_t peer = 0; peer < size; ++peer) {
+    wanted[peer] = peer != static_cast<size_t>(rank) && !kept[peer];
+  }
+  MeshOptions rest = options;  // within the same deadline as the fences
+  rest.timeout = std::max(std::chrono::milliseconds(1),
+                          std::chrono::duration_cast<std::chrono::milliseconds>(
+                              deadline - Clock::now()));
   auto channels = connectThrough(
-      *door.listener, door.tuning, next->key, rank, size, options, everyone,
+      *door.listener, door.tuning, next->key, rank, static_cast<int>(size), rest, wanted,
       std::vector<Address>(next->addresses.begin(), next->addresses.begin() + rank));
+  for (size_t peer = 0; peer < size; ++peer) {
+    if (kept[peer]) channels[peer] = std::move(kept[peer]);
+  }
   *newDoor = std::move(next);
   return channels;
 }

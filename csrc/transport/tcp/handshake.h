@@ -65,11 +65,16 @@ struct Door {
 // members[rank]) to each other through their doors, with the handshake above under a proof
 // key derived from the group's and `label` (the same on every member, another for each new
 // group: a rank given another label, or left out, cannot join). No store round trip: the
-// connects and handshakes alone. Returns the channels by new rank and the new group's door.
+// connects and handshakes alone. `kept` (by new rank; null where none): the old group's
+// links to members, open and sealed (Channel::keepable), which stay the group's once both
+// ends fenced them under a digest of the new key; a pair whose fence fails (the peer closed
+// its end) connects afresh, as do pairs without a kept link. Returns the channels by new
+// rank and the new group's door.
 std::vector<std::unique_ptr<Channel>> reconnect(const Door& door, const std::vector<int>& members,
                                                 int rank, const std::string& label,
                                                 const MeshOptions& options,
-                                                std::shared_ptr<Door>* newDoor);
+                                                std::shared_ptr<Door>* newDoor,
+                                                std::vector<std::unique_ptr<Channel>> kept);
 
 // The ranks among `peers` whose door refused a connect within `limit` (see connectsRefused).
 std::vector<int> goneBehind(const Door& door, const std::vector<int>& peers,

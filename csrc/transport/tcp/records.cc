@@ -71,13 +71,7 @@ void RecordWriter::seal(const iovec* iov, int count, size_t offset, size_t bytes
   }
   while (bytes > 0) {
     const size_t length = std::min(bytes, kMaxRecordBytes);
-    uint8_t* record = out_.get() + outEnd_;
-    outEnd_ += kRecordOverhead + length;
-    for (size_t b = 0; b < kRecordHeaderBytes; ++b) {
-      record[b] = static_cast<uint8_t>(length >> (8 * b));
-    }
-    aead_.begin(nonceOf(number_++).data(), record, kRecordHeaderBytes);
-    uint8_t* out = record + kRecordHeaderBytes;
+    uint8_t* out = beginRecord(static_cast<uint32_t>(length));
     for (size_t left = length; left > 0;) {
       const size_t piece = std::min(left, iov[i].iov_len - offset);
       aead_.update(static_cast<const char*>(iov[i].iov_base) + offset, out, piece);
@@ -95,36 +89,91 @@ void RecordWriter::seal(const iovec* iov, int count, size_t offset, size_t bytes
   }
 }
 
+uint8_t* RecordWriter::beginRecord(uint32_t field) {
+  uint8_t* record = out_.get() + outEnd_;
+  outEnd_ += kRecordOverhead + (field & ~kFenceBit);
+  for (size_t b = 0; b < kRecordHeaderBytes; ++b) {
+    record[b] = static_cast<uint8_t>(field >> (8 * b));
+  }
+  aead_.begin(nonceOf(number_++).data(), record, kRecordHeaderBytes);
+  return record + kRecordHeaderBytes;
+}
+
+int RecordWriter::flush(int fd) {
+  while (sent_ < outEnd_) {
+    ssize_t n = ::send(fd, out_.get() + sent_, outEnd_ - sent_, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) return wouldBlock(errno) ? 0 : -1;
+    sent_ += static_cast<size_t>(n);
+  }
+  outEnd_ = sent_ = 0;
+  records_.clear();
+  return 1;
+}
+
+void RecordWriter::sealFence(const uint8_t* digest) {
+  RINGDIST_CHECK(outEnd_ == 0, "a fence sealed behind unwritten records");
+  uint8_t* out = beginRecord(static_cast<uint32_t>(kFenceBytes) | kFenceBit);
+  aead_.update(digest, out, kFenceBytes);
+  aead_.seal(out + kFenceBytes);
+}
+
 // ---------------------------------------------------------------- reader
+
+uint32_t RecordReader::nextField() const {
+  uint32_t field = 0;
+  for (size_t b = 0; b < kRecordHeaderBytes; ++b) {
+    field |= static_cast<uint32_t>(in_[inStart_ + b]) << (8 * b);
+  }
+  return field;
+}
 
 bool RecordReader::recordArrived() const {
   const size_t have = inEnd_ - inStart_;
   if (have < kRecordHeaderBytes) return false;
-  size_t length = 0;
-  for (size_t b = 0; b < kRecordHeaderBytes; ++b) {
-    length |= static_cast<size_t>(in_[inStart_ + b]) << (8 * b);
-  }
+  const size_t length = nextField() & ~kFenceBit;
   // An impossible length counts as arrived: opening it fails authentication.
   return length == 0 || length > kMaxRecordBytes || have >= length + kRecordOverhead;
 }
 
 size_t RecordReader::nextLength() {
-  size_t length = 0;
-  for (size_t b = 0; b < kRecordHeaderBytes; ++b) {
-    length |= static_cast<size_t>(in_[inStart_ + b]) << (8 * b);
-  }
+  const size_t length = nextField();  // a fence's bit makes it too long: not data
   if (length == 0 || length > kMaxRecordBytes) failAuthentication();
   return length;
 }
 
-void RecordReader::open(uint8_t* out) {
-  const size_t length = nextLength();
+void RecordReader::open(uint8_t* out) { openRecord(out, nextLength()); }
+
+void RecordReader::openRecord(uint8_t* out, size_t length) {
   const uint8_t* record = in_.get() + inStart_;
   aead_.begin(nonceOf(number_++).data(), record, kRecordHeaderBytes);
   aead_.update(record + kRecordHeaderBytes, out, length);
   if (!aead_.open(record + kRecordHeaderBytes + length)) failAuthentication();
   inStart_ += length + kRecordOverhead;
   if (inStart_ == inEnd_) inStart_ = inEnd_ = 0;
+}
+
+bool RecordReader::skipToFence(int fd, const uint8_t* digest) {
+  if (failed_) failAuthentication();
+  plainStart_ = plainEnd_ = 0;  // opened for the aborted group's receives
+  for (;;) {
+    if (recordArrived()) {
+      const uint32_t field = nextField();
+      if (field != (kFenceBytes | kFenceBit)) {
+        open(plain_.get());  // the aborted group's bytes: authenticated, then dropped
+        continue;
+      }
+      uint8_t theirs[kFenceBytes];
+      openRecord(theirs, kFenceBytes);
+      RINGDIST_CHECK(std::memcmp(theirs, digest, kFenceBytes) == 0, peer_,
+                     " fenced the link for another group: the survivors were given different "
+                     "ranks to exclude");
+      return true;
+    }
+    const ssize_t n = fill(fd);
+    if (n == 0) RINGDIST_FAIL("connection to ", peer_, " closed by the peer (fence)");
+    if (n < 0 && wouldBlock(errno)) return false;
+    if (n < 0) RINGDIST_FAIL("connection to ", peer_, " failed (fence): ", std::strerror(errno));
+  }
 }
 
 ssize_t RecordReader::fill(int fd) {
@@ -166,6 +215,8 @@ ssize_t RecordReader::readv(int fd, const iovec* iov, int count) {
       plainStart_ += n;
       if (plainStart_ == plainEnd_) plainStart_ = plainEnd_ = 0;
       advance(n);
+    } else if (fenceAhead()) {
+      break;  // the peer's last bytes of this group (records.h)
     } else if (recordArrived()) {
       const size_t length = nextLength();
       if (iov[i].iov_len - at >= length) {  // straight into the receive
@@ -197,7 +248,9 @@ bool RecordReader::peek(int fd, void* dst, size_t bytes) {
   bool readSocket = false;
   RINGDIST_CHECK(bytes <= kMaxRecordBytes, "peek of ", bytes, " bytes");
   while (plainEnd_ - plainStart_ < bytes) {
-    if (recordArrived()) {
+    if (fenceAhead()) {
+      return false;
+    } else if (recordArrived()) {
       // What is left (less than `bytes`) moves to the front, the next record after it.
       std::memmove(plain_.get(), plain_.get() + plainStart_, plainEnd_ - plainStart_);
       plainEnd_ -= plainStart_;

@@ -29,6 +29,12 @@ namespace tcp {
 // A record holds what the sender had queued when it sealed, up to
 // kMaxRecordBytes: a small message and its header are one record in one
 // packet, a large transfer is cut into full records.
+//
+// A fence is a record with kFenceBit set in its length (authenticated with
+// it): where a link kept for a shrunk group (TcpChannel::beginFence) ends the
+// aborted group's bytes. readv and peek stop at a fence, as if nothing more had
+// arrived: the peer shrank first, and this end's operation of the old group
+// waits on (it is stalled) until this rank's own shrink aborts it and fences.
 
 // Large enough that the per-record costs (a nonce, a tag, 20 bytes of
 // framing) vanish next to the sealing itself, small enough to stay in L2 and
@@ -36,6 +42,9 @@ namespace tcp {
 constexpr size_t kMaxRecordBytes = 64 * 1024;
 constexpr size_t kRecordHeaderBytes = 4;
 constexpr size_t kRecordOverhead = kRecordHeaderBytes + Aead::kTagBytes;
+constexpr uint32_t kFenceBit = 0x80000000u;
+// A fence's plaintext: a digest both ends derive from the shrunk group's key.
+constexpr size_t kFenceBytes = 32;
 
 // The keys of one connection, one per direction (derived in the handshake).
 struct SessionKeys {
@@ -54,10 +63,23 @@ class RecordWriter {
   // with errno (EAGAIN: none). The rest of a record partly written stays
   // here: the caller calls again with iov starting where the count ended.
   ssize_t writev(int fd, const iovec* iov, int count);
+  // For a fence: forgets which sends the records sealed so far carry (those
+  // sends are dropped) but keeps their bytes, which must still be written
+  // (the reader counts records). Then flush() writes them.
+  void dropSends() { records_.clear(); }
+  // Writes what is sealed; 1 once nothing is left, 0 if the socket is full,
+  // -1 with errno.
+  int flush(int fd);
+  // Seals a fence carrying `digest` (kFenceBytes); only once flush() left
+  // nothing.
+  void sealFence(const uint8_t* digest);
 
  private:
   // Seals `bytes` of iov from `offset` on into records at the end of out_.
   void seal(const iovec* iov, int count, size_t offset, size_t bytes);
+  // Writes a record's length field (`field`) at the end of out_ and begins
+  // sealing it; returns where its ciphertext goes.
+  uint8_t* beginRecord(uint32_t field);
 
   // Most plaintext sealed ahead of the socket per writev: a few records.
   static constexpr size_t kSealAheadBytes = 4 * kMaxRecordBytes;
@@ -91,14 +113,31 @@ class RecordReader {
   bool peek(int fd, void* dst, size_t bytes);
   // Whether plaintext, or a whole record, waits here: bytes already off the
   // socket, which a poll of it would not announce.
-  bool buffered() const { return plainStart_ < plainEnd_ || recordArrived(); }
+  bool buffered() const {
+    return plainStart_ < plainEnd_ || (recordArrived() && !fenceAhead());
+  }
+  // For a fence: drops every plaintext byte and record up to the peer's fence,
+  // reading the socket until it has no more. True once the fence is read (the
+  // records after it stay for the next receive); false if it has not arrived.
+  // Throws when the peer closed, the read failed, or the fence carries another
+  // digest than `digest` (the peer shrank to another group).
+  bool skipToFence(int fd, const uint8_t* digest);
+  void rename(std::string peer) { peer_ = std::move(peer); }
 
  private:
+  // The length field of the record at the front of in_ (kRecordHeaderBytes there).
+  uint32_t nextField() const;
+  // Whether the record at the front of in_ is a fence.
+  bool fenceAhead() const {
+    return inEnd_ - inStart_ >= kRecordHeaderBytes && (nextField() & kFenceBit) != 0;
+  }
   bool recordArrived() const;
   // The plaintext length of the record at the front of in_ (checked).
   size_t nextLength();
   // Opens the record at the front of in_ into out (nextLength() bytes).
   void open(uint8_t* out);
+  // Opens the record at the front of in_, of `length` plaintext bytes, into out.
+  void openRecord(uint8_t* out, size_t length);
   // One recv(2) into in_: its result.
   ssize_t fill(int fd);
   [[noreturn]] void failAuthentication();
@@ -110,7 +149,7 @@ class RecordReader {
   static constexpr size_t kPlainBytes = 2 * kMaxRecordBytes;
 
   Aead aead_;
-  const std::string peer_;
+  std::string peer_;
   uint64_t number_ = 0;  // of the next record
   bool failed_ = false;
   std::unique_ptr<uint8_t[]> in_;  // in_[inStart_..inEnd_): ciphertext not opened yet
