@@ -211,32 +211,38 @@ def test_a_rank_that_checked_in_at_the_check_before_is_behind_only_until_it_mark
 
 class _StillBeat:
     """A heartbeat (what decide reads of _recovery.Heartbeat) in which rank `rank`'s beat has
-    not moved for `seconds`, with silent_after 1 s."""
+    not moved for `seconds`, with silent_after 1 s, its links `quiet` (no data) or not."""
     silent_after = 1.0
 
-    def __init__(self, rank, seconds):
-        self.rank, self.seconds = rank, seconds
+    def __init__(self, rank, seconds, quiet=False):
+        self.rank, self.seconds, self._quiet = rank, seconds, quiet
 
     def silence(self, group):
         return {self.rank: self.seconds}
 
+    def quiet(self, group, rank, seconds):
+        return self._quiet and rank == self.rank
+
 
 def silent_for_long(rank, ws, store, dist, torch):
-    """3 ranks; rank 2 stays away from two checks (alive, asleep). Ranks 0 and 1 decide with a
+    """3 ranks; rank 2 stays away from four checks (alive, asleep). Ranks 0 and 1 decide with a
     heartbeat in which rank 2's beat has been still for 10 s (silent_after 1 s + wait 3 s long
-    past: decided without waiting) and then for 1.5 s (silent, its wait not yet had: the
-    decision waits `wait` for it)."""
+    past: decided without waiting), for 1.5 s (silent, its wait not yet had: the decision
+    waits `wait` for it), for 2 s with its links quiet (past silent_after + QUICK_WAIT x wait:
+    decided at once) and for 1.5 s with its links quiet (not yet: waits)."""
     from torch_ringdist._recovery import decide
 
     init_group(rank, ws, store, dist)
     out = {}
-    for key, seconds in (("long", 10.0), ("short", 1.5)):
+    for key, seconds, quiet in (("long", 10.0, False), ("short", 1.5, False),
+                                ("quiet", 2.0, True), ("quiet_short", 1.5, True)):
         dist.barrier()
         if rank == 2:
             time.sleep(4.0)  # away from the check
             continue
         start = time.monotonic()
-        out[key] = decide(None, wait=3.0, key=key, heartbeat=_StillBeat(2, seconds))["lost"]
+        out[key] = decide(None, wait=3.0, key=key,
+                          heartbeat=_StillBeat(2, seconds, quiet))["lost"]
         out[key + "_s"] = time.monotonic() - start
     return out
 
@@ -244,13 +250,59 @@ def silent_for_long(rank, ws, store, dist, torch):
 def test_a_rank_silent_for_its_whole_wait_is_not_waited_for_again(tmp_path):
     """A check that begins after a rank's beat has been still for silent_after + wait decides
     at once: waiting `wait` more from the check's start would give it longer than a check begun
-    as it fell silent."""
+    as it fell silent. With its links quiet too, silent_after + QUICK_WAIT x wait is enough."""
     with Spawned(silent_for_long, 3, tmp_path) as w:
         got = w.results(120)
     for rank in (0, 1):
         r = got[rank]
         assert r["long"] == [2] and r["long_s"] < 1.5, r
         assert r["short"] == [2] and r["short_s"] >= 3.0, r
+        assert r["quiet"] == [2] and r["quiet_s"] < 1.5, r
+        assert r["quiet_short"] == [2] and r["quiet_short_s"] >= 3.0, r
+
+
+def quiet_links(rank, ws, store, dist, torch):
+    """3 ranks on TCP, each with a Heartbeat; rank 2 goes silent (SIGSTOP) while ranks 0 and 1
+    keep exchanging messages on the group's links. Returns what each survivor's heartbeat
+    says of rank 2 and of the other survivor."""
+    from torch_ringdist._collectives import ringdist_backend
+    from torch_ringdist._recovery import Heartbeat
+
+    init_group(rank, ws, store, dist)
+    beat = Heartbeat(lambda: dist.group.WORLD, 0.5, lambda: True)
+    _sum_ok(dist, torch)
+    time.sleep(1.0)  # every rank has beaten and been read
+    store.set(f"summed/{rank}", "1")
+    store.wait([f"summed/{r}" for r in range(ws)])
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    other, t = 1 - rank, torch.zeros(16)
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:  # the survivors' links carry data; rank 2's do not
+        if rank == 0:
+            dist.send(t, other)
+            dist.recv(t, other)
+        else:
+            dist.recv(t, other)
+            dist.send(t, other)
+        time.sleep(0.01)
+    silent, beating = beat.view(None)
+    out = {"silent": sorted(silent), "beating": sorted(beating),
+           "quiet_2": beat.quiet(None, 2, 1.0), "quiet_other": beat.quiet(None, other, 0.2),
+           "own": ringdist_backend(None)._link_quiet_ms()}
+    beat.stop()
+    return out
+
+
+def test_a_silent_ranks_links_are_quiet_and_a_live_ones_are_not(tmp_path):
+    with Spawned(quiet_links, 3, tmp_path, env={"RINGDIST_TRANSPORT": "tcp"}) as w:
+        got = w.results(120, expect_dead=(2,))
+    for rank in (0, 1):
+        r = got[rank]
+        assert r["silent"] == [2] and r["beating"] == [1 - rank], r
+        assert r["quiet_2"] is True and r["quiet_other"] is False, r
+        own = r["own"]
+        assert own[rank] == -1 and own[2] >= 1500 and 0 <= own[1 - rank] < 500, r
 
 
 class _CountingStore:

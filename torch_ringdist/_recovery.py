@@ -79,7 +79,10 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     ``heartbeat`` (this group's): a rank that still beats is alive (still computing: the
     decision waits for it, up to ``HEARTBEAT_PATIENCE`` times ``wait``); one whose beat has
     been still for the heartbeat's ``silent_after`` and ``wait`` more has had its wait, however
-    late the check began. This rank, when dropped, gets an :class:`ExcludedError`."""
+    late the check began, and so has one still for ``silent_after`` and ``QUICK_WAIT`` times
+    ``wait`` from which no TCP link of this rank or of a rank still beating has carried data
+    for ``QUIET_DATA`` times ``wait`` (:meth:`Heartbeat.quiet`: its beats are not queued
+    behind its data). This rank, when dropped, gets an :class:`ExcludedError`."""
     pg, store = _group_store(group)
     rank, size = pg.rank(), pg.size()
     if key is None:
@@ -110,7 +113,9 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
             break
         silence = heartbeat.silence(pg) if heartbeat is not None else {}
         beating = {r for r, s in silence.items() if s < heartbeat.silent_after}
-        still = {r for r, s in silence.items() if s >= heartbeat.silent_after + wait}
+        still = {r for r, s in silence.items() if s >= heartbeat.silent_after + wait or
+                 (s >= heartbeat.silent_after + QUICK_WAIT * wait and
+                  heartbeat.quiet(pg, r, QUIET_DATA * wait))}
         gone = set(probe.result()) - arrived
         away = set(range(size)) - arrived - gone - elsewhere
         if away and time.monotonic() - looked >= _LOOK_ELSEWHERE:
@@ -208,6 +213,13 @@ _WATCH_LOOK_S = 0.002
 # A rank that still beats is waited for this many times longer than `wait` before it counts as
 # lost: it is alive, most likely still computing before its check-in.
 HEARTBEAT_PATIENCE = 4
+# A rank whose beat has been still for silent_after and this many times `wait` more, and whose
+# links carried no data to anyone still beating for QUIET_DATA times `wait`, has had its wait:
+# a live rank's beats queue behind its data (a congested link), they do not stop while its
+# data stops too. At RTT 100 ms a beat's gap as read is at most two beat periods (0.7 s);
+# QUICK_WAIT leaves a retransmission's delay above that at lost_wait 1 s.
+QUICK_WAIT = 0.25
+QUIET_DATA = 0.5
 # Seconds between two beats of a rank, and between two reads of the others' beats.
 BEAT_INTERVAL = 0.25
 
@@ -233,29 +245,36 @@ atexit.register(_stop_heartbeats)
 
 class Heartbeat:
     """This rank's beat in its group's store every BEAT_INTERVAL seconds, and the other ranks'
-    beats as read at the same pace, on a daemon thread with a store client of its own: a rank
-    whose beat has not moved for ``silent_after`` seconds may be silent (a stopped process, a
-    host cut off) although it may not have failed anything, or its beats stuck behind a
-    congested link: reason to check who is alive, not proof. ``group_of`` gives the group to
-    beat in (it may change: a shrink, a re-formed default group) or raises once there is none;
-    the thread ends when ``alive`` returns False."""
+    beats read at the same pace, on two daemon threads with a store client each (one round
+    trip per beat, and one per read, side by side): a rank whose beat has not moved for
+    ``silent_after`` seconds may be silent (a stopped process, a host cut off) although it may
+    not have failed anything, or its beats stuck behind a congested link: reason to check who
+    is alive, not proof. Each beat carries how long this rank's TCP links to each rank have
+    carried no data from it (:meth:`quiet`): a live rank whose beats queue still sends data.
+    ``group_of`` gives the group to beat in (it may change: a shrink, a re-formed default
+    group) or raises once there is none; the threads end when ``alive`` returns False."""
 
     def __init__(self, group_of, silent_after: float, alive):
         self.silent_after = silent_after
         self._group_of, self._alive = group_of, alive
         self._lock = threading.Lock()
-        self._watched = None  # the group whose beats _moved holds
+        self._watched = None  # the group whose beats _moved and _reports hold
         self._moved = {}  # rank -> (its count, time.monotonic() it was seen to change)
+        self._reports = {}  # rank -> its links' quiet milliseconds by rank, as last read
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ringdist-heartbeat", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, args=(step,), daemon=True,
+                                          name=f"ringdist-heartbeat-{step.__name__[1:]}")
+                         for step in (self._beat, self._read)]
+        for thread in self._threads:
+            thread.start()
         _HEARTBEATS.add(self)
 
     def stop(self) -> None:
         self._stop.set()
 
     def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
 
     def view(self, group) -> tuple[set, set]:
         """(silent, beating) ranks of ``group`` as last read; both empty for another group."""
@@ -273,14 +292,28 @@ class Heartbeat:
                 return {}
             return {r: now - t for r, (_, t) in self._moved.items()}
 
-    def _run(self) -> None:
+    def quiet(self, group, rank: int, seconds: float) -> bool:
+        """Whether no data from ``rank`` reached this rank, nor any rank of ``group`` that still
+        beats, over their TCP links for ``seconds`` (each as it last reported, which only makes
+        the answer later). False where any of them has no TCP link to it (shared memory)."""
+        pg = _group_store(group)[0]
+        own = _link_quiet_ms(pg)
+        silence = self.silence(pg)
+        with self._lock:
+            if self._watched is not pg:
+                return False
+            views = [own] + [self._reports.get(r, []) for r, s in silence.items()
+                             if r != rank and s < self.silent_after]
+        return all(rank < len(v) and v[rank] >= 1000 * seconds for v in views)
+
+    def _run(self, step) -> None:
         client = None  # this thread's store client and beat keys, for the group client["pg"]
         while self._alive() and not self._stop.is_set():
             try:
                 pg = _group_store(self._group_of())[0]
                 if client is None or client["pg"] is not pg:
                     client = self._connect(pg)
-                self._beat(pg, client)
+                step(pg, client)
             except Exception:  # noqa: BLE001 (no group now, or its store gone: beat later)
                 pass
             self._stop.wait(BEAT_INTERVAL)
@@ -291,25 +324,46 @@ class Heartbeat:
         store = own_client(shared)
         if store is not shared:  # bounded here only: the shared client is the caller's
             store.set_timeout(timedelta(seconds=_BEAT_TIMEOUT_S))
-        return {"pg": pg, "store": store, "ready": False,
+        return {"pg": pg, "store": store, "ready": False, "count": 0,
                 "keys": [_prefix(pg, "beat/") + str(r) for r in range(pg.size())]}
 
-    def _beat(self, pg, client) -> None:
-        """One beat, then the others' counts (two store round trips; three until every rank
-        beat once: multi_get would wait for a missing key)."""
+    @staticmethod
+    def _beat(pg, client) -> None:
+        """One beat: its count and this rank's links' quiet milliseconds (one round trip)."""
+        client["count"] += 1
+        quiet = ",".join(str(ms) for ms in _link_quiet_ms(pg))
+        client["store"].set(client["keys"][pg.rank()], f"{client['count']} {quiet}")
+
+    def _read(self, pg, client) -> None:
+        """The others' beats (one round trip; two until every rank beat once: multi_get would
+        wait for a missing key)."""
         store, keys = client["store"], client["keys"]
-        store.add(keys[pg.rank()], 1)
         client["ready"] = client["ready"] or store.check(keys)
         if not client["ready"]:
             return
-        counts = [int(v) for v in store.multi_get(keys)]
+        values = [v.decode() if isinstance(v, bytes) else v for v in store.multi_get(keys)]
         now = time.monotonic()
         with self._lock:
             if self._watched is not pg:
-                self._watched, self._moved = pg, {}
-            for r, count in enumerate(counts):
-                if r != pg.rank() and self._moved.get(r, (None,))[0] != count:
+                self._watched, self._moved, self._reports = pg, {}, {}
+            for r, value in enumerate(values):
+                if r == pg.rank():
+                    continue
+                count, _, quiet = value.partition(" ")
+                if self._moved.get(r, (None,))[0] != count:
                     self._moved[r] = (count, now)
+                self._reports[r] = [int(ms) for ms in quiet.split(",") if ms]
+
+
+def _link_quiet_ms(pg) -> list[int]:
+    """Per rank of ``pg``: milliseconds since data from it last reached this rank over TCP, -1
+    where unknown (not a ringdist group, shared memory)."""
+    from torch_ringdist._collectives import ringdist_backend
+
+    try:
+        return list(ringdist_backend(pg)._link_quiet_ms())
+    except (ValueError, RuntimeError):  # not ringdist, or the group is gone
+        return [-1] * pg.size()
 
 
 # Seconds between two looks, during a check, for the ranks alive on another operation.

@@ -304,6 +304,8 @@ std::vector<std::array<uint64_t, 4>> ProcessGroupRingdist::linkSends() const {
   return sends;
 }
 
+std::vector<int64_t> ProcessGroupRingdist::linkQuietMs() const { return worker_->quietMs(); }
+
 int ProcessGroupRingdist::capSendRate(uint64_t bytesPerSecond) {
   return worker_->capSendRate(bytesPerSecond);
 }

@@ -194,6 +194,10 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // Any thread, also while an operation runs: DiLoCo's slow_peer="drop" takes the rate each
   // link delivered during a round from it.
   std::vector<std::array<uint64_t, 4>> linkSends() const;
+  // Per rank: milliseconds since data from it last arrived on this rank's TCP links to it
+  // (Channel::quietMs; -1 for shared memory, this rank and closed links). Any thread: DiLoCo's
+  // heartbeat reports it, so a silent rank's quiet links shorten the wait for it.
+  std::vector<int64_t> linkQuietMs() const;
   // Caps the rate this rank sends at on each of its TCP links (bytes per second, 0: no
   // cap); returns the links capped. For tests: a slow link on one machine.
   int capSendRate(uint64_t bytesPerSecond);

@@ -104,6 +104,7 @@ class Worker {
   std::map<std::string, OpStats> stats() const;
   std::vector<int> deadPeers() const { return comm_->deadPeers(); }
   std::vector<Channel::SendTotals> sendTotals() const { return comm_->sendTotals(); }
+  std::vector<int64_t> quietMs() const { return comm_->quietMs(); }
   int capSendRate(uint64_t bytesPerSecond) { return comm_->capSendRate(bytesPerSecond); }
   void resetStats();
 

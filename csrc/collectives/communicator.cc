@@ -482,6 +482,20 @@ std::vector<Channel::SendTotals> Communicator::sendTotals() const {
   return totals;
 }
 
+std::vector<int64_t> Communicator::quietMs() const {
+  std::lock_guard<std::mutex> lock(linksMutex_);
+  std::vector<int64_t> quiet(static_cast<size_t>(size_), -1);
+  for (size_t r = 0; r < quiet.size(); ++r) {
+    if (!channels_[r]) continue;
+    quiet[r] = channels_[r]->quietMs();
+    for (const Channel* lane : lanesOf_[r]) {  // data on any lane is a sign of life
+      const int64_t ms = lane->quietMs();
+      if (ms >= 0 && quiet[r] >= 0) quiet[r] = std::min(quiet[r], ms);
+    }
+  }
+  return quiet;
+}
+
 int Communicator::capSendRate(uint64_t bytesPerSecond) {
   std::lock_guard<std::mutex> lock(linksMutex_);
   int capped = 0;

@@ -258,6 +258,9 @@ class Communicator {
   // Per rank: Channel::sendTotals of its links, the bytes of its lanes added (their busy
   // times overlap: the longest counts); any thread.
   std::vector<Channel::SendTotals> sendTotals() const;
+  // Per rank: Channel::quietMs of its link, the least over its lanes (-1 where unknown). Any
+  // thread.
+  std::vector<int64_t> quietMs() const;
   // Caps every link's sending rate (Channel::capSendRate); returns the links capped. Any thread.
   int capSendRate(uint64_t bytesPerSecond);
   const std::string& abortReason() const { return abortReason_; }

@@ -106,6 +106,9 @@ PYBIND11_MODULE(_C, m) {
            "Per rank: [bytes it acknowledged, microseconds with bytes unacknowledged, smallest "
            "round trip in microseconds, bytes unacknowledged now] on the TCP links to it "
            "(zeros for shared memory and this rank); any thread")
+      .def("_link_quiet_ms", &ringdist::ProcessGroupRingdist::linkQuietMs,
+           "Per rank: milliseconds since data from it last arrived on the TCP links to it (-1 "
+           "for shared memory, this rank and closed links); any thread")
       .def("_cap_send_rate", &ringdist::ProcessGroupRingdist::capSendRate,
            py::arg("bytes_per_second"),
            "Caps this rank's sending rate on each TCP link (0: no cap); returns the links "

@@ -117,6 +117,10 @@ class Channel {
     uint64_t unacknowledged = 0;
   };
   virtual SendTotals sendTotals() const { return {}; }
+  // Any thread: milliseconds since data from the peer last arrived (TCP: the kernel's count,
+  // tcpi_last_data_recv), -1 where unknown (shared memory, closed). A stopped peer sends
+  // nothing; a live one whose beats queue behind a congested link still does.
+  virtual int64_t quietMs() const { return -1; }
   // Any thread: caps the rate this link sends at (bytes per second; 0 lifts the cap), for
   // tests and emulation of a slow link (TCP: the kernel paces it). False where unsupported.
   virtual bool capSendRate(uint64_t bytesPerSecond) {

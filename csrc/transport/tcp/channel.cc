@@ -220,6 +220,11 @@ Channel::SendTotals TcpChannel::sendTotals() const {
   return totals;
 }
 
+int64_t TcpChannel::quietMs() const {
+  std::lock_guard<std::mutex> lock(socketMutex_);
+  return lastDataReceivedMs(socket_.fd());
+}
+
 bool TcpChannel::capSendRate(uint64_t bytesPerSecond) {
   std::lock_guard<std::mutex> lock(socketMutex_);
   // Without the fq qdisc TCP paces itself once a maximum pacing rate is set (Linux 4.13).

@@ -33,6 +33,7 @@ class TcpChannel final : public QueuedChannel {
   short pollEvents() const override;
   size_t unacknowledgedBytes() const override;
   SendTotals sendTotals() const override;
+  int64_t quietMs() const override;
   bool capSendRate(uint64_t bytesPerSecond) override;
   bool bufferedInput() const override { return reader_ != nullptr && reader_->buffered(); }
   uint32_t roundTripUs() const override { return minRoundTripUs(socket_.fd()); }

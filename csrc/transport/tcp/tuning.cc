@@ -173,6 +173,16 @@ uint32_t minRoundTripUs(int fd) {
   return info.tcpi_min_rtt;
 }
 
+int64_t lastDataReceivedMs(int fd) {
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (fd < 0 || ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      len < offsetof(tcp_info, tcpi_last_data_recv) + sizeof(info.tcpi_last_data_recv)) {
+    return -1;
+  }
+  return info.tcpi_last_data_recv;
+}
+
 Channel::SendTotals sendTotalsOf(int fd) {
   tcp_info info{};
   socklen_t len = sizeof(info);

@@ -45,6 +45,9 @@ std::map<std::string, std::string> describeSocket(int fd, const SocketTuning& tu
 uint32_t minRoundTripUs(int fd);
 // TCP_INFO's bytes_acked, busy_time and min_rtt (Channel::sendTotals); zeros if unknown.
 Channel::SendTotals sendTotalsOf(int fd);
+// TCP_INFO's last_data_recv: milliseconds since data last arrived (Channel::quietMs); -1 if
+// unknown.
+int64_t lastDataReceivedMs(int fd);
 
 }  // namespace tcp
 }  // namespace ringdist
