@@ -79,10 +79,9 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     ``heartbeat`` (this group's): a rank that still beats is alive (still computing: the
     decision waits for it, up to ``HEARTBEAT_PATIENCE`` times ``wait``); one whose beat has
     been still for the heartbeat's ``silent_after`` and ``wait`` more has had its wait, however
-    late the check began, and so has one still for ``silent_after`` and ``QUICK_WAIT`` times
-    ``wait`` from which no TCP link of this rank or of a rank still beating has carried data
-    for ``QUIET_DATA`` times ``wait`` (:meth:`Heartbeat.quiet`: its beats are not queued
-    behind its data). This rank, when dropped, gets an :class:`ExcludedError`."""
+    late the check began, and so has one still for ``silent_after`` from which no TCP link of
+    this rank or of a rank still beating has carried data for ``QUIET_DATA`` times ``wait``
+    (:meth:`Heartbeat.quiet`: its beats are not queued behind its data). This rank, when dropped, gets an :class:`ExcludedError`."""
     pg, store = _group_store(group)
     rank, size = pg.rank(), pg.size()
     if key is None:
@@ -114,8 +113,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         silence = heartbeat.silence(pg) if heartbeat is not None else {}
         beating = {r for r, s in silence.items() if s < heartbeat.silent_after}
         still = {r for r, s in silence.items() if s >= heartbeat.silent_after + wait or
-                 (s >= heartbeat.silent_after + QUICK_WAIT * wait and
-                  heartbeat.quiet(pg, r, QUIET_DATA * wait))}
+                 (s >= heartbeat.silent_after and heartbeat.quiet(pg, r, QUIET_DATA * wait))}
         gone = set(probe.result()) - arrived
         away = set(range(size)) - arrived - gone - elsewhere
         if away and time.monotonic() - looked >= _LOOK_ELSEWHERE:
@@ -213,15 +211,17 @@ _WATCH_LOOK_S = 0.002
 # A rank that still beats is waited for this many times longer than `wait` before it counts as
 # lost: it is alive, most likely still computing before its check-in.
 HEARTBEAT_PATIENCE = 4
-# A rank whose beat has been still for silent_after and this many times `wait` more, and whose
-# links carried no data to anyone still beating for QUIET_DATA times `wait`, has had its wait:
-# a live rank's beats queue behind its data (a congested link), they do not stop while its
-# data stops too. At RTT 100 ms a beat's gap as read is at most two beat periods (0.7 s);
-# QUICK_WAIT leaves a retransmission's delay above that at lost_wait 1 s.
-QUICK_WAIT = 0.25
+# A rank whose beat has been still for silent_after, and whose links carried no data to anyone
+# still beating for QUIET_DATA times `wait`, has had its wait: a live rank's beats queue behind
+# its data (a congested link), they do not stop while its data stops too; and they read as
+# still for 0.4 s at most at RTT 100 ms (BEAT_INTERVAL), a retransmission timeout (0.3 s) below
+# silent_after at lost_wait 1 s. A live sender's data pauses for a retransmission timeout too:
+# QUIET_DATA is longer.
 QUIET_DATA = 0.5
-# Seconds between two beats of a rank, and between two reads of the others' beats.
-BEAT_INTERVAL = 0.25
+# Seconds between two beats of a rank, and between two reads of the others' beats (each a
+# store round trip after the pause: at RTT 100 ms a live rank's beat reads as still for at most
+# 0.4 s, two of its periods, before a retransmission or queueing delays one).
+BEAT_INTERVAL = 0.1
 
 
 _HEARTBEATS: "weakref.WeakSet" = weakref.WeakSet()

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 # has begun a check of who is alive (one store round trip each time): the others' check waits
 # lost_wait for it.
 _CHECK_POLL = 0.25
+# ... and how often it looks at the others' beats as last read (no round trip).
+_BEAT_POLL = 0.05
 # A link's rate counts once bytes waited on it this long during the exchange: microseconds, and
 # round trips of the link (slow start and the first acknowledgements take a few).
 _BUSY_US, _BUSY_ROUND_TRIPS = 20_000, 4
@@ -638,8 +640,10 @@ class DiLoCoState(HookState):
         began it, or (`watch_beats`) a peer's beat stopped."""
         from torch_ringdist._recovery import check_open
 
-        if check_open(self.process_group, check):
-            return True
+        return self._beat_stopped(watch_beats) or check_open(self.process_group, check)
+
+    def _beat_stopped(self, watch_beats: bool) -> bool:
+        """With `watch_beats`: whether a peer's beat has stopped, as last read."""
         return watch_beats and self._heartbeat is not None and \
             bool(self._heartbeat.view(self.process_group)[0])
 
@@ -647,7 +651,8 @@ class DiLoCoState(HookState):
         """Waits for `work` (raising its error). True: it completed. False: this rank must take
         part in the check of who is alive `check`, because its deadline passed, another rank's
         did (looked for on beginning to wait, every _CHECK_POLL seconds while waiting, and once
-        more on completing after that), or (`watch_beats`) a peer's beat stopped."""
+        more on completing after that), or (`watch_beats`) a peer's beat stopped (looked for
+        every _BEAT_POLL seconds)."""
         if deadline is None:
             work.wait()
             return True
@@ -655,16 +660,21 @@ class DiLoCoState(HookState):
         # it joins their check at once (the look overlaps its exchange).
         if self._must_check(check, watch_beats):
             return False
-        waited = False
+        waited, looked = False, time.monotonic()
+        poll = _BEAT_POLL if watch_beats else _CHECK_POLL
         while True:
             left = deadline - time.monotonic()
             try:
-                work.wait(timedelta(seconds=min(_CHECK_POLL, max(left, 0.001))))
+                work.wait(timedelta(seconds=min(poll, max(left, 0.001))))
             except dist.DistBackendError:
                 if not work.is_completed():  # the poll ran out; the exchange runs on
                     waited = True
-                    if left <= _CHECK_POLL or self._must_check(check, watch_beats):
+                    if left <= poll or self._beat_stopped(watch_beats):
                         return False
+                    if time.monotonic() - looked >= _CHECK_POLL:
+                        looked = time.monotonic()
+                        if self._must_check(check, False):
+                            return False
                     continue
                 work.wait()  # it failed (its own error), or completed just after the poll
             return not (waited and self._must_check(check, False))
