@@ -139,13 +139,16 @@ class DiLoCoState(HookState):
     links, out or in, run at under a third of their usual rate is dropped as above (3 ranks
     or more). The dropped rank gets a :class:`torch_ringdist.ExcludedError` at its next
     exchange; :class:`DiLoCoOptimizer` with a store then joins the job again
-    (``rejoin_after``). With ``exchange_timeout`` every rank also beats in the store, and a
-    peer whose beat stops for ``lost_wait`` opens the check at once; it is dropped once its beat
-    has been still for ``lost_wait`` twice, however late the check began. A rank still
-    computing then cannot answer, so ``exchange_timeout + lost_wait`` must exceed how far the
-    ranks' compute drifts apart within a period, ``lost_wait`` a look (0.25 s) plus a few store
-    round trips, and two ``lost_wait`` the longest a live rank's beats may sit behind its
-    congested link.
+    (``rejoin_after``). With ``exchange_timeout`` every rank also beats in the store (every
+    0.1 s), and a peer whose beat stops for ``lost_wait`` opens the check at once; it is
+    dropped then if none of the TCP links to it of the ranks still beating has carried its data
+    for ``lost_wait / 2`` (a live rank's beats may queue behind its data on a congested link,
+    its data does not stop), otherwise once its beat has been still for ``lost_wait`` twice,
+    however late the check began. A rank still computing then cannot answer, so
+    ``exchange_timeout + lost_wait`` must exceed how far the ranks' compute drifts apart within
+    a period, ``lost_wait`` a look (0.25 s) plus a few store round trips and two beat periods
+    (each 0.1 s and a store round trip) plus a retransmission timeout, and two ``lost_wait``
+    the longest a live rank's beats may sit behind its congested link.
     Re-split the data over ``dist.get_world_size()`` after a shrink. Each
     rank keeps a copy of its contribution in flight for this (one more buffer per fragment).
     With DDP, DDP keeps the old group: use :class:`DiLoCoOptimizer`, or a model without
