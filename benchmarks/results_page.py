@@ -714,6 +714,12 @@ SCENARIOS = {
     "diloco_churn_wan_n4_look_rerun2.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_lost_wait05.json": (DILOCO, "the same with lost_wait 0.5 s: a live rank "
                                              "excluded ends the run", churn),
+    "diloco_churn_wan_n4_kept.json": (DILOCO, "the same, a shrink keeping the survivors' "
+                                      "links (fenced), connects afresh no more", churn),
+    "diloco_churn_wan_n4_quiet.json": (DILOCO, "the same, beats every 0.1 s carrying each link's "
+                                       "quiet time; a silent rank whose links are quiet dropped "
+                                       "after one lost_wait", churn),
+    "diloco_churn_wan_n4_quiet_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
                                                  "20 rounds, 2 losses, 2 joins", churn),
     "diloco_slow_peer_drop_n4.json": (DILOCO, "churn with slow_peer='drop' (36 rounds, 2 losses, "

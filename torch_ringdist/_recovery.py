@@ -68,7 +68,8 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
            done: str | None = None, ratios=None, behind: tuple[str, str] | None = None,
            heartbeat: "Heartbeat | None" = None) -> dict:
     """:func:`lost_ranks`'s decision: {"lost": ranks to drop, "slow": those of them dropped as
-    the slow peer, "ratios": those reported (rank -> its links')}. ``ratios`` (with ``done``):
+    the slow peer, "quiet": those dropped after one ``wait`` of silence on quiet links (below),
+    "ratios": those reported (rank -> its links')}. ``ratios`` (with ``done``):
     a callable giving, for each of this rank's links, the rate at which it delivered the
     operation's bytes over its usual rate (None where unknown); every caller and every rank
     that marked the operation done reports its own, and a rank most of whose links, out or
@@ -98,7 +99,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     watch = _DecisionWatch(store, decision_key, wait * HEARTBEAT_PATIENCE)
     arrived = _checked_in(store, prefix, size, rank)
     start = looked = time.monotonic()
-    decided, elsewhere = False, set()
+    decided, elsewhere, quiet = False, set(), set()
     while True:
         # Ranks this one knows dead (same host: the process; another host: refused at its
         # door) need no waiting for, nor ranks alive on another operation (elsewhere): once
@@ -112,8 +113,9 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
             break
         silence = heartbeat.silence(pg) if heartbeat is not None else {}
         beating = {r for r, s in silence.items() if s < heartbeat.silent_after}
-        still = {r for r, s in silence.items() if s >= heartbeat.silent_after + wait or
-                 (s >= heartbeat.silent_after and heartbeat.quiet(pg, r, QUIET_DATA * wait))}
+        quiet = {r for r, s in silence.items() if heartbeat.silent_after <= s <
+                 heartbeat.silent_after + wait and heartbeat.quiet(pg, r, QUIET_DATA * wait)}
+        still = quiet | {r for r, s in silence.items() if s >= heartbeat.silent_after + wait}
         gone = set(probe.result()) - arrived
         away = set(range(size)) - arrived - gone - elsewhere
         if away and time.monotonic() - looked >= _LOOK_ELSEWHERE:
@@ -128,7 +130,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
             break
         probe = _probe_dead(pg)  # the next look's, alongside the check-ins' round trip
         arrived = _checked_in(store, prefix, size)
-    proposal = {"lost": [], "slow": [], "ratios": {}}  # with a decision stored, it stands
+    proposal = {"lost": [], "slow": [], "quiet": [], "ratios": {}}  # a stored decision stands
     if not (decided or (settled is not None and settled())):
         missing = set(range(size)) - arrived - elsewhere
         # Ended early by a decision stored meanwhile: compare_set below returns that one.
@@ -138,7 +140,8 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
             reported = _reported_ratios(store, _prefix(pg, done), size)
             slow = slow_peer(reported, size)
         proposal = {"lost": sorted(missing | {slow} - {None}),
-                    "slow": [] if slow is None else [slow], "ratios": reported}
+                    "slow": [] if slow is None else [slow], "ratios": reported,
+                    "quiet": sorted(missing & quiet)}
     # The first proposal stored wins; later callers get it back.
     decided = json.loads(store.compare_set(decision_key, "", json.dumps(proposal)))
     operation = done if done is not None else key
