@@ -113,6 +113,40 @@ def test_death_during_shrink_is_a_clear_error(tmp_path):
         assert r["seconds"] < 15, r
 
 
+def disagreeing_shrink(rank, ws, store, dist, torch):
+    """4 ranks on TCP, all alive; ranks 0 and 2 shrink away rank 1, rank 3 ranks 1 and 2 (rank 1
+    stays out). The fence of the link 0-3 carries digests of different groups: neither end
+    keeps it, and the shrinks fail within RINGDIST_SHRINK_TIMEOUT, naming the problem, instead
+    of joining groups that disagree."""
+    init_group(rank, ws, store, dist)
+    _sum_ok(dist, torch)
+    store.set(f"summed/{rank}", "1")
+    store.wait([f"summed/{r}" for r in range(ws)])
+    if rank == 1:
+        store.wait(["shrunk/0", "shrunk/2", "shrunk/3"])
+        return {}
+    start = time.monotonic()
+    try:
+        dist.shrink_group([1] if rank != 3 else [1, 2],
+                          shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+        error = None
+    except Exception as e:  # noqa: BLE001 (reported to the test)
+        error = f"{type(e).__name__}: {e}"[:600]
+    store.set(f"shrunk/{rank}", "1")
+    return {"error": error, "seconds": time.monotonic() - start}
+
+
+def test_survivors_given_different_exclusions_keep_no_link(tmp_path):
+    env = {"RINGDIST_TRANSPORT": "tcp", "RINGDIST_SHRINK_TIMEOUT": 3}
+    with Spawned(disagreeing_shrink, 4, tmp_path, env=env) as w:
+        got = w.results(120)
+    for rank in (0, 2, 3):
+        r = got[rank]
+        assert r["error"] and "ringdist shrink" in r["error"], r
+        assert "did not all connect within 3000 ms" in r["error"], r
+        assert r["seconds"] < 15, r
+
+
 def probe_doors(rank, ws, store, dist, torch):
     """4 ranks on TCP links (as on four hosts: no process ids to watch). Rank 3 is killed,
     rank 2 stopped (SIGSTOP: its kernel still answers). Ranks 0 and 1 find rank 3, and only
