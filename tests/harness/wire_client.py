@@ -31,7 +31,7 @@ import struct
 
 MAGIC = 0x52444833                        # kHelloMagic, "RDH3"
 REFUSED = 0x52444858                      # kRefusedMagic, "RDHX"
-VERSION = 8                               # kProtocolVersion
+VERSION = 9                               # kProtocolVersion
 FLAG_ENCRYPT = 1                          # kFlagEncrypt
 CHALLENGE = struct.Struct("<IIiI16s32s")  # magic, version, acceptor rank, flags, nonce, key
 HELLO = struct.Struct("<IIiiI16s32s32s")  # magic, version, rank, size, flags, nonce, key, mac

@@ -14,7 +14,7 @@ namespace tcp {
 // Wire version of the handshake and of everything after it (records, op
 // headers); ranks that speak different versions refuse each other at connect
 // time.
-constexpr uint32_t kProtocolVersion = 8;
+constexpr uint32_t kProtocolVersion = 9;
 
 // Connects a TCP link to every rank r with wanted[r]; returns the channels by
 // rank (null elsewhere). Each rank listens on options.bindIp (never a
