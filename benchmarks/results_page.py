@@ -721,6 +721,8 @@ SCENARIOS = {
                                        "after one lost_wait", churn),
     "diloco_churn_wan_n4_quiet_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_quiet_rerun2.json": (DILOCO, "the same, a third run", churn),
+    "diloco_churn_wan_n4_lost_wait07.json": (DILOCO, "the same with lost_wait 0.7 s", churn),
+    "diloco_churn_wan_n4_lost_wait07_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
                                                  "20 rounds, 2 losses, 2 joins", churn),
     "diloco_slow_peer_drop_n4.json": (DILOCO, "churn with slow_peer='drop' (36 rounds, 2 losses, "
