@@ -82,7 +82,8 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     been still for the heartbeat's ``silent_after`` and ``wait`` more has had its wait, however
     late the check began, and so has one still for ``silent_after`` from which no TCP link of
     this rank or of a rank still beating has carried data for ``QUIET_DATA`` times ``wait``
-    (:meth:`Heartbeat.quiet`: its beats are not queued behind its data). This rank, when dropped, gets an :class:`ExcludedError`."""
+    (:meth:`Heartbeat.quiet`: its beats are not queued behind its data). This rank, when
+    dropped, gets an :class:`ExcludedError`."""
     pg, store = _group_store(group)
     rank, size = pg.rank(), pg.size()
     if key is None:

@@ -23,9 +23,12 @@ TcpChannel::TcpChannel(int peer, Socket socket, const LinkOptions& link,
   details_["cipher"] = keys != nullptr ? "aes-256-gcm" : "none";
   if (keys != nullptr) {
     writer_ = std::make_unique<RecordWriter>(keys->send);
-    reader_ = std::make_unique<RecordReader>(
-        keys->receive, strCat("rank ", peer, " (", peerAddress(socket_.fd()).toString(), ")"));
+    reader_ = std::make_unique<RecordReader>(keys->receive, peerName());
   }
+}
+
+std::string TcpChannel::peerName() const {
+  return strCat("rank ", peer_, " (", peerAddress(socket_.fd()).toString(), ")");
 }
 
 ssize_t TcpChannel::sendSome(const iovec* iov, int count) {
@@ -252,7 +255,7 @@ void TcpChannel::close() {
 void TcpChannel::renumber(int peer) {
   QueuedChannel::renumber(peer);
   if (reader_ != nullptr) {
-    reader_->rename(strCat("rank ", peer, " (", peerAddress(socket_.fd()).toString(), ")"));
+    reader_->rename(peerName());
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "csrc/transport/queued_channel.h"
@@ -73,6 +74,8 @@ class TcpChannel final : public QueuedChannel {
   ssize_t sendSome(const iovec* iov, int count);
   ssize_t readSome(const iovec* iov, int count);
   [[noreturn]] void fail(const char* what, int err);
+  // "rank <peer> (<address>)", as the reader names the sender in its errors.
+  std::string peerName() const;
   // Closes the socket under socketMutex_ (the any-thread calls read its descriptor).
   void closeSocket();
 

@@ -101,6 +101,13 @@ int chooseBuffer(size_t cap, bool force, int64_t unprivilegedMax, int64_t autotu
   return 2 * asked > autotuneMax ? static_cast<int>(asked) : 0;
 }
 
+// TCP_INFO of fd into *info: false when fd is closed, the call fails, or the kernel's struct
+// ends before `needed` bytes (a kernel older than the field wanted).
+bool tcpInfo(int fd, tcp_info* info, size_t needed) {
+  socklen_t len = sizeof(*info);
+  return fd >= 0 && ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &len) == 0 && len >= needed;
+}
+
 }  // namespace
 
 SocketTuning chooseTuning(int family, const TcpOptions& options) {
@@ -164,9 +171,7 @@ std::map<std::string, std::string> describeSocket(int fd, const SocketTuning& tu
 
 uint32_t minRoundTripUs(int fd) {
   tcp_info info{};
-  socklen_t len = sizeof(info);
-  if (fd < 0 || ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
-      len < offsetof(tcp_info, tcpi_min_rtt) + sizeof(info.tcpi_min_rtt) ||
+  if (!tcpInfo(fd, &info, offsetof(tcp_info, tcpi_min_rtt) + sizeof(info.tcpi_min_rtt)) ||
       info.tcpi_min_rtt == ~0U) {
     return 0;
   }
@@ -175,9 +180,8 @@ uint32_t minRoundTripUs(int fd) {
 
 int64_t lastDataReceivedMs(int fd) {
   tcp_info info{};
-  socklen_t len = sizeof(info);
-  if (fd < 0 || ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
-      len < offsetof(tcp_info, tcpi_last_data_recv) + sizeof(info.tcpi_last_data_recv)) {
+  if (!tcpInfo(fd, &info,
+               offsetof(tcp_info, tcpi_last_data_recv) + sizeof(info.tcpi_last_data_recv))) {
     return -1;
   }
   return info.tcpi_last_data_recv;
@@ -185,9 +189,7 @@ int64_t lastDataReceivedMs(int fd) {
 
 Channel::SendTotals sendTotalsOf(int fd) {
   tcp_info info{};
-  socklen_t len = sizeof(info);
-  if (fd < 0 || ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
-      len < offsetof(tcp_info, tcpi_busy_time) + sizeof(info.tcpi_busy_time)) {
+  if (!tcpInfo(fd, &info, offsetof(tcp_info, tcpi_busy_time) + sizeof(info.tcpi_busy_time))) {
     return {};
   }
   return {info.tcpi_bytes_acked, info.tcpi_busy_time,
