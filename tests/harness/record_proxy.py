@@ -110,6 +110,10 @@ class RecordProxy:
     def stop(self):
         for s in [self._listener, *self._socks]:
             try:
+                s.shutdown(socket.SHUT_RDWR)  # wakes a pump blocked in recv (close does not)
+            except OSError:
+                pass
+            try:
                 s.close()
             except OSError:
                 pass
