@@ -57,18 +57,19 @@ def _case_gated(rank, ws, env, ring, two_level=False):
                 expected = _expected(collective, x, op)
                 got = torch.full_like(expected, 7)
                 # A slow copy for the largest case: results must come out before the input is in.
-                # The ranks enter together (the barrier), 30 ms a piece; a rank that a loaded
-                # machine (4 ranks on 2 cores, load 9) schedules late may still find the input
-                # in, so the case is tried up to 3 times until every rank saw a result early:
-                # an engine that does not pipeline fails all three.
+                # The ranks enter together (the barrier), 30 ms a 64 KiB piece (0.5 s per MiB);
+                # a rank that a loaded machine (4 ranks on 2 cores, load 9) schedules late may
+                # still find the input in, so the case is tried up to 3 times until every rank
+                # saw a result early: an engine that does not pipeline fails all three.
                 delay = 30000 if n == COUNTS[-1] and op == "sum" else 0
                 for _ in range(3 if delay else 1):
                     if delay:
                         dist.barrier()
                     got.fill_(7)
-                    # 16 KiB pieces: the 4 KiB segments of the ws3 world are grouped four a piece.
-                    stats = testing.gated(name, collective, x, got, op, piece_bytes=16 << 10,
-                                          delay_us=delay)
+                    # 16 KiB pieces (64 KiB slow ones): the 4 KiB segments of the ws3 world are
+                    # grouped several a piece.
+                    stats = testing.gated(name, collective, x, got, op,
+                                          piece_bytes=(64 if delay else 16) << 10, delay_us=delay)
                     if not delay:
                         break
                     late = torch.tensor([float(stats["produced_early"] == 0)])
