@@ -339,10 +339,11 @@ def test_a_silent_ranks_links_are_quiet_and_a_live_ones_are_not(tmp_path):
 
 
 class _CountingStore:
-    """A store that counts the checks asked of it; `clone` as the wrapped store's, or failing."""
+    """A store that counts the checks and the round trips asked of it; `clone` as the wrapped
+    store's, or failing."""
 
     def __init__(self, store, clones=True):
-        self._store, self._clones, self.checks = store, clones, 0
+        self._store, self._clones, self.checks, self.trips = store, clones, 0, 0
 
     def clone(self):
         if not self._clones:
@@ -351,10 +352,16 @@ class _CountingStore:
 
     def check(self, keys):
         self.checks += 1
+        self.trips += 1
         return self._store.check(keys)
 
     def add(self, key, amount):
+        self.trips += 1
         return self._store.add(key, amount)
+
+    def compare_set(self, key, expected, desired):
+        self.trips += 1
+        return self._store.compare_set(key, expected, desired)
 
 
 @pytest.mark.parametrize("clones", [True, False])
@@ -382,9 +389,11 @@ def test_a_decision_is_learnt_as_it_is_stored(clones):
     assert (counting.checks == asked == 0) if clones else counting.checks > asked >= 20
 
 
-def test_a_look_elsewhere_ends_once_decided(monkeypatch):
-    """The look for ranks alive on another operation asks one rank per store round trip; once
-    the check is decided it asks no more."""
+def test_a_look_elsewhere_asks_once_for_every_rank_and_ends_once_decided(monkeypatch):
+    """The look for ranks alive on another operation reads every rank's done mark in one store
+    round trip; for those not found, the check of the operation behind in one more, and that
+    operation's done marks in a third where some checked in there. Once the check is decided
+    it asks no more."""
     from datetime import timedelta
 
     from torch_ringdist import _recovery
@@ -397,13 +406,86 @@ def test_a_look_elsewhere_ends_once_decided(monkeypatch):
             return 4
 
     server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
-    counting = _CountingStore(dist.PrefixStore("look/", server))
+    looked = dist.PrefixStore("look/", server)
+    counting = _CountingStore(looked)
     assert _alive_elsewhere(counting, Group(), {1, 2, 3}, "op", None) == set()
-    assert counting.checks == 3
-    counting.checks = 0
-    assert _alive_elsewhere(counting, Group(), {1, 2, 3}, "op", ("op.0", "op"),
-                            lambda: counting.checks >= 1) == set()
-    assert counting.checks == 1
+    assert counting.trips == 1
+    # Rank 1 completed "op"; rank 2 checked in at the check of "before" and is still on it;
+    # rank 3 checked in there too and completed "before": it moved on.
+    looked.append("op/done", "1\n")
+    looked.add("before.0/here/0", (1 << 2) | (1 << 3))
+    looked.append("before/done", "3\n")
+    counting.trips = 0
+    assert _alive_elsewhere(counting, Group(), {1, 2, 3}, "op", ("before.0", "before")) == {1, 2}
+    assert counting.trips == 3
+    counting.trips = 0
+    assert _alive_elsewhere(counting, Group(), {1, 2, 3}, "op", ("before.0", "before"),
+                            lambda: counting.trips >= 1) == {1}
+    assert counting.trips == 1
+
+
+class _DelayedStore:
+    """A store whose every call takes `rtt` seconds more (a store across a WAN); its clones
+    too."""
+
+    def __init__(self, store, rtt):
+        self._store, self._rtt = store, rtt
+
+    def clone(self):
+        return _DelayedStore(self._store.clone(), self._rtt)
+
+    def set_timeout(self, timeout):
+        self._store.set_timeout(timeout)
+
+    def __getattr__(self, name):
+        call = getattr(self._store, name)
+
+        def delayed(*args):
+            time.sleep(self._rtt)
+            return call(*args)
+        return delayed
+
+
+def test_a_quiet_rank_is_agreed_in_two_round_trips(monkeypatch):
+    """With the group's look clients made (ready_to_shrink), the look for ranks alive elsewhere
+    runs alongside the check-in: a check that drops a rank silent on quiet links costs two
+    round trips of a store 0.1 s away (check-in, decision), where looking after the check-in
+    costs four (one rank here, the other silent; the operation and the one behind both looked
+    at)."""
+    from datetime import timedelta
+
+    from torch_ringdist import _recovery
+
+    class Group:  # rank 0 of 3
+        def rank(self):
+            return 0
+
+        def size(self):
+            return 3
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
+    monkeypatch.setattr(_recovery, "_known_dead", lambda pg: [])
+    stores = {}
+    monkeypatch.setattr(_recovery, "_group_store", lambda pg: (pg, stores[pg]))
+    got = {}
+    for made in (False, True):
+        pg = Group()
+        group_store = dist.PrefixStore(f"made{made}/", server)
+        stores[pg] = _DelayedStore(group_store, 0.1)
+        monkeypatch.setattr(_recovery, "_prefix", lambda pg, key: f"{key}/")
+        group_store.add("check/here/0", 1 << 1)  # rank 1 is here
+        if made:
+            _recovery.ready_to_shrink(pg)
+            deadline = time.monotonic() + 10
+            while not _recovery._LOOK_CLIENTS.get(pg) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        start = time.monotonic()
+        decision = _recovery.decide(pg, wait=3.0, key="check", done="op",
+                                    behind=("before.0", "before"),
+                                    heartbeat=_StillBeat(2, 1.5, quiet=True))
+        got[made] = time.monotonic() - start
+        assert decision["lost"] == [2] and decision["quiet"] == [2], decision
+    assert got[True] < 0.3 <= 0.4 <= got[False], got
 
 
 def abort_healthy(rank, ws, store, dist, torch):

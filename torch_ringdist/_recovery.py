@@ -98,6 +98,10 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         _report_ratios(store, _prefix(pg, done), rank, ratios())
     probe = _probe_dead(pg)  # its round trip (the doors) alongside the check-in's
     watch = _DecisionWatch(store, decision_key, wait * HEARTBEAT_PATIENCE)
+    # So is the look for ranks alive elsewhere, on clients of its own (None until made: then
+    # the look takes the check's own client, between its check-ins), at the ranks not beating.
+    checked = time.monotonic()
+    look = _Look.start(pg, _suspects(heartbeat, pg), done, behind, checked)
     arrived = _checked_in(store, prefix, size, rank)
     start = looked = time.monotonic()
     decided, elsewhere, quiet = False, set(), set()
@@ -119,7 +123,9 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         still = quiet | {r for r, s in silence.items() if s >= heartbeat.silent_after + wait}
         gone = set(probe.result()) - arrived
         away = set(range(size)) - arrived - gone - elsewhere
-        if away and time.monotonic() - looked >= _LOOK_ELSEWHERE:
+        if look is not None and look.done():
+            elsewhere |= look.result()
+        elif look is None and away and time.monotonic() - looked >= _LOOK_ELSEWHERE:
             elsewhere |= _alive_elsewhere(store, pg, away, done, behind, watch.stored)
             looked = time.monotonic()
         away -= elsewhere
@@ -130,12 +136,21 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         if decided or (settled is not None and settled()):
             break
         probe = _probe_dead(pg)  # the next look's, alongside the check-ins' round trip
+        checked = time.monotonic()
+        if look is not None and look.done() and away and checked - look.started >= _LOOK_ELSEWHERE:
+            look = _Look.start(pg, away, done, behind, checked)
         arrived = _checked_in(store, prefix, size)
     proposal = {"lost": [], "slow": [], "quiet": [], "ratios": {}}  # a stored decision stands
     if not (decided or (settled is not None and settled())):
         missing = set(range(size)) - arrived - elsewhere
-        # Ended early by a decision stored meanwhile: compare_set below returns that one.
-        missing -= _alive_elsewhere(store, pg, missing - gone, done, behind, watch.stored)
+        # The last look before proposing: the one that ran alongside the last check-in where it
+        # asked about every rank missing (as fresh as a look now), else one now. Ended early
+        # by a decision stored meanwhile: compare_set below returns that one.
+        unsure = missing - gone
+        if look is not None and look.covers(unsure, checked):
+            missing -= look.result()
+        else:
+            missing -= _alive_elsewhere(store, pg, unsure, done, behind, watch.stored)
         slow, reported = None, {}
         if ratios is not None and not missing:
             reported = _reported_ratios(store, _prefix(pg, done), size)
@@ -345,8 +360,10 @@ class Heartbeat:
         client["ready"] = client["ready"] or store.check(keys)
         if not client["ready"]:
             return
+        # A count that moved was set before the store served this read, so (one-way trips alike)
+        # its rank beat no later than the read was sent: the time its beat is last seen moving.
+        asked = time.monotonic()
         values = [v.decode() if isinstance(v, bytes) else v for v in store.multi_get(keys)]
-        now = time.monotonic()
         with self._lock:
             if self._watched is not pg:
                 self._watched, self._moved, self._reports = pg, {}, {}
@@ -355,7 +372,7 @@ class Heartbeat:
                     continue
                 count, _, quiet = value.partition(" ")
                 if self._moved.get(r, (None,))[0] != count:
-                    self._moved[r] = (count, now)
+                    self._moved[r] = (count, asked)
                 self._reports[r] = [int(ms) for ms in quiet.split(",") if ms]
 
 
@@ -379,34 +396,111 @@ def _alive_elsewhere(store, pg, ranks: set, done: str | None,
     """Those of ``ranks`` alive on another operation than the check's: they marked the
     operation ``done`` (completed it, then moved on), or checked in at ``behind``'s check of
     the operation before and have not marked that one done (they are still on it). Store round
-    trips: one, and one per rank asked about. ``decided``: a callable; once it returns True
-    the check is decided, and the look ends between two round trips with what it found."""
-    decided = decided or (lambda: False)
-    alive = _marked_done(store, pg, done, ranks, decided) if done is not None else set()
-    if behind is not None and ranks - alive and not decided():
-        check, operation = behind
-        still = _checked_in(store, _prefix(pg, check), pg.size()) & (ranks - alive)
-        # One that checked in there and then completed that operation has moved on: it is not
-        # behind, and its absence here counts.
-        if not decided():
-            alive |= still - _marked_done(store, pg, operation, still, decided)
+    trips: one, one more for ``behind``, and a third where some checked in there.
+    ``decided``: a callable; once it returns True the check is decided, and the look ends
+    between two round trips with what it found."""
+    alive = _marked_done(store, pg, done, ranks) if done is not None else set()
+    if ranks - alive and not (decided is not None and decided()):
+        alive |= _behind(store, pg, ranks - alive, behind, decided)
     return alive
 
 
-def _done_key(pg, operation: str, rank: int) -> str:
-    return _prefix(pg, operation) + f"done/{rank}"
+def _behind(store, pg, ranks: set, behind: tuple[str, str] | None, decided=None) -> set:
+    """Those of ``ranks`` that checked in at ``behind``'s check and have not marked its
+    operation done: still on it (one store round trip, two where some checked in there)."""
+    if behind is None or not ranks:
+        return set()
+    check, operation = behind
+    still = _checked_in(store, _prefix(pg, check), pg.size()) & ranks
+    # One that checked in there and then completed that operation has moved on: it is not
+    # behind, and its absence here counts.
+    if not still or (decided is not None and decided()):
+        return set()
+    return still - _marked_done(store, pg, operation, still)
 
 
-def _marked_done(store, pg, operation: str, ranks: set, decided=None) -> set:
-    """Those of ``ranks`` that marked ``operation`` done (mark_done): a round trip each, until
-    ``decided`` (a callable) returns True."""
-    marked = set()
-    for r in sorted(ranks):
-        if decided is not None and decided():
-            break
-        if store.check([_done_key(pg, operation, r)]):
-            marked.add(r)
-    return marked
+def _suspects(heartbeat: "Heartbeat | None", pg) -> set:
+    """The ranks of ``pg`` other than this one not seen beating (all others, without beats)."""
+    others = set(range(pg.size())) - {pg.rank()}
+    silence = heartbeat.silence(pg) if heartbeat is not None else {}
+    return others - {r for r, s in silence.items() if s < heartbeat.silent_after}
+
+
+class _Look:
+    """A look for ranks alive elsewhere (_alive_elsewhere) on a group's look clients, its two
+    parts side by side (one round trip, mostly), alongside a check's check-in: the operation's
+    done marks on one client, the operation behind on the other."""
+
+    def __init__(self, ranks: set, started: float, parts: list):
+        self.ranks, self.started, self._parts = ranks, started, parts
+
+    @classmethod
+    def start(cls, pg, ranks: set, done: str | None, behind, started: float) -> "_Look | None":
+        """The look begun at ``started`` (a time.monotonic()), or None where the group has no
+        look clients made yet (ready_to_shrink makes them)."""
+        with _LOOK_CLIENTS_LOCK:
+            clients = _LOOK_CLIENTS.get(pg)
+        if not clients:
+            return None
+        ranks = set(ranks)
+        marked = (lambda: _marked_done(clients[0], pg, done, ranks)) if done is not None else set
+        parts = [_LOOKS.submit(marked), _LOOKS.submit(_behind, clients[1], pg, ranks, behind)]
+        return cls(ranks, started, parts)
+
+    def done(self) -> bool:
+        return all(part.done() for part in self._parts)
+
+    def result(self) -> set:
+        """The ranks found alive elsewhere (waiting for the parts); none where a part failed."""
+        found = set()
+        for part in self._parts:
+            try:
+                found |= part.result()
+            except Exception:  # noqa: BLE001 (the store failed it: the check decides without)
+                pass
+        return found & self.ranks
+
+    def covers(self, ranks: set, since: float) -> bool:
+        """Whether this look asked about every one of ``ranks`` and began at ``since`` or later."""
+        return self.started >= since and ranks <= self.ranks
+
+
+# Store clients per group for the looks alongside its checks (_Look): made on a thread by
+# ready_to_shrink, kept while the group lives. Two, one per part of a look.
+_LOOK_CLIENTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOOK_CLIENTS_LOCK = threading.Lock()
+_LOOKS = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="ringdist-look")
+
+
+def _make_look_clients(pg, store) -> None:
+    """Makes ``pg``'s look clients on a thread of its own, unless they are made or being made."""
+    with _LOOK_CLIENTS_LOCK:
+        if pg in _LOOK_CLIENTS:
+            return
+        _LOOK_CLIENTS[pg] = []  # being made
+
+    def make():
+        try:
+            clients = [store.clone() for _ in range(2)]
+        except Exception:  # noqa: BLE001 (cannot clone, or the store is gone: looks take turns)
+            return
+        with _LOOK_CLIENTS_LOCK:
+            if pg in _LOOK_CLIENTS:
+                _LOOK_CLIENTS[pg] = clients
+
+    threading.Thread(target=make, name="ringdist-look-clients", daemon=True).start()
+
+
+def _done_key(pg, operation: str) -> str:
+    """The list of ranks that marked ``operation`` done, one per line."""
+    return _prefix(pg, operation) + "done"
+
+
+def _marked_done(store, pg, operation: str, ranks: set) -> set:
+    """Those of ``ranks`` that marked ``operation`` done (mark_done): one round trip."""
+    text = store.compare_set(_done_key(pg, operation), "", "")  # "" (and created) where none
+    text = text.decode() if isinstance(text, bytes) else text
+    return {int(r) for r in text.split()} & set(ranks)
 
 
 def _checked_in(store, prefix: str, size: int, rank: int | None = None) -> set:
@@ -444,7 +538,7 @@ def mark_done(group, key: str, ratios: list | None = None) -> None:
     def mark():
         if ratios is not None:
             _report_ratios(store, prefix, rank, ratios)
-        store.set(_done_key(pg, key, rank), b"1")
+        store.append(_done_key(pg, key), f"{rank}\n")
 
     threading.Thread(target=mark, name="ringdist-mark-done", daemon=True).start()
 
@@ -508,10 +602,13 @@ def _reported_ratios(store, prefix: str, size: int) -> dict:
 
 def ready_to_shrink(group) -> None:
     """Readies what the next ``dist.shrink_group`` of ``group`` needs, off the caller's path: a
-    client of its store (_registration.keep_spare_client)."""
+    client of its store (_registration.keep_spare_client), and for the checks of who is alive
+    (decide) the group's look clients."""
     from torch_ringdist._registration import keep_spare_client
 
-    keep_spare_client(_group_store(group)[1])
+    pg, store = _group_store(group)
+    keep_spare_client(store)
+    _make_look_clients(pg, store)
 
 
 def own_client(store):
