@@ -723,6 +723,11 @@ SCENARIOS = {
     "diloco_churn_wan_n4_quiet_rerun2.json": (DILOCO, "the same, a third run", churn),
     "diloco_churn_wan_n4_lost_wait07.json": (DILOCO, "the same with lost_wait 0.7 s", churn),
     "diloco_churn_wan_n4_lost_wait07_rerun.json": (DILOCO, "the same, a second run", churn),
+    "diloco_churn_wan_n4_alongside.json": (DILOCO, "lost_wait 1 s, the look for ranks alive "
+                                           "elsewhere alongside the check-in: two store round "
+                                           "trips to agree", churn),
+    "diloco_churn_wan_n4_alongside_rerun.json": (DILOCO, "the same, a second run", churn),
+    "diloco_churn_wan_n4_alongside_rerun2.json": (DILOCO, "the same, a third run", churn),
     "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
                                                  "20 rounds, 2 losses, 2 joins", churn),
     "diloco_slow_peer_drop_n4.json": (DILOCO, "churn with slow_peer='drop' (36 rounds, 2 losses, "
