@@ -488,6 +488,39 @@ def test_a_quiet_rank_is_agreed_in_two_round_trips(monkeypatch):
     assert got[True] < 0.3 <= 0.4 <= got[False], got
 
 
+def test_a_look_whose_clients_fail_is_done_on_the_checks_own(monkeypatch):
+    """Where the look alongside the check-in fails (its clients' store calls raise), the check
+    looks on its own client: a quiet rank that marked the operation done is alive, not lost."""
+    from datetime import timedelta
+
+    from torch_ringdist import _recovery
+
+    class Group:  # rank 0 of 3
+        def rank(self):
+            return 0
+
+        def size(self):
+            return 3
+
+    class Failing:
+        def __getattr__(self, name):
+            def fail(*args):
+                raise RuntimeError("store call failed")
+            return fail
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
+    pg, group_store = Group(), dist.PrefixStore("failing/", server)
+    monkeypatch.setattr(_recovery, "_known_dead", lambda pg: [])
+    monkeypatch.setattr(_recovery, "_group_store", lambda g: (g, group_store))
+    monkeypatch.setattr(_recovery, "_prefix", lambda g, key: f"{key}/")
+    monkeypatch.setitem(_recovery._LOOK_CLIENTS, pg, [Failing(), Failing()])
+    group_store.add("check/here/0", 1 << 1)  # rank 1 is here
+    group_store.append("op/done", "2\n")  # rank 2 completed the operation and moved on
+    decision = _recovery.decide(pg, wait=3.0, key="check", done="op",
+                                heartbeat=_StillBeat(2, 1.5, quiet=True))
+    assert decision["lost"] == [], decision
+
+
 def abort_healthy(rank, ws, store, dist, torch):
     """3 ranks, all alive; ranks 0 and 1 drop rank 2 with SHRINK_ABORT. The survivors get a
     working group at once (no wait for rank 2 at teardown), subgroups made before are gone,

@@ -124,7 +124,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         gone = set(probe.result()) - arrived
         away = set(range(size)) - arrived - gone - elsewhere
         if look is not None and look.done():
-            elsewhere |= look.result()
+            elsewhere |= look.result() or set()
         elif look is None and away and time.monotonic() - looked >= _LOOK_ELSEWHERE:
             elsewhere |= _alive_elsewhere(store, pg, away, done, behind, watch.stored)
             looked = time.monotonic()
@@ -147,10 +147,10 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         # asked about every rank missing (as fresh as a look now), else one now. Ended early
         # by a decision stored meanwhile: compare_set below returns that one.
         unsure = missing - gone
-        if look is not None and look.covers(unsure, checked):
-            missing -= look.result()
-        else:
-            missing -= _alive_elsewhere(store, pg, unsure, done, behind, watch.stored)
+        found = look.result() if look is not None and look.covers(unsure, checked) else None
+        if found is None:
+            found = _alive_elsewhere(store, pg, unsure, done, behind, watch.stored)
+        missing -= found
         slow, reported = None, {}
         if ratios is not None and not missing:
             reported = _reported_ratios(store, _prefix(pg, done), size)
@@ -450,14 +450,15 @@ class _Look:
     def done(self) -> bool:
         return all(part.done() for part in self._parts)
 
-    def result(self) -> set:
-        """The ranks found alive elsewhere (waiting for the parts); none where a part failed."""
+    def result(self) -> set | None:
+        """The ranks found alive elsewhere (waiting for the parts); None where a part failed
+        (then the check looks on its own client)."""
         found = set()
         for part in self._parts:
             try:
                 found |= part.result()
-            except Exception:  # noqa: BLE001 (the store failed it: the check decides without)
-                pass
+            except Exception:  # noqa: BLE001 (a store error on a look client)
+                return None
         return found & self.ranks
 
     def covers(self, ranks: set, since: float) -> bool:
