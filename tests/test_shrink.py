@@ -485,6 +485,7 @@ def test_a_quiet_rank_is_agreed_in_two_round_trips(monkeypatch):
                                     heartbeat=_StillBeat(2, 1.5, quiet=True))
         got[made] = time.monotonic() - start
         assert decision["lost"] == [2] and decision["quiet"] == [2], decision
+        assert decision["looks"] == 1 and not decision["learnt"], decision  # the first look
     assert got[True] < 0.3 <= 0.4 <= got[False], got
 
 

@@ -69,14 +69,15 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
            heartbeat: "Heartbeat | None" = None) -> dict:
     """:func:`lost_ranks`'s decision: {"lost": ranks to drop, "slow": those of them dropped as
     the slow peer, "quiet": those dropped after one ``wait`` of silence on quiet links (below),
-    "ratios": those reported (rank -> its links')}. ``ratios`` (with ``done``):
-    a callable giving, for each of this rank's links, the rate at which it delivered the
-    operation's bytes over its usual rate (None where unknown); every caller and every rank
-    that marked the operation done reports its own, and a rank most of whose links, out or
-    in, run at less than 1/``SLOW_FACTOR`` of their usual rate (:func:`slow_peer`) is dropped
-    too. ``behind``: (the check of the operation before, that operation); ranks that checked in
-    there, have not marked it done and are not here are alive and still on it (this rank
-    completed it and moved on), not lost.
+    "ratios": those reported (rank -> its links'), and this rank's side: "looks" (its
+    check-ins), "learnt" (whether another rank's stored decision ended its looks)}. ``ratios``
+    (with ``done``): a callable giving, for each of this rank's links, the rate at which it
+    delivered the operation's bytes over its usual rate (None where unknown); every caller and
+    every rank that marked the operation done reports its own, and a rank most of whose links,
+    out or in, run at less than 1/``SLOW_FACTOR`` of their usual rate (:func:`slow_peer`) is
+    dropped too. ``behind``: (the check of the operation before, that operation); ranks that
+    checked in there, have not marked it done and are not here are alive and still on it (this
+    rank completed it and moved on), not lost.
     ``heartbeat`` (this group's): a rank that still beats is alive (still computing: the
     decision waits for it, up to ``HEARTBEAT_PATIENCE`` times ``wait``); one whose beat has
     been still for the heartbeat's ``silent_after`` and ``wait`` more has had its wait, however
@@ -104,7 +105,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     look = _Look.start(pg, _suspects(heartbeat, pg), done, behind, checked)
     arrived = _checked_in(store, prefix, size, rank)
     start = looked = time.monotonic()
-    decided, elsewhere, quiet = False, set(), set()
+    decided, elsewhere, quiet, looks = False, set(), set(), 1
     while True:
         # Ranks this one knows dead (same host: the process; another host: refused at its
         # door) need no waiting for, nor ranks alive on another operation (elsewhere): once
@@ -140,6 +141,8 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         if look is not None and look.done() and away and checked - look.started >= _LOOK_ELSEWHERE:
             look = _Look.start(pg, away, done, behind, checked)
         arrived = _checked_in(store, prefix, size)
+        looks += 1
+    learnt = decided  # from the decision watch: another rank's decision ended the looks
     proposal = {"lost": [], "slow": [], "quiet": [], "ratios": {}}  # a stored decision stands
     if not (decided or (settled is not None and settled())):
         missing = set(range(size)) - arrived - elsewhere
@@ -174,7 +177,9 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
         # Before this rank aborts the group: the dropped rank, which may have completed the
         # operation and moved on, learns why its next one fails (excluded()).
         store.set(_prefix(pg, "excluded") + str(r), operation)
-    return decided
+    # This rank's side of it, for the records: its check-ins, and whether it learnt the
+    # decision stored by another rank while it looked.
+    return {**decided, "looks": looks, "learnt": learnt}
 
 
 # Ranks per check-in mask: their bits sum within a store counter (int64).

@@ -739,7 +739,8 @@ class DiLoCoState(HookState):
             work.wait()
         return lost, {"agree_s": agreed - start, "shrink_s": shrunk - agreed,
                       "redo_s": time.monotonic() - shrunk, "slow": decision["slow"],
-                      "quiet": decision.get("quiet", []),
+                      "quiet": decision.get("quiet", []), "looks": decision["looks"],
+                      "learnt": decision["learnt"],
                       "ratios": decision["ratios"]}
 
     def _allreduce(self, fragment: int, flat: torch.Tensor):
