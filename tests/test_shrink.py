@@ -489,6 +489,47 @@ def test_a_quiet_rank_is_agreed_in_two_round_trips(monkeypatch):
     assert got[True] < 0.3 <= 0.4 <= got[False], got
 
 
+def test_a_rank_quiet_from_the_second_look_is_agreed_in_three_round_trips(monkeypatch):
+    """A silent rank whose links read as quiet only once the check is past its first look: a
+    look runs alongside every check-in (the store 0.1 s away), so the check ends at the second
+    look with nothing more to ask before the decision: three round trips, not five."""
+    from datetime import timedelta
+
+    from torch_ringdist import _recovery
+
+    class Group:  # rank 0 of 3
+        def rank(self):
+            return 0
+
+        def size(self):
+            return 3
+
+    class QuietLater(_StillBeat):
+        def __init__(self):
+            super().__init__(2, 1.5, quiet=True)
+            self.since = time.monotonic()
+
+        def quiet(self, group, rank, seconds):
+            return time.monotonic() - self.since >= 0.15 and super().quiet(group, rank, seconds)
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
+    pg, group_store = Group(), dist.PrefixStore("later/", server)
+    monkeypatch.setattr(_recovery, "_known_dead", lambda pg: [])
+    monkeypatch.setattr(_recovery, "_group_store", lambda g: (g, _DelayedStore(group_store, 0.1)))
+    monkeypatch.setattr(_recovery, "_prefix", lambda g, key: f"{key}/")
+    group_store.add("check/here/0", 1 << 1)  # rank 1 is here
+    _recovery.ready_to_shrink(pg)
+    deadline = time.monotonic() + 10
+    while not _recovery._LOOK_CLIENTS.get(pg) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    start = time.monotonic()
+    decision = _recovery.decide(pg, wait=3.0, key="check", done="op",
+                                behind=("before.0", "before"), heartbeat=QuietLater())
+    took = time.monotonic() - start
+    assert decision["lost"] == [2] and decision["looks"] == 2, decision
+    assert 0.3 <= took < 0.4, took
+
+
 def test_a_look_whose_clients_fail_is_done_on_the_checks_own(monkeypatch):
     """Where the look alongside the check-in fails (its clients' store calls raise), the check
     looks on its own client: a quiet rank that marked the operation done is alive, not lost."""

@@ -138,7 +138,7 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
             break
         probe = _probe_dead(pg)  # the next look's, alongside the check-ins' round trip
         checked = time.monotonic()
-        if look is not None and look.done() and away and checked - look.started >= _LOOK_ELSEWHERE:
+        if look is not None and look.done() and away and checked - look.started >= _LOOK_ALONGSIDE:
             look = _Look.start(pg, away, done, behind, checked)
         arrived = _checked_in(store, prefix, size)
         looks += 1
@@ -147,10 +147,13 @@ def decide(group=None, wait: float = 1.0, key: str | None = None, settled=None,
     if not (decided or (settled is not None and settled())):
         missing = set(range(size)) - arrived - elsewhere
         # The last look before proposing: the one that ran alongside the last check-in where it
-        # asked about every rank missing (as fresh as a look now), else one now. Ended early
-        # by a decision stored meanwhile: compare_set below returns that one.
+        # asked about every rank missing (as fresh as a look now), else one now, on the look
+        # clients where the group has them. Ended early by a decision stored meanwhile:
+        # compare_set below returns that one.
         unsure = missing - gone
-        found = look.result() if look is not None and look.covers(unsure, checked) else None
+        if look is not None and not look.covers(unsure, checked):
+            look = _Look.start(pg, unsure, done, behind, time.monotonic())
+        found = look.result() if look is not None else None
         if found is None:
             found = _alive_elsewhere(store, pg, unsure, done, behind, watch.stored)
         missing -= found
@@ -392,8 +395,11 @@ def _link_quiet_ms(pg) -> list[int]:
         return [-1] * pg.size()
 
 
-# Seconds between two looks, during a check, for the ranks alive on another operation.
+# Seconds between two looks, during a check, for the ranks alive on another operation: on the
+# check's own client (between its check-ins), and on the look clients (alongside them: across a
+# WAN one with every check-in, on a LAN no more than 20 a second).
 _LOOK_ELSEWHERE = 0.25
+_LOOK_ALONGSIDE = 0.05
 
 
 def _alive_elsewhere(store, pg, ranks: set, done: str | None,
