@@ -424,6 +424,26 @@ def test_a_look_elsewhere_asks_once_for_every_rank_and_ends_once_decided(monkeyp
     assert counting.trips == 1
 
 
+class _RankZeroOfThree:
+    """A group for decide run in this process (its store and names monkeypatched): rank 0 of 3."""
+
+    def rank(self):
+        return 0
+
+    def size(self):
+        return 3
+
+
+def _make_look_clients(pg):
+    """ready_to_shrink's look clients for ``pg``, waited for."""
+    from torch_ringdist import _recovery
+
+    _recovery.ready_to_shrink(pg)
+    deadline = time.monotonic() + 10
+    while not _recovery._LOOK_CLIENTS.get(pg) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 class _DelayedStore:
     """A store whose every call takes `rtt` seconds more (a store across a WAN); its clones
     too."""
@@ -456,29 +476,19 @@ def test_a_quiet_rank_is_agreed_in_two_round_trips(monkeypatch):
 
     from torch_ringdist import _recovery
 
-    class Group:  # rank 0 of 3
-        def rank(self):
-            return 0
-
-        def size(self):
-            return 3
-
     server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
     monkeypatch.setattr(_recovery, "_known_dead", lambda pg: [])
     stores = {}
     monkeypatch.setattr(_recovery, "_group_store", lambda pg: (pg, stores[pg]))
     got = {}
     for made in (False, True):
-        pg = Group()
+        pg = _RankZeroOfThree()
         group_store = dist.PrefixStore(f"made{made}/", server)
         stores[pg] = _DelayedStore(group_store, 0.1)
         monkeypatch.setattr(_recovery, "_prefix", lambda pg, key: f"{key}/")
         group_store.add("check/here/0", 1 << 1)  # rank 1 is here
         if made:
-            _recovery.ready_to_shrink(pg)
-            deadline = time.monotonic() + 10
-            while not _recovery._LOOK_CLIENTS.get(pg) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            _make_look_clients(pg)
         start = time.monotonic()
         decision = _recovery.decide(pg, wait=3.0, key="check", done="op",
                                     behind=("before.0", "before"),
@@ -497,13 +507,6 @@ def test_a_rank_quiet_from_the_second_look_is_agreed_in_three_round_trips(monkey
 
     from torch_ringdist import _recovery
 
-    class Group:  # rank 0 of 3
-        def rank(self):
-            return 0
-
-        def size(self):
-            return 3
-
     class QuietLater(_StillBeat):
         def __init__(self):
             super().__init__(2, 1.5, quiet=True)
@@ -513,15 +516,12 @@ def test_a_rank_quiet_from_the_second_look_is_agreed_in_three_round_trips(monkey
             return time.monotonic() - self.since >= 0.15 and super().quiet(group, rank, seconds)
 
     server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
-    pg, group_store = Group(), dist.PrefixStore("later/", server)
+    pg, group_store = _RankZeroOfThree(), dist.PrefixStore("later/", server)
     monkeypatch.setattr(_recovery, "_known_dead", lambda pg: [])
     monkeypatch.setattr(_recovery, "_group_store", lambda g: (g, _DelayedStore(group_store, 0.1)))
     monkeypatch.setattr(_recovery, "_prefix", lambda g, key: f"{key}/")
     group_store.add("check/here/0", 1 << 1)  # rank 1 is here
-    _recovery.ready_to_shrink(pg)
-    deadline = time.monotonic() + 10
-    while not _recovery._LOOK_CLIENTS.get(pg) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _make_look_clients(pg)
     start = time.monotonic()
     decision = _recovery.decide(pg, wait=3.0, key="check", done="op",
                                 behind=("before.0", "before"), heartbeat=QuietLater())
@@ -537,13 +537,6 @@ def test_a_look_whose_clients_fail_is_done_on_the_checks_own(monkeypatch):
 
     from torch_ringdist import _recovery
 
-    class Group:  # rank 0 of 3
-        def rank(self):
-            return 0
-
-        def size(self):
-            return 3
-
     class Failing:
         def __getattr__(self, name):
             def fail(*args):
@@ -551,7 +544,7 @@ def test_a_look_whose_clients_fail_is_done_on_the_checks_own(monkeypatch):
             return fail
 
     server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
-    pg, group_store = Group(), dist.PrefixStore("failing/", server)
+    pg, group_store = _RankZeroOfThree(), dist.PrefixStore("failing/", server)
     monkeypatch.setattr(_recovery, "_known_dead", lambda pg: [])
     monkeypatch.setattr(_recovery, "_group_store", lambda g: (g, group_store))
     monkeypatch.setattr(_recovery, "_prefix", lambda g, key: f"{key}/")
