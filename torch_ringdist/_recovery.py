@@ -510,9 +510,7 @@ def _done_key(pg, operation: str) -> str:
 
 def _marked_done(store, pg, operation: str, ranks: set) -> set:
     """Those of ``ranks`` that marked ``operation`` done (mark_done): one round trip."""
-    text = store.compare_set(_done_key(pg, operation), "", "")  # "" (and created) where none
-    text = text.decode() if isinstance(text, bytes) else text
-    return {int(r) for r in text.split()} & set(ranks)
+    return {int(r) for r in _read_lines(store, _done_key(pg, operation))} & set(ranks)
 
 
 def _checked_in(store, prefix: str, size: int, rank: int | None = None) -> set:
@@ -604,11 +602,17 @@ def _report_ratios(store, prefix: str, rank: int, ratios: list) -> None:
     store.append(prefix + "ratios", json.dumps({"rank": rank, "ratios": ratios}) + "\n")
 
 
+def _read_lines(store, key: str) -> list[str]:
+    """The lines appended to ``key`` (one round trip): none where nobody appended, the key then
+    created empty (a get would wait for it)."""
+    text = store.compare_set(key, "", "")
+    text = text.decode() if isinstance(text, bytes) else text
+    return [line for line in text.splitlines() if line]
+
+
 def _reported_ratios(store, prefix: str, size: int) -> dict:
     """rank -> its links' reported ratios, for the ranks that reported (one round trip)."""
-    text = store.compare_set(prefix + "ratios", "", "")  # "" (and created) where none reported
-    text = text.decode() if isinstance(text, bytes) else text
-    reports = [json.loads(line) for line in text.splitlines() if line]
+    reports = [json.loads(line) for line in _read_lines(store, prefix + "ratios")]
     return {r["rank"]: r["ratios"] for r in reports if 0 <= r["rank"] < size}
 
 
