@@ -616,15 +616,25 @@ def _reported_ratios(store, prefix: str, size: int) -> dict:
     return {r["rank"]: r["ratios"] for r in reports if 0 <= r["rank"] < size}
 
 
-def ready_to_shrink(group) -> None:
+def ready_to_shrink(group, keep_links: bool = False) -> None:
     """Readies what the next ``dist.shrink_group`` of ``group`` needs, off the caller's path: a
     client of its store (_registration.keep_spare_client), and for the checks of who is alive
-    (decide) the group's look clients."""
+    (decide) the group's look clients. ``keep_links``: an error then leaves this rank's sealed
+    TCP links open, so the shrink after it keeps them warm (a fresh connection across a WAN
+    starts slowly), where it would close them all; only for callers whose ranks learn of a
+    failure from a check of who is alive (:func:`check_open`), as a peer waiting on this rank
+    no longer fails at once."""
+    from torch_ringdist._collectives import ringdist_backend
     from torch_ringdist._registration import keep_spare_client
 
     pg, store = _group_store(group)
     keep_spare_client(store)
     _make_look_clients(pg, store)
+    if keep_links:
+        try:
+            ringdist_backend(pg)._keep_links_on_error()
+        except ValueError:  # not a ringdist group: its error closes what it closes
+            pass
 
 
 def own_client(store):

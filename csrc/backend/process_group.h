@@ -201,6 +201,10 @@ class TORCH_RINGDIST_API ProcessGroupRingdist : public c10d::Backend {
   // Caps the rate this rank sends at on each of its TCP links (bytes per second, 0: no
   // cap); returns the links capped. For tests: a slow link on one machine.
   int capSendRate(uint64_t bytesPerSecond);
+  // From now on an error leaves the sealed TCP links open for a shrink to keep
+  // (Communicator::keepLinksOnError): for callers whose ranks learn of a failure through the
+  // store (DiLoCo with exchange_timeout), so a kill's shrink needs no new connections.
+  void keepLinksOnError() { worker_->keepLinksOnError(); }
   // Destroying the group then skips the goodbye through the store (no store round trip): for
   // callers that know every rank finished the same operations and closes the same way
   // (DiLoCo's re-forming at a period's end, a shrink).

@@ -106,6 +106,7 @@ class Worker {
   std::vector<Channel::SendTotals> sendTotals() const { return comm_->sendTotals(); }
   std::vector<int64_t> quietMs() const { return comm_->quietMs(); }
   int capSendRate(uint64_t bytesPerSecond) { return comm_->capSendRate(bytesPerSecond); }
+  void keepLinksOnError() { comm_->keepLinksOnError(); }
   void resetStats();
 
   // Runs what is queued, then closes the connections (orderly teardown).

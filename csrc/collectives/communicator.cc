@@ -436,9 +436,13 @@ std::string Communicator::abort(const std::string& reason) {
     abortReason_ += strCat(" [first error in the group: ", first, "]");
   }
   // Closing every connection makes each peer's pending operation fail at once
-  // (EOF), which cascades the error to the whole group.
-  for (auto& ch : channels_) {
-    if (ch) {
+  // (EOF), which cascades the error to the whole group; with keepLinksOnError the ranks
+  // learn of it another way, and a shrink keeps the sealed links (an explicit abort, not an
+  // error, still closes them).
+  const bool keep = keepLinksOnError_.load() && !abortRequested_.load();
+  for (size_t i = 0; i < channels_.size(); ++i) {
+    auto& ch = channels_[i];
+    if (ch && !(keep && i < static_cast<size_t>(size_) && ch->keepable())) {
       ch->close();
     }
   }

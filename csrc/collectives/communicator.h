@@ -178,6 +178,11 @@ class Communicator {
   // to `ranks` that a shrunk group may keep (Channel::keepable), by position in
   // `ranks` (null where none); every other link is closed.
   std::vector<std::unique_ptr<Channel>> releaseLinks(const std::vector<int>& ranks);
+  // Any thread: an error then closes only the links a shrink cannot keep (shared memory,
+  // lanes, plaintext), not the sealed TCP links, so a shrink after it (releaseLinks) keeps
+  // them warm. For callers whose ranks learn of a failure another way than a closed link
+  // (DiLoCo's check of who is alive): a peer waiting on this rank then fails only its own way.
+  void keepLinksOnError() { keepLinksOnError_.store(true); }
 
   // The board (board.h): every collective publishes its header there.
   bool hasBoard() const { return board_.exists(); }
@@ -323,6 +328,7 @@ class Communicator {
   bool closed_ = false;
   std::atomic<bool> abortRequested_{false};
   std::atomic<bool> keepLinks_{false};
+  std::atomic<bool> keepLinksOnError_{false};
   // Held by the any-thread calls that read channels_ and by releaseLinks, which empties some.
   mutable std::mutex linksMutex_;
   std::string abortReason_;

@@ -109,6 +109,11 @@ PYBIND11_MODULE(_C, m) {
       .def("_link_quiet_ms", &ringdist::ProcessGroupRingdist::linkQuietMs,
            "Per rank: milliseconds since data from it last arrived on the TCP links to it (-1 "
            "for shared memory, this rank and closed links); any thread")
+      .def("_keep_links_on_error", &ringdist::ProcessGroupRingdist::keepLinksOnError,
+           "From now on an error closes only the links a shrink cannot keep: the sealed TCP "
+           "links stay open for the next shrink_group(SHRINK_ABORT). Only for ranks that learn "
+           "of a failure another way (a check of who is alive), as a peer waiting on this rank "
+           "no longer fails at once; any thread")
       .def("_cap_send_rate", &ringdist::ProcessGroupRingdist::capSendRate,
            py::arg("bytes_per_second"),
            "Caps this rank's sending rate on each TCP link (0: no cap); returns the links "

@@ -589,7 +589,9 @@ class DiLoCoState(HookState):
         if self.on_failure == "shrink":
             from torch_ringdist._recovery import ready_to_shrink
 
-            ready_to_shrink(self.process_group)
+            # With a deadline a waiting rank looks for a check another rank began (the cascade
+            # of an error), so an error may leave the links open for the shrink to keep.
+            ready_to_shrink(self.process_group, keep_links=limit is not None)
         if limit is not None and self.rounds == 0:
             limit *= _FIRST_ROUND_SLACK  # the ranks' first steps take unequal time
         deadline = None if limit is None else time.monotonic() + limit
