@@ -82,6 +82,45 @@ def test_creator_killed_before_unlinking_leaves_no_shm():
     assert not set(ringdist_shm_entries()) - before, (created, results[1][2][-2000:])
 
 
+# Rank 0 starts connecting a group ahead (as DiLoCo's joins do, on a daemon thread) and exits
+# once it created the host's segment, which its same-host peer has not mapped yet.
+_EXITS_WHILE_CONNECTING = """
+import os, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from torch_ringdist._registration import connect_ahead
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+connect_ahead(store, int(os.environ["RANK"]), 2, timedelta(seconds=60))
+if os.environ["RANK"] != "0":
+    time.sleep(120)  # mapping after RINGDIST_TEST_SHM_MAP_DELAY_MS, unless killed first
+before = set(sys.argv[1].split(","))
+deadline = time.monotonic() + 60
+while not {n for n in os.listdir("/dev/shm") if n.startswith("ringdist")} - before:
+    assert time.monotonic() < deadline, "no segment created"
+    time.sleep(0.01)
+print("CREATED", flush=True)
+"""
+
+
+def test_creator_exiting_while_its_peer_maps_leaves_no_shm():
+    """A rank that exits (normally) while a connect on another of its threads still waits for
+    its same-host peer to map the segment it created removes the segment's name at exit: the
+    peer, SIGKILLed before it maps the segment, never removes it."""
+    require_test_build()
+    before = set(ringdist_shm_entries())
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,  # noqa: F841
+                          timeout=timedelta(seconds=60))
+    envs = world_envs(2, port, None, [{}, {"RINGDIST_TEST_SHM_MAP_DELAY_MS": 60000}])
+    cmd = [sys.executable, "-P", "-c", _EXITS_WHILE_CONNECTING, ",".join(sorted(before)) or "-"]
+    with Launched([cmd] * 2, envs) as ranks:
+        assert ranks.procs[0].wait(90) == 0, ranks.communicate(1)[0]
+        os.kill(ranks.pids[1], signal.SIGKILL)  # still in its delay before mapping
+        results = ranks.communicate(30)
+    assert "CREATED" in results[0][1], results[0]
+    assert not set(ringdist_shm_entries()) - before, results[0][2][-2000:]
+
+
 def test_oversubscribed_world_makes_progress():
     # 6 ranks on a 2-core machine: waiting must sleep, not spin.
     results = launch(6, "many", timeout=240)

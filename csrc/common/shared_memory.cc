@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <utility>
 
 #include "csrc/common/error.h"
@@ -26,6 +29,28 @@ std::string randomName() {
     name += hex[b & 15];
   }
   return name;
+}
+// The names this process created and has not unlinked yet, removed at its exit: a connect
+// still waiting for its same-host peers to map a segment when the process ends (a group that
+// was connecting ahead, abandoned on a daemon thread) would otherwise leave it in /dev/shm.
+// Never destroyed: such a thread may still use it while the process exits.
+struct OwnedNames {
+  std::mutex mutex;
+  std::set<std::string> names;
+};
+
+OwnedNames& ownedNames() {
+  static OwnedNames* owned = [] {
+    auto* names = new OwnedNames;
+    std::atexit([] {
+      OwnedNames& all = ownedNames();
+      std::lock_guard<std::mutex> lock(all.mutex);
+      for (const auto& name : all.names) ::shm_unlink(name.c_str());
+      all.names.clear();
+    });
+    return names;
+  }();
+  return *owned;
 }
 }  // namespace
 
@@ -47,6 +72,11 @@ SharedMapping SharedMapping::create(size_t bytes) {
   if (base == MAP_FAILED) {
     ::shm_unlink(name.c_str());
     RINGDIST_FAIL("ringdist: mmap of shared memory failed: ", std::strerror(err));
+  }
+  {
+    OwnedNames& owned = ownedNames();
+    std::lock_guard<std::mutex> lock(owned.mutex);
+    owned.names.insert(name);
   }
   mapping.name_ = std::move(name);
   mapping.base_ = base;
@@ -91,6 +121,9 @@ SharedMapping::~SharedMapping() {
 
 void SharedMapping::unlinkName() {
   if (linked_) {
+    OwnedNames& owned = ownedNames();
+    std::lock_guard<std::mutex> lock(owned.mutex);
+    owned.names.erase(name_);
     removeSharedName(name_);
     linked_ = false;
   }
