@@ -734,6 +734,10 @@ SCENARIOS = {
                                                "check-in", churn),
     "diloco_churn_wan_n4_every_checkin_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_every_checkin_rerun2.json": (DILOCO, "the same, a third run", churn),
+    "diloco_churn_wan_n4_kept_on_kill.json": (DILOCO, "the same, the survivors' links kept "
+                                              "through a kill's shrink", churn),
+    "diloco_churn_wan_n4_kept_on_kill_rerun.json": (DILOCO, "the same, a second run", churn),
+    "diloco_churn_wan_n4_kept_on_kill_rerun2.json": (DILOCO, "the same, a third run", churn),
     "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
                                                  "20 rounds, 2 losses, 2 joins", churn),
     "diloco_slow_peer_drop_n4.json": (DILOCO, "churn with slow_peer='drop' (36 rounds, 2 losses, "
