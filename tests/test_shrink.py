@@ -606,18 +606,24 @@ def test_shrink_abort_of_a_healthy_group(tmp_path):
 
 
 def keeps_links(rank, ws, store, dist, torch):
-    """4 ranks on TCP; rank 1 goes silent (SIGSTOP) and never joins a 32 MB allreduce, which
-    stalls partway (bytes queued and in flight on the survivors' links too), and ranks 0, 2
-    and 3 shrink it away with SHRINK_ABORT, each after its own pause (a survivor's fence may
-    reach another still in the stalled allreduce). Returns which of the survivors' links the new group kept (the same
-    socket: both ends' addresses as before) and whether its allreduces are exact."""
+    """4 ranks on TCP; rank 1 goes silent (LOST_BY=stop: SIGSTOP) or dies (kill: SIGKILL, its
+    neighbours' links to it fail) and never joins a 32 MB allreduce, which stalls partway (bytes
+    queued and in flight on the survivors' links too); with KEEP=1 every rank first asked for
+    its links to be kept on an error. Ranks 0, 2 and 3 shrink rank 1 away with SHRINK_ABORT,
+    each after its own pause (a survivor's fence may reach another still in the stalled
+    allreduce). Returns which of the survivors' links the new group kept (the same socket: both
+    ends' addresses as before), the stalled allreduce's error and whether the new group's
+    allreduces are exact."""
     init_group(rank, ws, store, dist)
-    old = dist.group.WORLD._get_backend(torch.device("cpu")).links
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    old = backend.links
+    if os.environ.get("KEEP") == "1":
+        backend._keep_links_on_error()
     _sum_ok(dist, torch)
     store.set(f"summed/{rank}", "1")
     store.wait([f"summed/{r}" for r in range(ws)])
     if rank == 1:
-        os.kill(os.getpid(), signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGKILL if os.environ["LOST_BY"] == "kill" else signal.SIGSTOP)
     stalled = dist.all_reduce(torch.full((8 << 20,), float(rank)), async_op=True)
     time.sleep(0.5 + 0.2 * rank)
     start = time.monotonic()
@@ -627,7 +633,7 @@ def keeps_links(rank, ws, store, dist, torch):
         stalled.wait()
         error = None
     except Exception as e:  # noqa: BLE001
-        error = str(e)[:200]
+        error = str(e)[:300]
     links = dist.group.WORLD._get_backend(torch.device("cpu")).links
     survivors = [0, 2, 3]
     me = dist.get_rank()
@@ -642,77 +648,43 @@ def keeps_links(rank, ws, store, dist, torch):
             "sum_ok": _sum_ok(dist, torch), "exact": exact, "size": dist.get_world_size()}
 
 
-@pytest.mark.parametrize("encrypt", ["1", "0"])
-def test_a_shrink_keeps_the_survivors_sealed_links(tmp_path, encrypt):
-    """Sealed links carry on into the shrunk group, fenced past the aborted allreduce's bytes;
-    plaintext links (no records to fence with) connect afresh. Either way the new group's
-    allreduces are exact."""
-    env = {"RINGDIST_TRANSPORT": "tcp", "RINGDIST_TCP_ENCRYPT": encrypt}
+def _shrunk_without_rank_1(tmp_path, env: dict) -> dict:
+    """keeps_links on sealed TCP links (unless env says otherwise): the survivors' results,
+    each checked for a 3-rank group with exact allreduces and a failed stalled one."""
+    env = {"RINGDIST_TRANSPORT": "tcp", "RINGDIST_TCP_ENCRYPT": "1", **env}
     with Spawned(keeps_links, 4, tmp_path, env=env) as w:
         got = w.results(120, expect_dead=(1,))
     for rank in (0, 2, 3):
         r = got[rank]
         assert (r["size"], r["sum_ok"], r["exact"]) == (3, True, True), r
         assert r["stalled_error"], r
+        assert set(r["kept"]) == {str(q) for q in (0, 2, 3) if q != rank}, r
+        assert r["seconds"] < 10, r
+    return got
+
+
+@pytest.mark.parametrize("encrypt", ["1", "0"])
+def test_a_shrink_keeps_the_survivors_sealed_links(tmp_path, encrypt):
+    """Sealed links carry on into the shrunk group, fenced past the aborted allreduce's bytes;
+    plaintext links (no records to fence with) connect afresh. Either way the new group's
+    allreduces are exact."""
+    got = _shrunk_without_rank_1(tmp_path, {"LOST_BY": "stop", "RINGDIST_TCP_ENCRYPT": encrypt})
+    for rank in (0, 2, 3):
+        r = got[rank]
         # A fenced link does not fail the stalled allreduce: the survivor's own shrink ends it.
         assert "aborted" in r["stalled_error"] or encrypt == "0", r
-        assert set(r["kept"]) == {str(q) for q in (0, 2, 3) if q != rank}, r
         assert set(r["kept"].values()) == {encrypt == "1"}, r  # all kept, or none
-        assert r["seconds"] < 10, r
-
-
-def keeps_links_after_a_kill(rank, ws, store, dist, torch):
-    """4 ranks on sealed TCP links; rank 1 is SIGKILLed as the others start a 32 MB allreduce
-    (its neighbours' links to it fail, the others' allreduce stalls); with KEEP=1 every survivor
-    asked for its links to be kept on an error first. Each survivor shrinks rank 1 away with
-    SHRINK_ABORT after its own pause. Returns which survivors' links the new group kept (the
-    same socket as before), the stalled allreduce's error, and whether the new group is exact."""
-    init_group(rank, ws, store, dist)
-    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
-    old = backend.links
-    if os.environ["KEEP"] == "1":
-        backend._keep_links_on_error()
-    _sum_ok(dist, torch)
-    store.set(f"summed/{rank}", "1")
-    store.wait([f"summed/{r}" for r in range(ws)])
-    if rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    stalled = dist.all_reduce(torch.full((8 << 20,), float(rank)), async_op=True)
-    time.sleep(0.5 + 0.2 * rank)
-    dist.shrink_group([1], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
-    try:
-        stalled.wait()
-        error = None
-    except Exception as e:  # noqa: BLE001
-        error = str(e)[:300]
-    links = dist.group.WORLD._get_backend(torch.device("cpu")).links
-    survivors, me = [0, 2, 3], dist.get_rank()
-    kept = {survivors[q]: (links[q]["local"], links[q]["peer"]) ==
-            (old[survivors[q]]["local"], old[survivors[q]]["peer"])
-            for q in range(3) if q != me}
-    n = 1 << 20
-    t = torch.arange(n, dtype=torch.float32) * (me + 1)
-    dist.all_reduce(t)
-    return {"kept": kept, "stalled_error": error, "size": dist.get_world_size(),
-            "exact": bool(torch.equal(t, torch.arange(n, dtype=torch.float32) * 6))}
 
 
 @pytest.mark.parametrize("keep", [True, False])
 def test_links_kept_on_error_survive_a_kill_into_the_shrink(tmp_path, keep):
     """An error closes every link (its peers fail at once), unless the rank asked to keep
     them (_keep_links_on_error): then the sealed links to the survivors of a kill carry on into
-    the shrunk group, fenced past the failed allreduce's bytes. Its neighbours' allreduce fails
-    on rank 1's closed link either way."""
-    env = {"RINGDIST_TRANSPORT": "tcp", "RINGDIST_TCP_ENCRYPT": "1", "KEEP": str(int(keep))}
-    with Spawned(keeps_links_after_a_kill, 4, tmp_path, env=env) as w:
-        got = w.results(120, expect_dead=(1,))
+    the shrunk group, fenced past the failed allreduce's bytes. Rank 1's neighbours' allreduce
+    fails on its closed link either way."""
+    got = _shrunk_without_rank_1(tmp_path, {"LOST_BY": "kill", "KEEP": str(int(keep))})
     for rank in (0, 2, 3):
-        r = got[rank]
-        assert (r["size"], r["exact"]) == (3, True), r
-        assert r["stalled_error"], r
-        assert set(r["kept"]) == {str(q) for q in (0, 2, 3) if q != rank}, r
-        assert set(r["kept"].values()) == {keep}, r
-    # Rank 1's neighbours saw its link close, whatever the others kept.
+        assert set(got[rank]["kept"].values()) == {keep}, got[rank]
     assert any("rank 1" in got[r]["stalled_error"] for r in (0, 2)), got
 
 
