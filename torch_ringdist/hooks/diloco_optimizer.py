@@ -100,31 +100,19 @@ def _serving_member(joiner: int, members: int) -> int:
 
 
 # Tags of the point-to-point transfers of a join: the state sent ahead, the round's average, a
-# joiner's word that it holds the state, the warm-up.
-_AHEAD_TAG, _AVERAGE_TAG, _HELD_TAG, _WARM_TAG = 1, 2, 3, 4
-# Bytes a member sends its joiner while the period trains, where the state itself is not sent
-# ahead: a connection that has carried nothing yet starts slowly (bbr's start-up, or slow
-# start: about 6 round trips before it fills 100 Mbit/s at RTT 100 ms), so the state sent after
-# the round finds it warm (bbr keeps its rate through idle time; a cubic link, back in slow
-# start after an idle spell, gains nothing but loses only these bytes' time).
-_WARM_BYTES = 2 << 20
-
-
-def _warm_up(peers: list, send: bool) -> "_Ahead":
-    """The warm-up's transfer (_WARM_BYTES) to or from ``peers``, as an _Ahead."""
-    return _Ahead([torch.zeros(_WARM_BYTES // 4)], peers, send, tag=_WARM_TAG)
+# joiner's word that it holds the state.
+_AHEAD_TAG, _AVERAGE_TAG, _HELD_TAG = 1, 2, 3
 
 
 class _Ahead:
-    """theta_global and the outer momentum as they were at the start of the admitting period
-    (or the warm-up, _warm_up), sent (a member) or received (a joiner) over the next
-    generation's backend as soon as it is connected, while the period trains; the joiner then
-    needs only the period's round's average to take the outer step every member takes. Posted
-    once: from the connect's thread when it completes, or by the admission, whichever comes
-    first."""
+    """theta_global and the outer momentum as they were at the start of the admitting period,
+    sent (a member) or received (a joiner) over the next generation's backend as soon as it
+    is connected, while the period trains; the joiner then needs only the period's round's
+    average to take the outer step every member takes. Posted once: from the connect's
+    thread when it completes, or by the admission, whichever comes first."""
 
-    def __init__(self, tensors: list, peers: list, send: bool, tag: int = _AHEAD_TAG):
-        self.tensors, self.peers, self.send, self.tag = tensors, peers, send, tag
+    def __init__(self, tensors: list, peers: list, send: bool):
+        self.tensors, self.peers, self.send = tensors, peers, send
         self._works = None
         self._lock = threading.Lock()
 
@@ -132,7 +120,7 @@ class _Ahead:
         with self._lock:
             if self._works is None:
                 op = backend.send if self.send else backend.recv
-                self._works = [op([t], peer, self.tag) for peer in self.peers
+                self._works = [op([t], peer, _AHEAD_TAG) for peer in self.peers
                                for t in self.tensors]
             return self._works
 
@@ -149,7 +137,6 @@ class _Admission:
         self.shrinks = shrinks  # the group's shrinks then: another one leaves the joiners out
         self.connecting = None  # the next generation's backend, connecting
         self.ahead = None  # an _Ahead, when the state is sent ahead
-        self.warm = None  # else the warm-up's (_warm_up), where this rank serves a joiner
 
 
 class DiLoCoOptimizer:
@@ -274,10 +261,6 @@ class DiLoCoOptimizer:
             connecting = _connect_generation(store, generation, invite["rank"],
                                              invite["world_size"], join_timeout)
             ahead = opt._receive_ahead(invite, connecting)
-            warm = None
-            if invite.get("warm"):
-                warm = _warm_up([_serving_member(invite["rank"], invite["members"])], send=False)
-                warm.post_when_connected(connecting)
             # The members write the counters once the period's round ended.
             header_key = _JOIN + f"header/{generation}"
             try:
@@ -297,7 +280,7 @@ class DiLoCoOptimizer:
         _form_generation(store, invite, connecting, join_timeout)
         for k, v in header["counters"].items():
             setattr(state, k, v)
-        opt._share_state(invite["members"], header, ahead, warm=warm)
+        opt._share_state(invite["members"], header, ahead)
         return opt
 
     @torch.no_grad()
@@ -344,7 +327,6 @@ class DiLoCoOptimizer:
                         invite = {"generation": generation, "world_size": world + joiners,
                                   "members": world, "ahead": ahead,
                                   "send_ahead": self.send_ahead,
-                                  "warm": not ahead,
                                   "rejoin_after": self.rejoin_after,
                                   "options": {k: getattr(state, k) for k in state._options},
                                   "momentum": sorted(state.momentum_buffers)}
@@ -358,9 +340,6 @@ class DiLoCoOptimizer:
                     if ahead and served:
                         admission.ahead = _Ahead(self._snapshot(), served, send=True)
                         admission.ahead.post_when_connected(admission.connecting)
-                    elif served:
-                        admission.warm = _warm_up(served, send=True)
-                        admission.warm.post_when_connected(admission.connecting)
                 future.set_result(admission)
             except Exception as exc:  # noqa: BLE001 (raised on the training thread, in result())
                 future.set_exception(exc)
@@ -416,7 +395,7 @@ class DiLoCoOptimizer:
                          admission.connecting, self.join_timeout)
         formed = time.monotonic()
         state.process_group = self.process_group = None
-        self._share_state(world, None, admission.ahead, kept, admission.warm)
+        self._share_state(world, None, admission.ahead, kept)
         seconds = time.monotonic() - start
         self.admissions.append({"joiners": admission.joiners, "world_size": dist.get_world_size(),
                                 "seconds": seconds, "form_s": formed - start,
@@ -428,15 +407,14 @@ class DiLoCoOptimizer:
 
     @torch.no_grad()
     def _share_state(self, members: int, header: dict | None, ahead: _Ahead | None,
-                     kept: dict | None = None, warm: _Ahead | None = None) -> None:
+                     kept: dict | None = None) -> None:
         """theta_global and the outer momentum from the group's first `members` ranks (which
         hold the same) to the joiners (the ranks after them), each joiner's from one member
         (_serving_member): new connections from several members into one joiner's link start
         up against each other, which took longer than one. Sent ahead (`ahead`): the state of
         the period's start is on its way, and the round's average (`kept`, a member's) follows
-        it; the joiner takes the outer step the members took. Else the state itself, behind the
-        warm-up (`warm`) on the same connection. Joiners (`header`: what the members wrote after
-        the round) start from theta_global."""
+        it; the joiner takes the outer step the members took. Else the state itself. Joiners
+        (`header`: what the members wrote after the round) start from theta_global."""
         state = self.state
         rank = dist.get_rank()
         joining = rank >= members
@@ -453,11 +431,7 @@ class DiLoCoOptimizer:
             if joining:
                 state._outer_step(0, state._fragment_tensors(0), average)
         else:
-            backend = ringdist_backend(None, "torch_ringdist.hooks.DiLoCoOptimizer")
-            warming = warm.post(backend) if warm is not None else []
             self._send_state(members, header)
-            for work in warming:
-                work.wait()
         _confirm_held(members)
 
     def _send_state(self, members: int, header: dict | None) -> None:
