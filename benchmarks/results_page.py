@@ -738,6 +738,8 @@ SCENARIOS = {
                                               "through a kill's shrink", churn),
     "diloco_churn_wan_n4_kept_on_kill_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_kept_on_kill_rerun2.json": (DILOCO, "the same, a third run", churn),
+    "diloco_churn_wan_n4_warm_up.json": (DILOCO, "the same, with a joiner's connection warmed "
+                                         "by 2 MiB while the period trains (reverted)", churn),
     "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
                                                  "20 rounds, 2 losses, 2 joins", churn),
     "diloco_slow_peer_drop_n4.json": (DILOCO, "churn with slow_peer='drop' (36 rounds, 2 losses, "
