@@ -308,7 +308,8 @@ class DiLoCoState(HookState):
         self._sends_at = None  # the links' send totals when the last exchange began (drop)
         self._link_history = None  # (backend, per rank: its link's last rates) (drop)
         self._heartbeat = None  # with exchange_timeout: this rank's beat, the others' (_recovery)
-        # {"lost": ranks, "failed_at": time.time() of the failed wait, "seconds": to the redo}
+        # {"lost": ranks, "failed_at": time.time() of the failed wait, "seconds": to the redo,
+        # and its phases (_shrink_and_redo)}
         self.recoveries = []
         # None, or fragment -> a copy of its last round's average (DiLoCoOptimizer's joins)
         self.kept_averages = None
@@ -715,6 +716,7 @@ class DiLoCoState(HookState):
         self.process_group = dist.shrink_group(lost, group=self.process_group,
                                                shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
         shrunk = time.monotonic()
+        sends = self._redo_sends()  # what each link carries during the redo (redo_links)
         redo, ending = {fragment: flat}, [work]
         for f, entry in self.in_flight.items():
             if entry[2] is not None:
@@ -739,8 +741,13 @@ class DiLoCoState(HookState):
             works.append(self._allreduce(f, redo[f]))
         for work in works:
             work.wait()
+        redone = time.monotonic()
+        # Per rank of the new group: the bytes its link delivered during the redo, and the
+        # milliseconds bytes waited on it (a slow redo held back by a link shows there).
+        links = [[now[0] - then[0], (now[1] - then[1]) // 1000]
+                 for then, now in zip(sends, self._redo_sends())]
         return lost, {"agree_s": agreed - start, "shrink_s": shrunk - agreed,
-                      "redo_s": time.monotonic() - shrunk, "slow": decision["slow"],
+                      "redo_s": redone - shrunk, "redo_links": links, "slow": decision["slow"],
                       "quiet": decision.get("quiet", []), "looks": decision["looks"],
                       "learnt": decision["learnt"],
                       "ratios": decision["ratios"]}
@@ -756,6 +763,13 @@ class DiLoCoState(HookState):
         residual = self.residuals.get(fragment) if self.error_feedback else None
         return ringdist_backend(self.process_group, f"torch_ringdist.hooks.{self._name}") \
             .allreduce_compressed(flat, self.codec, True, residual=residual)
+
+    def _redo_sends(self) -> list:
+        """_link_sends, or [] where the group does not run on ringdist."""
+        try:
+            return self._link_sends()
+        except ValueError:
+            return []
 
     def _link_sends(self) -> list:
         """[bytes acknowledged, microseconds busy, smallest round trip, bytes unacknowledged]
