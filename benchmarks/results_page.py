@@ -738,6 +738,10 @@ SCENARIOS = {
                                               "through a kill's shrink", churn),
     "diloco_churn_wan_n4_kept_on_kill_rerun.json": (DILOCO, "the same, a second run", churn),
     "diloco_churn_wan_n4_kept_on_kill_rerun2.json": (DILOCO, "the same, a third run", churn),
+    "diloco_churn_wan_n4_kept_on_kill_rerun3.json": (DILOCO, "the same, a fourth run (its "
+                                                     "records name what each link carried "
+                                                     "in the redo)", churn),
+    "diloco_churn_wan_n4_kept_on_kill_rerun4.json": (DILOCO, "the same, a fifth run", churn),
     "diloco_churn_wan_n4_warm_up.json": (DILOCO, "the same, with a joiner's connection warmed "
                                          "by 2 MiB while the period trains (reverted)", churn),
     "diloco_churn_wan_n4_send_ahead_p150.json": (DILOCO, "the same, period 150 with send_ahead, "
