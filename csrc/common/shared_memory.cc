@@ -9,8 +9,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
-#include <set>
 #include <utility>
 
 #include "csrc/common/error.h"
@@ -33,10 +33,11 @@ std::string randomName() {
 // The names this process created and has not unlinked yet, removed at its exit: a connect
 // still waiting for its same-host peers to map a segment when the process ends (a group that
 // was connecting ahead, abandoned on a daemon thread) would otherwise leave it in /dev/shm.
-// Never destroyed: such a thread may still use it while the process exits.
+// Never destroyed: such a thread may still use it while the process exits. Each name with
+// its creator's pid: a forked child that exits through exit() inherits the set, not the names.
 struct OwnedNames {
   std::mutex mutex;
-  std::set<std::string> names;
+  std::map<std::string, pid_t> names;
 };
 
 OwnedNames& ownedNames() {
@@ -45,7 +46,9 @@ OwnedNames& ownedNames() {
     std::atexit([] {
       OwnedNames& all = ownedNames();
       std::lock_guard<std::mutex> lock(all.mutex);
-      for (const auto& name : all.names) ::shm_unlink(name.c_str());
+      for (const auto& [name, creator] : all.names) {
+        if (creator == ::getpid()) ::shm_unlink(name.c_str());
+      }
       all.names.clear();
     });
     return names;
@@ -76,7 +79,7 @@ SharedMapping SharedMapping::create(size_t bytes) {
   {
     OwnedNames& owned = ownedNames();
     std::lock_guard<std::mutex> lock(owned.mutex);
-    owned.names.insert(name);
+    owned.names.emplace(name, ::getpid());
   }
   mapping.name_ = std::move(name);
   mapping.base_ = base;
