@@ -248,7 +248,7 @@ QUIET_DATA = 0.5
 # Seconds between two beats of a rank, and between two reads of the others' beats (each a
 # store round trip after the pause: at RTT 100 ms a live rank's beat reads as still for at most
 # 0.4 s, two of its periods, before a retransmission or queueing delays one).
-BEAT_INTERVAL = 0.05
+BEAT_INTERVAL = 0.1
 
 
 _HEARTBEATS: "weakref.WeakSet" = weakref.WeakSet()
