@@ -68,6 +68,11 @@ def _discard(connecting) -> None:
     connecting.add_done_callback(close)
 
 
+def _link_sends() -> list:
+    """The default group's links' send totals (ProcessGroupRingdist._link_sends)."""
+    return ringdist_backend(None, "torch_ringdist.hooks.DiLoCoOptimizer")._link_sends()
+
+
 def _round_of(operation: str | None) -> int | None:
     """The round (numbered from 1, as state.rounds counts them once done) a DiLoCo check's
     operation key "roundN" names: the exchange that N rounds preceded."""
@@ -213,8 +218,9 @@ class DiLoCoOptimizer:
         # unknown), "rejoined_at" (the job's iteration), "seconds" away}.
         self.rejoins = []
         # Each admission here: {"joiners", "world_size" after it, "seconds" it took, its phases
-        # "form_s" (the new group) and "state_s" (theta_global and momentum to joiners), and
-        # "ahead" (whether this rank sent the state ahead)}.
+        # "form_s" (the new group) and "state_s" (theta_global and momentum to joiners), what
+        # each link carried meanwhile ("state_links") and "ahead" (whether this rank sent the
+        # state ahead)}.
         self.admissions = []
         if state is None:
             state = DiLoCoState(process_group=process_group, **options)
@@ -395,11 +401,16 @@ class DiLoCoOptimizer:
                          admission.connecting, self.join_timeout)
         formed = time.monotonic()
         state.process_group = self.process_group = None
+        sends = _link_sends()
         self._share_state(world, None, admission.ahead, kept)
         seconds = time.monotonic() - start
+        # Per rank: the bytes its link delivered while the state was shared, and the
+        # milliseconds bytes waited on it (a slow admission held back by a link shows there).
+        links = [[now[0] - then[0], (now[1] - then[1]) // 1000]
+                 for then, now in zip(sends, _link_sends())]
         self.admissions.append({"joiners": admission.joiners, "world_size": dist.get_world_size(),
                                 "seconds": seconds, "form_s": formed - start,
-                                "state_s": start + seconds - formed,
+                                "state_s": start + seconds - formed, "state_links": links,
                                 "ahead": admission.ahead is not None})
         logger.warning("diloco: admitted %s joiner(s); the group has %s ranks (%.0f ms%s)",
                        admission.joiners, dist.get_world_size(), seconds * 1000,
