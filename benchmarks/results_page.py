@@ -742,6 +742,9 @@ SCENARIOS = {
                                                      "records name what each link carried "
                                                      "in the redo)", churn),
     "diloco_churn_wan_n4_kept_on_kill_rerun4.json": (DILOCO, "the same, a fifth run", churn),
+    "diloco_churn_wan_n4_kept_on_kill_rerun5.json": (DILOCO, "the same, a sixth run (its "
+                                                     "records name what each link carried "
+                                                     "while the state was shared)", churn),
     "diloco_churn_wan_n4_beat005.json": (DILOCO, "the same, beats and reads every 0.05 s "
                                          "(reverted)", churn),
     "diloco_churn_wan_n4_beat005_rerun.json": (DILOCO, "the same, a second run", churn),
