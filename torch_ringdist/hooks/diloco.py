@@ -45,6 +45,12 @@ _FIRST_ROUND_SLACK = 4
 _HISTORY = 8
 
 
+def _sent_since(then: list, now: list) -> list:
+    """Per rank, from two of _link_sends' readings: [bytes its link delivered in between,
+    milliseconds bytes waited on it] (a phase held back by a link shows there)."""
+    return [[b[0] - a[0], (b[1] - a[1]) // 1000] for a, b in zip(then, now)]
+
+
 def _new_flat(dtype=torch.float32) -> torch.Tensor:
     return torch.empty(0, dtype=dtype)
 
@@ -716,7 +722,7 @@ class DiLoCoState(HookState):
         self.process_group = dist.shrink_group(lost, group=self.process_group,
                                                shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
         shrunk = time.monotonic()
-        sends = self._redo_sends()  # what each link carries during the redo (redo_links)
+        sends = self._redo_sends()  # what each link carries during the redo (_sent_since)
         redo, ending = {fragment: flat}, [work]
         for f, entry in self.in_flight.items():
             if entry[2] is not None:
@@ -742,10 +748,7 @@ class DiLoCoState(HookState):
         for work in works:
             work.wait()
         redone = time.monotonic()
-        # Per rank of the new group: the bytes its link delivered during the redo, and the
-        # milliseconds bytes waited on it (a slow redo held back by a link shows there).
-        links = [[now[0] - then[0], (now[1] - then[1]) // 1000]
-                 for then, now in zip(sends, self._redo_sends())]
+        links = _sent_since(sends, self._redo_sends())
         return lost, {"agree_s": agreed - start, "shrink_s": shrunk - agreed,
                       "redo_s": redone - shrunk, "redo_links": links, "slow": decision["slow"],
                       "quiet": decision.get("quiet", []), "looks": decision["looks"],

@@ -22,7 +22,7 @@ from torch_ringdist._collectives import ringdist_backend
 from torch_ringdist._recovery import ExcludedError, own_client
 from torch_ringdist._registration import adopting, connect_ahead, keep_spare_client
 from torch_ringdist.hooks.compress import compressed_bucket
-from torch_ringdist.hooks.diloco import DiLoCoState, _gather, _new_flat, _scatter
+from torch_ringdist.hooks.diloco import DiLoCoState, _gather, _new_flat, _scatter, _sent_since
 
 logger = logging.getLogger(__name__)
 
@@ -404,10 +404,7 @@ class DiLoCoOptimizer:
         sends = _link_sends()
         self._share_state(world, None, admission.ahead, kept)
         seconds = time.monotonic() - start
-        # Per rank: the bytes its link delivered while the state was shared, and the
-        # milliseconds bytes waited on it (a slow admission held back by a link shows there).
-        links = [[now[0] - then[0], (now[1] - then[1]) // 1000]
-                 for then, now in zip(sends, _link_sends())]
+        links = _sent_since(sends, _link_sends())
         self.admissions.append({"joiners": admission.joiners, "world_size": dist.get_world_size(),
                                 "seconds": seconds, "form_s": formed - start,
                                 "state_s": start + seconds - formed, "state_links": links,
