@@ -466,27 +466,34 @@ class _DelayedStore:
         return delayed
 
 
+def _rank_zero_at_a_check(monkeypatch, rtt: float = 0.0):
+    """A _RankZeroOfThree for decide in this process: its store a fresh TCPStore (every call
+    `rtt` seconds away where rtt > 0), nobody known dead, keys without a group prefix, and rank
+    1 checked in at the check "check". Returns the group and its store (without the delay)."""
+    from datetime import timedelta
+
+    from torch_ringdist import _recovery
+
+    group_store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
+    store = _DelayedStore(group_store, rtt) if rtt else group_store
+    monkeypatch.setattr(_recovery, "_known_dead", lambda g: [])
+    monkeypatch.setattr(_recovery, "_group_store", lambda g: (g, store))
+    monkeypatch.setattr(_recovery, "_prefix", lambda g, key: f"{key}/")
+    group_store.add("check/here/0", 1 << 1)  # rank 1 is here
+    return _RankZeroOfThree(), group_store
+
+
 def test_a_quiet_rank_is_agreed_in_two_round_trips(monkeypatch):
     """With the group's look clients made (ready_to_shrink), the look for ranks alive elsewhere
     runs alongside the check-in: a check that drops a rank silent on quiet links costs two
     round trips of a store 0.1 s away (check-in, decision), where looking after the check-in
     costs four (one rank here, the other silent; the operation and the one behind both looked
     at)."""
-    from datetime import timedelta
-
     from torch_ringdist import _recovery
 
-    server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
-    monkeypatch.setattr(_recovery, "_known_dead", lambda pg: [])
-    stores = {}
-    monkeypatch.setattr(_recovery, "_group_store", lambda pg: (pg, stores[pg]))
     got = {}
     for made in (False, True):
-        pg = _RankZeroOfThree()
-        group_store = dist.PrefixStore(f"made{made}/", server)
-        stores[pg] = _DelayedStore(group_store, 0.1)
-        monkeypatch.setattr(_recovery, "_prefix", lambda pg, key: f"{key}/")
-        group_store.add("check/here/0", 1 << 1)  # rank 1 is here
+        pg, _ = _rank_zero_at_a_check(monkeypatch, rtt=0.1)
         if made:
             _make_look_clients(pg)
         start = time.monotonic()
@@ -503,8 +510,6 @@ def test_a_rank_quiet_from_the_second_look_is_agreed_in_three_round_trips(monkey
     """A silent rank whose links read as quiet only once the check is past its first look: a
     look runs alongside every check-in (the store 0.1 s away), so the check ends at the second
     look with nothing more to ask before the decision: three round trips, not five."""
-    from datetime import timedelta
-
     from torch_ringdist import _recovery
 
     class QuietLater(_StillBeat):
@@ -515,12 +520,7 @@ def test_a_rank_quiet_from_the_second_look_is_agreed_in_three_round_trips(monkey
         def quiet(self, group, rank, seconds):
             return time.monotonic() - self.since >= 0.15 and super().quiet(group, rank, seconds)
 
-    server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
-    pg, group_store = _RankZeroOfThree(), dist.PrefixStore("later/", server)
-    monkeypatch.setattr(_recovery, "_known_dead", lambda pg: [])
-    monkeypatch.setattr(_recovery, "_group_store", lambda g: (g, _DelayedStore(group_store, 0.1)))
-    monkeypatch.setattr(_recovery, "_prefix", lambda g, key: f"{key}/")
-    group_store.add("check/here/0", 1 << 1)  # rank 1 is here
+    pg, _ = _rank_zero_at_a_check(monkeypatch, rtt=0.1)
     _make_look_clients(pg)
     start = time.monotonic()
     decision = _recovery.decide(pg, wait=3.0, key="check", done="op",
@@ -533,8 +533,6 @@ def test_a_rank_quiet_from_the_second_look_is_agreed_in_three_round_trips(monkey
 def test_a_look_whose_clients_fail_is_done_on_the_checks_own(monkeypatch):
     """Where the look alongside the check-in fails (its clients' store calls raise), the check
     looks on its own client: a quiet rank that marked the operation done is alive, not lost."""
-    from datetime import timedelta
-
     from torch_ringdist import _recovery
 
     class Failing:
@@ -543,13 +541,8 @@ def test_a_look_whose_clients_fail_is_done_on_the_checks_own(monkeypatch):
                 raise RuntimeError("store call failed")
             return fail
 
-    server = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30))
-    pg, group_store = _RankZeroOfThree(), dist.PrefixStore("failing/", server)
-    monkeypatch.setattr(_recovery, "_known_dead", lambda pg: [])
-    monkeypatch.setattr(_recovery, "_group_store", lambda g: (g, group_store))
-    monkeypatch.setattr(_recovery, "_prefix", lambda g, key: f"{key}/")
+    pg, group_store = _rank_zero_at_a_check(monkeypatch)
     monkeypatch.setitem(_recovery._LOOK_CLIENTS, pg, [Failing(), Failing()])
-    group_store.add("check/here/0", 1 << 1)  # rank 1 is here
     group_store.append("op/done", "2\n")  # rank 2 completed the operation and moved on
     decision = _recovery.decide(pg, wait=3.0, key="check", done="op",
                                 heartbeat=_StillBeat(2, 1.5, quiet=True))

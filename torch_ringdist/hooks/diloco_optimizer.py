@@ -68,11 +68,6 @@ def _discard(connecting) -> None:
     connecting.add_done_callback(close)
 
 
-def _link_sends() -> list:
-    """The default group's links' send totals (ProcessGroupRingdist._link_sends)."""
-    return ringdist_backend(None, "torch_ringdist.hooks.DiLoCoOptimizer")._link_sends()
-
-
 def _round_of(operation: str | None) -> int | None:
     """The round (numbered from 1, as state.rounds counts them once done) a DiLoCo check's
     operation key "roundN" names: the exchange that N rounds preceded."""
@@ -401,10 +396,10 @@ class DiLoCoOptimizer:
                          admission.connecting, self.join_timeout)
         formed = time.monotonic()
         state.process_group = self.process_group = None
-        sends = _link_sends()
+        sends = state._link_sends()  # the new default group's
         self._share_state(world, None, admission.ahead, kept)
         seconds = time.monotonic() - start
-        links = _sent_since(sends, _link_sends())
+        links = _sent_since(sends, state._link_sends())
         self.admissions.append({"joiners": admission.joiners, "world_size": dist.get_world_size(),
                                 "seconds": seconds, "form_s": formed - start,
                                 "state_s": start + seconds - formed, "state_links": links,
